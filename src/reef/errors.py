@@ -1,0 +1,99 @@
+"""Errors that carry an HTTP status and a message telling the caller what to fix.
+
+The server turns every `ReefError` into OpenAI's error shape:
+`{"error": {"message": ..., "type": ..., "code": ...}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ReefError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+
+class BadRequest(ReefError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unsupported(BadRequest):
+    """A valid OpenAI request that the serving engine cannot honour."""
+
+    code = "unsupported_by_engine"
+
+
+class Unauthorized(ReefError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_token"
+
+
+class NotFound(ReefError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class Conflict(ReefError):
+    status = 409
+    type = "conflict_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(ReefError):
+    status = 413
+    type = "invalid_request_error"
+    code = "body_too_large"
+
+
+class UpstreamFailure(ReefError):
+    """The upstream engine failed; `status` is its own for HTTP errors, 502 when unreachable."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_failure"
+
+
+class EngineUnavailable(ReefError):
+    status = 503
+    type = "engine_unavailable"
+    code = "engine_unavailable"
+
+
+def describe_validation_error(error: Any) -> str:
+    """One line per problem in a pydantic ValidationError, each naming the field's path."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "body"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key")
+        elif item["type"] == "missing":
+            lines.append(f"{where}: required")
+        else:
+            got = repr(item.get("input"))
+            got = got if len(got) <= 80 else got[:77] + "..."
+            lines.append(f"{where}: {item['msg']} (got {got})")
+    return "; ".join(lines)
+
+
+class ConfigurationRefused(ReefError):
+    """The configuration is valid but unsafe or impossible to run as given."""
+
+    status = 400
+    type = "configuration_error"

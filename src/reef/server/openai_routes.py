@@ -1,0 +1,128 @@
+"""The OpenAI-compatible routes: chat completions (whole or streamed) and the model list.
+
+Every served call is stored as a record before its receipt is handed out: in the
+`x-reef-agent-record-id` header for a whole response, and for a stream in a last chunk
+`{"object": "chat.completion.chunk", "choices": [], "reef": {"agent_record_id": ...}}` sent just
+before `data: [DONE]`. A failed call is never stored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from reef.engines.base import ChatRequest, Completion, StreamItem
+from reef.errors import ReefError
+from reef.server.http import parse, read_json, sse
+from reef.server.state import CallContext, ServerState
+from reef.store import Record
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    body = await read_json(request, state.config.server.max_body_bytes)
+    chat = parse(ChatRequest, body)
+    call = state.call_context(request.headers)
+    if chat.stream:
+        return await _streamed(state, call, body, chat)
+    started = time.perf_counter()
+    completion = await state.engine.complete(chat)
+    headers = {"x-reef-release-id": call.release_id}
+    if call.capture:
+        record = _record(state, call, body, completion, started, stream=False)
+        headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
+    return JSONResponse(completion.response, headers=headers)
+
+
+async def _streamed(
+    state: ServerState, call: CallContext, body: dict[str, Any], chat: ChatRequest
+) -> Response:
+    started = time.perf_counter()
+    items = aiter(state.engine.stream(chat))
+    # Pull the first item before answering, so a request the engine refuses gets a real status.
+    try:
+        first = await anext(items)
+    except BaseException:
+        await _close(items)
+        raise
+
+    async def events() -> AsyncIterator[bytes]:
+        item: StreamItem = first
+        try:
+            while not isinstance(item, Completion):
+                yield sse(item)
+                item = await anext(items)
+            if call.capture:
+                record = _record(state, call, body, item, started, stream=True)
+                record_id = await state.store.add_record_async(record)
+                yield sse(_receipt_chunk(item, record_id))
+            yield sse("[DONE]")
+        except ReefError as error:
+            # Headers are gone: say it in the stream, as OpenAI does, and store nothing.
+            state.log.warning("stream failed: %s", error.message)
+            yield sse(error.to_json())
+        finally:
+            await _close(items)
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"x-reef-release-id": call.release_id, "cache-control": "no-cache"},
+    )
+
+
+async def _close(items: AsyncIterator[StreamItem]) -> None:
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def _receipt_chunk(completion: Completion, record_id: str) -> dict[str, Any]:
+    return {
+        "id": completion.response.get("id"),
+        "object": "chat.completion.chunk",
+        "created": completion.response.get("created"),
+        "model": completion.response.get("model"),
+        "choices": [],
+        "reef": {"agent_record_id": record_id},
+    }
+
+
+def _record(
+    state: ServerState,
+    call: CallContext,
+    body: dict[str, Any],
+    completion: Completion,
+    started: float,
+    stream: bool,
+) -> Record:
+    return Record(
+        scenario=call.scenario,
+        session=call.session,
+        request=body,
+        response=completion.response,
+        engine=state.engine.name,
+        model=completion.model,
+        release_id=call.release_id,
+        stream=stream,
+        completion_token_ids=completion.token_ids,
+        completion_logprobs=completion.token_logprobs,
+        usage=completion.usage,
+        latency_ms=(time.perf_counter() - started) * 1000,
+        ttft_ms=completion.ttft_ms,
+    )
+
+
+async def list_models(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    model = {
+        "id": state.engine.model,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "reef",
+    }
+    return JSONResponse({"object": "list", "data": [model]})

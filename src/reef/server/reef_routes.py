@@ -1,0 +1,121 @@
+"""Reef's own routes: feedback reports, reading records, and status."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from reef.errors import BadRequest, Conflict, NotFound
+from reef.server.http import parse, query_int, read_json
+from reef.server.state import ServerState, scenario_from
+from reef.store import Report, ReportConflict, UnknownRecords
+
+REPORT_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+class ReportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    references: list[str] = Field(min_length=1, max_length=1000)
+    score: float | None = None
+    feedback: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    report_id: str | None = Field(None, pattern=REPORT_ID)
+
+    @field_validator("score", mode="before")
+    @classmethod
+    def _finite_number(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("score must be a number")
+        if not math.isfinite(value):
+            raise ValueError("score must be finite (not NaN or infinity)")
+        return value
+
+    @model_validator(mode="after")
+    def _has_signal(self) -> ReportRequest:
+        if self.score is None and self.feedback is None:
+            raise ValueError("send a score, a feedback, or both")
+        return self
+
+
+async def report(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    body = parse(ReportRequest, await read_json(request, state.config.server.max_body_bytes))
+    fields: dict[str, Any] = {"id": body.report_id} if body.report_id else {}
+    new = Report(
+        scenario=scenario_from(request.headers),
+        references=body.references,
+        score=body.score,
+        feedback=body.feedback,
+        metadata=body.metadata,
+        **fields,
+    )
+    try:
+        stored, created = await state.store.add_report_async(new)
+    except UnknownRecords as error:
+        raise NotFound(str(error), code="unknown_record") from None
+    except ReportConflict as error:
+        raise Conflict(str(error), code="report_id_conflict") from None
+    return JSONResponse(stored, status_code=201 if created else 200)
+
+
+async def list_records(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    scenario = request.query_params.get("scenario") or None
+    after = request.query_params.get("after") or None
+    limit = query_int(request, "limit", default=50, low=1, high=1000)
+    order = request.query_params.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise BadRequest(f"query parameter order must be asc or desc, got {order!r}")
+    if order == "desc":
+        if after is not None:
+            raise BadRequest("`after` pages oldest-first lists: drop it, or use order=asc")
+        records = state.store.latest_records(scenario=scenario, limit=limit)
+        return JSONResponse({"object": "list", "data": records, "has_more": len(records) == limit})
+    if after is not None and not state.store.record_exists(after):
+        raise NotFound(
+            f"unknown record {after!r} in `after`: pass the id of a record you have read"
+        )
+    records = state.store.list_records(scenario=scenario, after=after, limit=limit)
+    return JSONResponse({"object": "list", "data": records, "has_more": len(records) == limit})
+
+
+async def get_record(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    record_id = request.path_params["record_id"]
+    record = state.store.get_record(record_id)
+    if record is None:
+        raise NotFound(
+            f"no record {record_id!r}: use a receipt from x-reef-agent-record-id",
+            code="unknown_record",
+        )
+    return JSONResponse(record)
+
+
+async def status(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    engine = state.engine
+    return JSONResponse(
+        {
+            "engine": {
+                "name": engine.name,
+                "model": engine.model,
+                "reason": state.engine_reason,
+                "token_ids": engine.capabilities.token_ids,
+                "logprobs": engine.capabilities.logprobs,
+            },
+            "uptime_s": round(time.time() - state.started_at, 3),
+            "store": state.store.stats(),
+        }
+    )
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})

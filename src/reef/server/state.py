@@ -1,0 +1,58 @@
+"""What every route shares: the config, the engine, the store, and per-call context from headers."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from reef.config import ReefConfig
+from reef.engines.base import Engine
+from reef.errors import BadRequest
+from reef.store import ExperienceStore
+
+# The release every scenario serves until a release chain exists for it.
+BASE_RELEASE = "base"
+DEFAULT_SCENARIO = "default"
+SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class CallContext:
+    scenario: str
+    session: str | None
+    capture: bool
+    release_id: str
+
+
+@dataclass
+class ServerState:
+    config: ReefConfig
+    engine: Engine
+    store: ExperienceStore
+    engine_reason: str = ""
+    started_at: float = field(default_factory=time.time)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("reef.server"))
+
+    def call_context(self, headers: Mapping[str, str]) -> CallContext:
+        scenario = scenario_from(headers)
+        session = headers.get("x-reef-session") or None
+        if session is not None and len(session) > 256:
+            raise BadRequest("x-reef-session must be at most 256 characters")
+        capture = headers.get("x-reef-capture", "true").strip().lower() not in ("false", "0", "no")
+        return CallContext(scenario, session, capture, self.release_id(scenario))
+
+    def release_id(self, scenario: str) -> str:
+        return BASE_RELEASE
+
+
+def scenario_from(headers: Mapping[str, str]) -> str:
+    scenario = headers.get("x-reef-scenario") or DEFAULT_SCENARIO
+    if not SCENARIO_NAME.match(scenario):
+        raise BadRequest(
+            f"x-reef-scenario {scenario!r} is not a valid scenario name: use letters, digits, "
+            "'_', '.' and '-', starting with a letter or digit, at most 64 characters"
+        )
+    return scenario

@@ -1,0 +1,417 @@
+"""The experience store: every served call as a record, every piece of feedback as a report.
+
+One SQLite file in WAL mode. All writes go through one writer thread that commits in groups: each
+caller waits until the transaction holding its row has committed, so a receipt handed out is a row
+on disk, and many concurrent callers share one commit (and one fsync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import queue
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import sqlite_utils
+
+from reef.store.migrations import apply_migrations
+
+T = TypeVar("T")
+
+JSON_COLUMNS = ("request", "response", "completion_token_ids", "completion_logprobs", "usage")
+
+
+class StoreError(Exception):
+    """Base class for errors a caller can act on."""
+
+
+class UnknownRecords(StoreError):
+    def __init__(self, missing: list[str], scenario: str) -> None:
+        self.missing = missing
+        self.scenario = scenario
+        super().__init__(
+            f"unknown record id(s) in scenario {scenario!r}: {', '.join(missing)} "
+            "(use the x-reef-agent-record-id receipts returned by this server, and send the same "
+            "x-reef-scenario header as the calls that produced them)"
+        )
+
+
+class ReportConflict(StoreError):
+    def __init__(self, report_id: str) -> None:
+        self.report_id = report_id
+        super().__init__(
+            f"report_id {report_id!r} was already used for a report with different content; "
+            "send a new report_id, or the same content to get the stored report back"
+        )
+
+
+def new_id(prefix: str) -> str:
+    """A time-ordered, collision-resistant id such as `rec_0193c1a2b3c4_9f2e4d1a7b6c`."""
+    return f"{prefix}_{int(time.time() * 1000):012x}_{secrets.token_hex(6)}"
+
+
+def canonical_hash(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Record:
+    """One served call, as stored. `request` and `response` are OpenAI-shaped JSON objects."""
+
+    scenario: str
+    request: dict[str, Any]
+    response: dict[str, Any]
+    engine: str
+    release_id: str
+    model: str | None = None
+    session: str | None = None
+    stream: bool = False
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    usage: dict[str, Any] | None = None
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+    id: str = field(default_factory=lambda: new_id("rec"))
+    created_at: float = field(default_factory=time.time)
+    content_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.content_hash:
+            # What was asked, not what was answered: identical retries share a hash.
+            self.content_hash = canonical_hash({"scenario": self.scenario, "request": self.request})
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for column in JSON_COLUMNS:
+            if row[column] is not None:
+                row[column] = json.dumps(row[column], ensure_ascii=False)
+        row["stream"] = int(self.stream)
+        usage = self.usage or {}
+        row["prompt_tokens"] = usage.get("prompt_tokens")
+        row["completion_tokens"] = usage.get("completion_tokens")
+        return row
+
+
+@dataclass
+class Report:
+    """Feedback against one or more records."""
+
+    scenario: str
+    references: list[str]
+    score: float | None = None
+    feedback: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    id: str = field(default_factory=lambda: new_id("rep"))
+    created_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.score is not None and not math.isfinite(self.score):
+            raise ValueError("score must be a finite number")
+        if not self.references:
+            raise ValueError("a report needs at least one reference")
+
+    @property
+    def content_hash(self) -> str:
+        return canonical_hash(
+            {
+                "scenario": self.scenario,
+                "references": self.references,
+                "score": self.score,
+                "feedback": self.feedback,
+                "metadata": self.metadata,
+            }
+        )
+
+
+@dataclass
+class _Job:
+    work: Callable[[sqlite_utils.Database], Any]
+    future: Future[Any] = field(default_factory=Future)
+
+
+class _GroupCommitWriter(threading.Thread):
+    """Runs write jobs on one connection, many per transaction, each in its own savepoint."""
+
+    max_group = 256
+
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        super().__init__(name="reef-store-writer", daemon=True)
+        self._db = db
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+
+    def submit(self, work: Callable[[sqlite_utils.Database], T]) -> Future[T]:
+        job = _Job(work)
+        self._jobs.put(job)
+        return job.future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self.join()
+
+    def run(self) -> None:
+        while True:
+            first = self._jobs.get()
+            if first is None:
+                return
+            group = [first]
+            stopping = False
+            while len(group) < self.max_group:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                group.append(job)
+            self._commit(group)
+            if stopping:
+                return
+
+    def _commit(self, group: list[_Job]) -> None:
+        # A job whose caller already gave up is dropped: nobody waits for its row.
+        live = [job for job in group if job.future.set_running_or_notify_cancel()]
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            for job in live:
+                self._db.execute("SAVEPOINT job")
+                try:
+                    value = job.work(self._db)
+                except Exception as error:
+                    self._db.execute("ROLLBACK TO job")
+                    self._db.execute("RELEASE job")
+                    outcomes.append((None, error))
+                else:
+                    self._db.execute("RELEASE job")
+                    outcomes.append((value, None))
+            self._db.execute("COMMIT")
+        except BaseException as error:  # the transaction failed: no row of this group is durable
+            if self._db.conn.in_transaction:
+                self._db.execute("ROLLBACK")
+            for job in live:
+                job.future.set_exception(error)
+            return
+        for job, (value, job_error) in zip(live, outcomes, strict=True):
+            if job_error is None:
+                job.future.set_result(value)
+            else:
+                job.future.set_exception(job_error)
+
+
+def _connect(path: Path, synchronous: str) -> sqlite_utils.Database:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=30000")
+    return sqlite_utils.Database(conn)
+
+
+class ExperienceStore:
+    """Records and reports in `.reef/experience.db`; safe to open from several processes."""
+
+    def __init__(self, path: Path, synchronous: Literal["normal", "full"] = "full") -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_db = _connect(self.path, synchronous)
+        apply_migrations(write_db)
+        self._read_db = _connect(self.path, synchronous)
+        self._read_lock = threading.Lock()
+        self._writer = _GroupCommitWriter(write_db)
+        self._writer.start()
+        self._write_db = write_db
+
+    def close(self) -> None:
+        self._writer.stop()
+        self._write_db.conn.close()
+        self._read_db.conn.close()
+
+    def __enter__(self) -> ExperienceStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def add_record(self, record: Record) -> Future[str]:
+        """Queue a record; the future resolves to its id once it is committed."""
+        row = record.to_row()
+
+        def insert(db: sqlite_utils.Database) -> str:
+            db.table("records").insert(row)
+            return record.id
+
+        return self._writer.submit(insert)
+
+    async def add_record_async(self, record: Record) -> str:
+        return await asyncio.wrap_future(self.add_record(record))
+
+    def add_report(self, report: Report) -> Future[tuple[dict[str, Any], bool]]:
+        """Store a report; resolves to (stored report, created). Idempotent on `report.id`."""
+        return self._writer.submit(lambda db: _insert_report(db, report))
+
+    async def add_report_async(self, report: Report) -> tuple[dict[str, Any], bool]:
+        return await asyncio.wrap_future(self.add_report(report))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        with self._read_lock:
+            cursor = self._read_db.execute(sql, list(params))
+            columns = [c[0] for c in cursor.description]
+            return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+    def get_record(self, record_id: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM records WHERE id = ?", [record_id])
+        if not rows:
+            return None
+        return self._with_reports([_decode_record(rows[0])])[0]
+
+    def list_records(
+        self, scenario: str | None = None, after: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """Records in the order they were stored, oldest first, after the record `after`."""
+        where, params = [], []
+        if scenario is not None:
+            where.append("scenario = ?")
+            params.append(scenario)
+        if after is not None:
+            where.append("seq > (SELECT seq FROM records WHERE id = ?)")
+            params.append(after)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._query(f"SELECT * FROM records {clause} ORDER BY seq LIMIT ?", [*params, limit])
+        return self._with_reports([_decode_record(row) for row in rows])
+
+    def latest_records(self, scenario: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest records, newest first."""
+        clause, params = ("WHERE scenario = ?", [scenario]) if scenario else ("", [])
+        rows = self._query(
+            f"SELECT * FROM records {clause} ORDER BY seq DESC LIMIT ?", [*params, limit]
+        )
+        return self._with_reports([_decode_record(row) for row in rows])
+
+    def record_exists(self, record_id: str) -> bool:
+        return bool(self._query("SELECT 1 AS x FROM records WHERE id = ?", [record_id]))
+
+    def _with_reports(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not records:
+            return records
+        ids = [r["id"] for r in records]
+        marks = ",".join("?" * len(ids))
+        rows = self._query(
+            "SELECT rr.record_id, r.* FROM report_references rr "
+            "JOIN reports r ON r.id = rr.report_id "
+            f"WHERE rr.record_id IN ({marks}) ORDER BY r.seq",
+            ids,
+        )
+        by_record: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+        for row in rows:
+            by_record[row.pop("record_id")].append(_decode_report(row))
+        for record in records:
+            record["reports"] = by_record[record["id"]]
+        return records
+
+    def get_report(self, report_id: str) -> dict[str, Any] | None:
+        with self._read_lock:
+            exists = self._read_db.execute("SELECT 1 FROM reports WHERE id = ?", [report_id])
+            if exists.fetchone() is None:
+                return None
+            return _read_report(self._read_db, report_id)
+
+    def stats(self) -> dict[str, Any]:
+        scenarios: dict[str, dict[str, int]] = {}
+        for row in self._query("SELECT scenario, COUNT(*) AS n FROM records GROUP BY scenario"):
+            scenarios.setdefault(row["scenario"], {"records": 0, "reports": 0})["records"] = row[
+                "n"
+            ]
+        for row in self._query("SELECT scenario, COUNT(*) AS n FROM reports GROUP BY scenario"):
+            scenarios.setdefault(row["scenario"], {"records": 0, "reports": 0})["reports"] = row[
+                "n"
+            ]
+        size = sum(
+            p.stat().st_size
+            for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"))
+            if p.exists()
+        )
+        return {"path": str(self.path), "size_bytes": size, "scenarios": scenarios}
+
+
+def _insert_report(db: sqlite_utils.Database, report: Report) -> tuple[dict[str, Any], bool]:
+    existing = db.execute("SELECT content_hash FROM reports WHERE id = ?", [report.id]).fetchone()
+    if existing is not None:
+        if existing[0] != report.content_hash:
+            raise ReportConflict(report.id)
+        return _read_report(db, report.id), False
+    marks = ",".join("?" * len(report.references))
+    found = {
+        row[0]
+        for row in db.execute(
+            f"SELECT id FROM records WHERE scenario = ? AND id IN ({marks})",
+            [report.scenario, *report.references],
+        ).fetchall()
+    }
+    missing = [ref for ref in report.references if ref not in found]
+    if missing:
+        raise UnknownRecords(missing, report.scenario)
+    db.table("reports").insert(
+        {
+            "id": report.id,
+            "scenario": report.scenario,
+            "created_at": report.created_at,
+            "score": report.score,
+            "feedback": None if report.feedback is None else json.dumps(report.feedback),
+            "metadata": None if report.metadata is None else json.dumps(report.metadata),
+            "content_hash": report.content_hash,
+        }
+    )
+    db.table("report_references").insert_all(
+        {"report_id": report.id, "record_id": ref} for ref in dict.fromkeys(report.references)
+    )
+    return _read_report(db, report.id), True
+
+
+def _read_report(db: sqlite_utils.Database, report_id: str) -> dict[str, Any]:
+    cursor = db.execute("SELECT * FROM reports WHERE id = ?", [report_id])
+    columns = [c[0] for c in cursor.description]
+    report = _decode_report(dict(zip(columns, cursor.fetchone(), strict=True)))
+    report["references"] = [
+        row[0]
+        for row in db.execute(
+            "SELECT record_id FROM report_references WHERE report_id = ? ORDER BY rowid",
+            [report_id],
+        ).fetchall()
+    ]
+    return report
+
+
+def _decode_record(row: dict[str, Any]) -> dict[str, Any]:
+    row = dict(row)
+    row.pop("seq", None)
+    for column in JSON_COLUMNS:
+        if row.get(column) is not None:
+            row[column] = json.loads(row[column])
+    row["stream"] = bool(row["stream"])
+    return row
+
+
+def _decode_report(row: dict[str, Any]) -> dict[str, Any]:
+    row = dict(row)
+    row.pop("seq", None)
+    row.pop("content_hash", None)
+    for column in ("feedback", "metadata"):
+        if row.get(column) is not None:
+            row[column] = json.loads(row[column])
+    return row

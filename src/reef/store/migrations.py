@@ -1,0 +1,98 @@
+"""Named, append-only schema migrations for the experience store.
+
+Never edit a migration that has shipped: add a new one at the bottom. Each runs once, in order,
+inside one transaction together with the row that records its name in `_reef_migrations`, so a
+crash mid-migration leaves the database as it was before it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import sqlite_utils
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "0001_records_and_reports",
+        """
+        CREATE TABLE records (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            scenario TEXT NOT NULL,
+            session TEXT,
+            created_at REAL NOT NULL,
+            request TEXT NOT NULL,
+            response TEXT NOT NULL,
+            engine TEXT NOT NULL,
+            model TEXT,
+            release_id TEXT NOT NULL,
+            stream INTEGER NOT NULL DEFAULT 0,
+            completion_token_ids TEXT,
+            completion_logprobs TEXT,
+            prompt_tokens INTEGER,
+            completion_tokens INTEGER,
+            usage TEXT,
+            latency_ms REAL,
+            ttft_ms REAL,
+            content_hash TEXT NOT NULL
+        );
+        CREATE INDEX records_scenario_seq ON records (scenario, seq);
+        CREATE INDEX records_session ON records (session);
+        CREATE INDEX records_content_hash ON records (content_hash);
+
+        CREATE TABLE reports (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            scenario TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            score REAL,
+            feedback TEXT,
+            metadata TEXT,
+            content_hash TEXT NOT NULL
+        );
+        CREATE INDEX reports_scenario_seq ON reports (scenario, seq);
+
+        CREATE TABLE report_references (
+            report_id TEXT NOT NULL REFERENCES reports (id),
+            record_id TEXT NOT NULL REFERENCES records (id),
+            PRIMARY KEY (report_id, record_id)
+        );
+        CREATE INDEX report_references_record ON report_references (record_id);
+        """,
+    ),
+]
+
+
+def apply_migrations(db: sqlite_utils.Database) -> list[str]:
+    """Apply every migration not yet recorded; return the names applied now.
+
+    The connection must be in autocommit mode (`isolation_level=None`) so that the explicit
+    BEGIN/COMMIT here are the only transaction boundaries.
+    """
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS _reef_migrations (name TEXT PRIMARY KEY, applied_at REAL)"
+    )
+    done = {row[0] for row in db.execute("SELECT name FROM _reef_migrations").fetchall()}
+    applied = []
+    for name, sql in MIGRATIONS:
+        if name in done:
+            continue
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            # A second process may have applied it while we waited for the write lock.
+            if db.execute("SELECT 1 FROM _reef_migrations WHERE name = ?", [name]).fetchone():
+                db.execute("ROLLBACK")
+                continue
+            for statement in _statements(sql):
+                db.execute(statement)
+            db.execute("INSERT INTO _reef_migrations VALUES (?, ?)", [name, time.time()])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        applied.append(name)
+    return applied
+
+
+def _statements(sql: str) -> list[str]:
+    return [part.strip() for part in sql.split(";") if part.strip()]

@@ -1,0 +1,1 @@
+"""Helpers for testing Reef and things built on it. Not used when serving."""
