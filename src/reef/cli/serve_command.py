@@ -72,6 +72,7 @@ def serve(
         f"Reef: engine [bold]{kind}[/] ({reason}), model [bold]{serving_engine.model}[/], "
         f"experience in {resolved.experience_db}, serving on [bold]{url}/v1[/]",
         highlight=False,
+        soft_wrap=True,
     )
     state = ServerState(config=resolved, engine=serving_engine, store=store, engine_reason=reason)
     try:

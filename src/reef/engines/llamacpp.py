@@ -73,6 +73,7 @@ class _Sampling:
     presence_penalty: float
     frequency_penalty: float
     seed: int
+    reproducible: bool
 
 
 @dataclass
@@ -269,6 +270,7 @@ class LlamaCppEngine:
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
             seed=random.getrandbits(32) if request.seed is None else request.seed & 0xFFFFFFFF,
+            reproducible=request.seed is not None,
         )
 
     def _sample_tokens(
@@ -283,6 +285,11 @@ class LlamaCppEngine:
 
         llm = self._llm
         llm.set_seed(sampling.seed)
+        if sampling.reproducible:
+            # The prefix cache re-evaluates only the new tail of a prompt, and llama.cpp's numerics
+            # for a short tail differ slightly from a whole-prompt batch: a cold start is what
+            # makes the same seed give the same tokens every time.
+            llm.reset()
         vocab = llm._model.vocab
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         hold = max((len(s) for s in sampling.stops), default=1) - 1

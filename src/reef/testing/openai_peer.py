@@ -1,7 +1,7 @@
 """A minimal OpenAI-compatible server for tests and benchmarks of the upstream engine.
 
 It answers `POST /v1/chat/completions` by echoing the last user message (`echo: <text>`), whole
-or streamed, and `GET /v1/models`. Special models drive edge cases:
+or streamed, `GET /v1/models`, and `GET /health` as vLLM does. Special models drive edge cases:
 `fail-<status>` answers with that HTTP status and an OpenAI error body; `tool-call` answers with a
 call to the first tool in the request. `GET /peer/last` returns the last request it saw, with its
 Authorization header, so tests can check what was forwarded.
@@ -128,11 +128,16 @@ async def last(request: Request) -> Response:
     return JSONResponse(_last)
 
 
+async def health(request: Request) -> Response:
+    return Response(status_code=200)
+
+
 app = Starlette(
     routes=[
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/peer/last", last, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),  # as vLLM's server has
     ]
 )
 

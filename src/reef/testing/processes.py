@@ -44,6 +44,8 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
+        if self.process is not None:
+            raise RuntimeError(f"{self.args[0]} on port {self.port} was already started")
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             self.args, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
@@ -85,7 +87,9 @@ class ServerProcess:
             self.process.wait()
 
     def __enter__(self) -> ServerProcess:
-        return self.start()
+        if self.process is None:  # `with server.start():` has started it already
+            self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -1,0 +1,871 @@
+"""Serving benchmark: Reef against the servers it stands in for, measured in one run.
+
+Part `engine`: llama.cpp throughput on the embedded SmolLM2-135M GGUF. Baseline A is the stock
+llama-cpp-python server; Reef runs with recording on and off (the `x-reef-capture: false`
+header), so on/off is the cost of recording; baseline B is the stock server with `logits_all`
+and `logprobs` requested, the stock way to get every token's logprob that Reef always captures.
+
+Part `upstream`: the latency Reef adds as a recording proxy in front of an OpenAI-compatible
+server (the loopback peer in `reef.testing.openai_peer`), with the store fsyncing every commit
+(`store.synchronous: full`, the default) and not (`normal`).
+
+Every server runs alone on 127.0.0.1 while it is measured; every load is bounded in requests and
+in seconds. Run it with:
+
+    .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/serving.py
+
+`--quick` is a smoke run with small counts; `--part engine|upstream` runs one part. The figures
+are printed as tables and written to bench/out/serving.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from reef.engines.llamacpp import embedded_model_path
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "bench" / "out" / "serving.json"
+
+# The engine part: one prompt that makes the model write at length, greedy, same for everyone.
+PROMPT = "Write a long story about a lighthouse keeper."
+SEED = 42
+N_CTX = 2048
+N_THREADS = 2
+ENGINE_CONCURRENCY = (1, 4)
+ENGINE_TIMEOUT_S = 300.0
+
+# The upstream part: a short chat the peer echoes back.
+UPSTREAM_CONCURRENCY = (1, 32)
+UPSTREAM_TIMEOUT_S = 30.0
+
+# The targets Reef is held to.
+MAX_RECORDING_COST = 0.03  # recording may cost at most 3% of engine throughput
+MAX_ADDED_P50_MS = 2.0  # the upstream proxy may add at most 2 ms at p50, concurrency 1
+
+BASELINE_A = "A: llama_cpp.server"
+BASELINE_B = "B: llama_cpp.server, logprobs"
+REEF_OFF = "Reef, recording off"
+REEF_ON = "Reef, recording on"
+REEF_ON_LOGPROBS = "Reef, recording on, logprobs"
+PEER_DIRECT = "peer, direct"
+REEF_FULL = "Reef -> peer, sync full"
+REEF_NORMAL = "Reef -> peer, sync normal"
+
+console = Console(width=None if sys.stdout.isatty() else 100)
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    part: str
+    engine_requests: tuple[int, int]
+    upstream_requests: tuple[int, int]
+    engine_warmup: int
+    upstream_warmup: int
+    max_tokens: int
+    time_limit_s: float
+    quiet_wait_s: float
+    out: Path
+
+
+def count_pair(text: str) -> tuple[int, int]:
+    """`8,12` -> (8, 12): a request count for the low and the high concurrency."""
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two counts like 8,12, got {text!r}") from None
+    if low < 1 or high < 1:
+        raise argparse.ArgumentTypeError("request counts must be at least 1")
+    return low, high
+
+
+def parse_options(argv: list[str] | None = None) -> Options:
+    parser = argparse.ArgumentParser(
+        description="Benchmark Reef's serving against stock servers, in one run."
+    )
+    parser.add_argument("--part", choices=["engine", "upstream", "all"], default="all")
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument(
+        "--requests",
+        type=count_pair,
+        help="engine part: requests at concurrency 1 and 4 (default 8,12; quick 2,4)",
+    )
+    parser.add_argument(
+        "--upstream-requests",
+        type=count_pair,
+        help="upstream part: requests at concurrency 1 and 32 (default 300,1000; quick 30,100)",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, help="completion tokens per engine request (default 64)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=240.0,
+        help="seconds one measurement may run before it stops sending (default 240)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=300.0,
+        help="seconds to wait, before each measurement, for other processes to leave the CPUs "
+        "alone (default 300; 0 to measure at once)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
+    args = parser.parse_args(argv)
+    return Options(
+        part=args.part,
+        engine_requests=args.requests or ((2, 4) if args.quick else (8, 12)),
+        upstream_requests=args.upstream_requests or ((30, 100) if args.quick else (300, 1000)),
+        engine_warmup=1 if args.quick else 2,
+        upstream_warmup=10 if args.quick else 50,
+        max_tokens=args.max_tokens or (16 if args.quick else 64),
+        time_limit_s=args.time_limit,
+        quiet_wait_s=args.quiet_wait,
+        out=args.out,
+    )
+
+
+# -- measurements -----------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    latency_ms: float
+    completion_tokens: int = 0
+    text: str | None = None
+    has_logprobs: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Measurement:
+    part: str
+    setting: str
+    concurrency: int
+    planned: int
+    wall_s: float
+    samples: list[Sample] = field(repr=False)
+    other_cores: float = 0.0  # CPU used meanwhile by processes outside this benchmark
+
+    @property
+    def ok(self) -> list[Sample]:
+        return [s for s in self.samples if s.error is None]
+
+    @property
+    def errors(self) -> list[str]:
+        return [s.error for s in self.samples if s.error is not None]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.ok)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s else math.nan
+
+    @property
+    def requests_per_s(self) -> float:
+        return len(self.ok) / self.wall_s if self.wall_s else math.nan
+
+    @property
+    def tokens_per_request(self) -> float:
+        return self.completion_tokens / len(self.ok) if self.ok else math.nan
+
+    def latency_ms(self, percent: float) -> float:
+        return percentile([s.latency_ms for s in self.ok], percent)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "setting": self.setting,
+            "concurrency": self.concurrency,
+            "requests_planned": self.planned,
+            "requests_ok": len(self.ok),
+            "errors": len(self.errors),
+            "first_error": self.errors[0] if self.errors else None,
+            "wall_s": round(self.wall_s, 4),
+            "completion_tokens": self.completion_tokens,
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "requests_per_s": round(self.requests_per_s, 3),
+            "p50_ms": round(self.latency_ms(50), 3),
+            "p95_ms": round(self.latency_ms(95), 3),
+            "other_cores": round(self.other_cores, 3),
+        }
+
+
+def percentile(values: list[float], percent: float) -> float:
+    """Linear interpolation between the closest ranks; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * percent / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+# -- CPU accounting: the machine may be shared, so say how busy the rest of it was ----------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+NOISY_CORES = 0.15  # a measurement during which others used more than this is measured again
+ATTEMPTS = 2
+QUIET_SAMPLE_S = 2.0
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    machine_s: float  # busy CPU seconds of the whole machine since boot
+    ours_s: float  # CPU seconds of this process and the benchmark's servers
+
+
+def cpu_snapshot(server_pids: tuple[int, ...]) -> CpuSnapshot:
+    ours = sum(process_cpu_s(pid) for pid in (os.getpid(), *server_pids))
+    return CpuSnapshot(machine_busy_s(), ours)
+
+
+def other_cores(before: CpuSnapshot, after: CpuSnapshot, wall_s: float) -> float:
+    """Cores' worth of CPU used between the snapshots by processes outside the benchmark."""
+    others = (after.machine_s - before.machine_s) - (after.ours_s - before.ours_s)
+    return max(0.0, others) / wall_s if wall_s > 0 else 0.0
+
+
+def machine_busy_s() -> float:
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    except OSError:  # not Linux: no accounting
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process, all its threads; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+
+def wait_for_quiet(server_pids: tuple[int, ...], limit_s: float) -> None:
+    """Wait (at most `limit_s`) until other processes use less than NOISY_CORES."""
+    deadline = time.monotonic() + limit_s
+    told = False
+    while time.monotonic() < deadline:
+        before = cpu_snapshot(server_pids)
+        time.sleep(QUIET_SAMPLE_S)
+        others = other_cores(before, cpu_snapshot(server_pids), QUIET_SAMPLE_S)
+        if others <= NOISY_CORES:
+            return
+        if not told:
+            console.print(f"    waiting for other processes to go quiet ({others:.2f} cores) ...")
+            told = True
+    if told:
+        console.print(f"    [yellow]still busy after {limit_s:g} s; measuring anyway[/]")
+
+
+# -- the load generator -----------------------------------------------------------------------
+
+
+async def send_chat(
+    client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]
+) -> Sample:
+    started = time.perf_counter()
+    try:
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
+    except httpx.HTTPError as error:
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return Sample(elapsed_ms, error=f"{type(error).__name__}: {error}")
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    if response.status_code != 200:
+        return Sample(elapsed_ms, error=f"HTTP {response.status_code}: {response.text[:200]}")
+    data = response.json()
+    choice = data["choices"][0]
+    logprobs = choice.get("logprobs") or {}
+    return Sample(
+        latency_ms=elapsed_ms,
+        completion_tokens=int((data.get("usage") or {}).get("completion_tokens") or 0),
+        text=choice["message"].get("content"),
+        has_logprobs=bool(logprobs.get("content")),
+    )
+
+
+async def drive(
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    concurrency: int,
+    count: int,
+    time_limit_s: float,
+    timeout_s: float,
+) -> tuple[list[Sample], float]:
+    """`count` requests from `concurrency` keep-alive connections; stops early at the limit."""
+    pending = iter(range(count))
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout_s) as client:
+        started = time.perf_counter()
+        stop_at = started + time_limit_s
+
+        async def worker() -> None:
+            for _ in pending:
+                if time.perf_counter() > stop_at:
+                    return
+                samples.append(await send_chat(client, body, headers))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall_s = time.perf_counter() - started
+    return samples, wall_s
+
+
+@dataclass(frozen=True)
+class Load:
+    """One setting's traffic: which server, which body and headers."""
+
+    part: str
+    setting: str
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = ENGINE_TIMEOUT_S
+    server_pids: tuple[int, ...] = ()  # the benchmark's own servers, for the CPU accounting
+
+
+def measure(load: Load, concurrency: int, count: int, options: Options) -> Measurement:
+    """Measure once, or twice when other processes took the CPUs meanwhile; keep the quieter."""
+    console.print(
+        f"  {load.setting}, concurrency {concurrency}: {count} requests ...", highlight=False
+    )
+    tries: list[Measurement] = []
+    for attempt in range(1, ATTEMPTS + 1):
+        wait_for_quiet(load.server_pids, options.quiet_wait_s)
+        tries.append(measure_once(load, concurrency, count, options))
+        if tries[-1].other_cores <= NOISY_CORES:
+            break
+        again = "measuring again" if attempt < ATTEMPTS else "kept, and flagged"
+        console.print(
+            f"    [yellow]other processes used {tries[-1].other_cores:.2f} cores meanwhile: "
+            f"{again}[/]"
+        )
+    result = min(tries, key=lambda m: m.other_cores)
+    if result.errors:
+        console.print(f"    [red]{len(result.errors)} failed[/], first: {result.errors[0]}")
+    if len(result.samples) < count:
+        console.print(f"    [yellow]stopped at the time limit after {len(result.samples)}[/]")
+    return result
+
+
+def measure_once(load: Load, concurrency: int, count: int, options: Options) -> Measurement:
+    before = cpu_snapshot(load.server_pids)
+    samples, wall_s = asyncio.run(
+        drive(
+            load.url,
+            load.body,
+            load.headers,
+            concurrency,
+            count,
+            options.time_limit_s,
+            load.timeout_s,
+        )
+    )
+    other = other_cores(before, cpu_snapshot(load.server_pids), wall_s)
+    return Measurement(load.part, load.setting, concurrency, count, wall_s, samples, other)
+
+
+def warm_up(load: Load, count: int) -> None:
+    """A few unmeasured requests; recorded ones go to the `warmup` scenario."""
+    headers = {**load.headers, "x-reef-scenario": "warmup"}
+    samples, _ = asyncio.run(
+        drive(load.url, load.body, headers, 1, count, ENGINE_TIMEOUT_S, load.timeout_s)
+    )
+    failed = [s.error for s in samples if s.error]
+    if failed:
+        raise RuntimeError(f"warm-up of {load.setting!r} failed: {failed[0]}")
+
+
+# -- servers ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def running(server: ServerProcess, timeout_s: float = 180.0) -> Iterator[ServerProcess]:
+    """Start, yield, and stop (SIGINT, then SIGKILL after 30 s) whatever happens in between."""
+    try:
+        server.start(timeout=timeout_s)
+        yield server
+    finally:
+        server.stop()
+
+
+def pids_of(*servers: ServerProcess) -> tuple[int, ...]:
+    return tuple(server.process.pid for server in servers if server.process is not None)
+
+
+def stock_llama_server(folder: Path, logits_all: bool) -> ServerProcess:
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(embedded_model_path()),
+        "--n_ctx",
+        str(N_CTX),
+        "--n_threads",
+        str(N_THREADS),
+        "--n_threads_batch",
+        str(N_THREADS),
+        # The stock default is logits_all=True; baseline A is the server without it.
+        "--logits_all",
+        str(logits_all).lower(),
+        "--seed",
+        str(SEED),
+        "--verbose",
+        "false",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return ServerProcess(args, port, folder, health_path="/v1/models", log_name="llama.log")
+
+
+def write_reef_config(folder: Path, engine: dict[str, Any], synchronous: str) -> None:
+    config = {"engine": engine, "store": {"synchronous": synchronous}}
+    (folder / "reef.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def reef_llamacpp_server(folder: Path) -> ServerProcess:
+    engine = {"kind": "llamacpp", "llamacpp": {"n_ctx": N_CTX, "n_threads": N_THREADS}}
+    write_reef_config(folder, engine, synchronous="full")
+    return reef_serve(folder, free_port(), "--engine", "llamacpp")
+
+
+def openai_peer(folder: Path) -> ServerProcess:
+    port = free_port()
+    args = [sys.executable, "-m", "reef.testing.openai_peer", "--port", str(port)]
+    return ServerProcess(args, port, folder, health_path="/v1/models", log_name="peer.log")
+
+
+def reef_upstream_server(folder: Path, peer_url: str, synchronous: str) -> ServerProcess:
+    write_reef_config(folder, {"kind": "upstream"}, synchronous=synchronous)
+    return reef_serve(
+        folder, free_port(), "--engine", "upstream", "--upstream-url", f"{peer_url}/v1"
+    )
+
+
+def stored_records(folder: Path) -> dict[str, int]:
+    """Rows per scenario in the experience store of the (stopped) server run in `folder`."""
+    with sqlite3.connect(folder / ".reef" / "experience.db") as db:
+        rows = db.execute("SELECT scenario, COUNT(*) FROM records GROUP BY scenario").fetchall()
+    return {scenario: int(count) for scenario, count in rows}
+
+
+# -- part 1: engine throughput ----------------------------------------------------------------
+
+
+def engine_body(max_tokens: int, logprobs: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "temperature": 0,
+        "seed": SEED,
+        "max_tokens": max_tokens,
+        # llama-cpp-python's own default is 1.1; Reef samples with 1.0 (and ignores the field).
+        "repeat_penalty": 1.0,
+    }
+    if logprobs:
+        # llama-cpp-python computes no logprobs for `logprobs: true` without top_logprobs.
+        body.update({"logprobs": True, "top_logprobs": 1})
+    return body
+
+
+@dataclass
+class EngineRun:
+    measurements: list[Measurement] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+
+
+def measure_server(
+    server: ServerProcess, loads: list[Load], options: Options, run: EngineRun
+) -> None:
+    """Warm up, then measure each load at each concurrency, the loads adjacent in time."""
+    with running(server):
+        loads = [replace(load, url=server.url, server_pids=pids_of(server)) for load in loads]
+        for load in loads:
+            warm_up(load, options.engine_warmup)
+        for concurrency, count in zip(ENGINE_CONCURRENCY, options.engine_requests, strict=True):
+            for load in loads:
+                run.measurements.append(measure(load, concurrency, count, options))
+
+
+def run_engine_part(options: Options) -> EngineRun:
+    console.rule("[bold]Part 1: engine throughput (llama.cpp)")
+    run = EngineRun()
+    plain = engine_body(options.max_tokens)
+    with_logprobs = engine_body(options.max_tokens, logprobs=True)
+    recorded = {"x-reef-scenario": "bench"}
+    with tempfile.TemporaryDirectory(prefix="reef-bench-") as tmp:
+        folders = {name: Path(tmp, name) for name in ("stock", "reef", "stock-logits")}
+        for folder in folders.values():
+            folder.mkdir()
+
+        console.print(f"[bold]{BASELINE_A}[/] (--logits_all false)")
+        stock = stock_llama_server(folders["stock"], logits_all=False)
+        measure_server(stock, [Load("engine", BASELINE_A, "", plain)], options, run)
+
+        console.print("[bold]Reef[/] (reef serve --engine llamacpp, store.synchronous=full)")
+        reef_loads = [
+            Load("engine", REEF_OFF, "", plain, {"x-reef-capture": "false"}),
+            Load("engine", REEF_ON, "", plain, recorded),
+            Load("engine", REEF_ON_LOGPROBS, "", with_logprobs, recorded),
+        ]
+        measure_server(reef_llamacpp_server(folders["reef"]), reef_loads, options, run)
+        run.checks.append(record_check(folders["reef"], run.measurements))
+
+        console.print(f"[bold]{BASELINE_B}[/] (--logits_all true, logprobs requested)")
+        stock_b = stock_llama_server(folders["stock-logits"], logits_all=True)
+        measure_server(stock_b, [Load("engine", BASELINE_B, "", with_logprobs)], options, run)
+    run.checks.append(greedy_text_check(run.measurements))
+    run.checks.append(logprobs_check(run.measurements))
+    return run
+
+
+def record_check(folder: Path, measurements: list[Measurement]) -> str:
+    """Recording on stored one row per request, in its scenario; recording off stored none."""
+    recorded = sum(len(m.ok) for m in measurements if m.setting in (REEF_ON, REEF_ON_LOGPROBS))
+    stored = stored_records(folder)
+    bench, unrecorded = stored.get("bench", 0), stored.get("default", 0)
+    verdict = "ok" if bench == recorded and unrecorded == 0 else "MISMATCH"
+    return (
+        f"records: {bench} stored for {recorded} requests with recording on, "
+        f"{unrecorded} for recording off ({verdict})"
+    )
+
+
+def greedy_text_check(measurements: list[Measurement]) -> str:
+    texts = {m.setting: m.ok[0].text for m in measurements if m.ok}
+    reference = texts.get(BASELINE_A)
+    differing = [name for name, text in texts.items() if text != reference]
+    if not differing:
+        return "greedy output: every setting wrote the same text"
+    return f"greedy output: differs from {BASELINE_A} in: {', '.join(differing)}"
+
+
+def logprobs_check(measurements: list[Measurement]) -> str:
+    parts = []
+    for setting in (REEF_ON_LOGPROBS, BASELINE_B):
+        samples = [s for m in measurements if m.setting == setting for s in m.ok]
+        if samples:
+            returned = sum(s.has_logprobs for s in samples)
+            parts.append(f"{setting}: {returned}/{len(samples)} responses carry logprobs")
+    return "logprobs: " + "; ".join(parts)
+
+
+# -- part 2: upstream overhead ----------------------------------------------------------------
+
+
+def upstream_body() -> dict[str, Any]:
+    return {"model": "peer", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+def run_upstream_part(options: Options) -> list[Measurement]:
+    console.rule("[bold]Part 2: upstream overhead (Reef as a recording proxy)")
+    measurements: list[Measurement] = []
+    body = upstream_body()
+    counts = list(zip(UPSTREAM_CONCURRENCY, options.upstream_requests, strict=True))
+    with (
+        tempfile.TemporaryDirectory(prefix="reef-bench-") as tmp,
+        running(openai_peer(Path(tmp))) as peer,
+    ):
+        direct = Load(
+            "upstream",
+            PEER_DIRECT,
+            peer.url,
+            body,
+            timeout_s=UPSTREAM_TIMEOUT_S,
+            server_pids=pids_of(peer),
+        )
+        console.print(f"[bold]{PEER_DIRECT}[/]")
+        warm_up(direct, options.upstream_warmup)
+        measurements += [measure(direct, c, n, options) for c, n in counts]
+        for setting, synchronous in ((REEF_FULL, "full"), (REEF_NORMAL, "normal")):
+            folder = Path(tmp, synchronous)
+            folder.mkdir()
+            console.print(f"[bold]{setting}[/]")
+            with running(reef_upstream_server(folder, peer.url, synchronous)) as reef:
+                load = replace(
+                    direct, setting=setting, url=reef.url, server_pids=pids_of(peer, reef)
+                )
+                warm_up(load, options.upstream_warmup)
+                measurements += [measure(load, c, n, options) for c, n in counts]
+    return measurements
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float
+    limit: float
+    unit: str
+
+    @property
+    def passed(self) -> bool:
+        return self.value <= self.limit
+
+    def line(self) -> str:
+        verdict = "[green]PASS[/]" if self.passed else "[red]MISS[/]"
+        limit = f"target <= {self.limit:g}{self.unit}"
+        return f"{verdict} {self.name}: {self.value:.2f}{self.unit} ({limit})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": round(self.value, 3),
+            "limit": self.limit,
+            "unit": self.unit,
+            "passed": self.passed,
+        }
+
+
+def find(measurements: list[Measurement], setting: str, concurrency: int) -> Measurement | None:
+    for m in measurements:
+        if m.setting == setting and m.concurrency == concurrency:
+            return m
+    return None
+
+
+def ratio(value: float, baseline: float) -> str:
+    if not baseline or math.isnan(baseline) or math.isnan(value):
+        return "-"
+    return f"{value / baseline:.2f}x"
+
+
+def ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}" if value >= 100 else f"{value:.2f}"
+
+
+def engine_table(measurements: list[Measurement], max_tokens: int) -> Table:
+    table = Table(
+        title=f"Engine throughput: SmolLM2-135M Q4_1, greedy, max_tokens {max_tokens}, "
+        f"n_ctx {N_CTX}, {N_THREADS} threads; ratio of tok/s vs {BASELINE_A!r}",
+        caption="A: stock server, --logits_all false.  B: stock server, --logits_all true, "
+        "requests ask logprobs (top_logprobs 1), as does 'Reef, recording on, logprobs'.",
+        title_justify="left",
+        caption_justify="left",
+    )
+    for name in ("setting", "c", "requests", "tok/req", "tok/s", "p50 ms", "p95 ms", "ratio"):
+        table.add_column(name, justify="left" if name == "setting" else "right")
+    for m in sorted(measurements, key=lambda m: m.concurrency):
+        baseline = find(measurements, BASELINE_A, m.concurrency)
+        table.add_row(
+            m.setting,
+            str(m.concurrency),
+            requests_cell(m),
+            f"{m.tokens_per_request:.0f}",
+            f"{m.tokens_per_s:.1f}",
+            ms(m.latency_ms(50)),
+            ms(m.latency_ms(95)),
+            ratio(m.tokens_per_s, baseline.tokens_per_s) if baseline else "-",
+        )
+    return table
+
+
+def upstream_table(measurements: list[Measurement]) -> Table:
+    table = Table(
+        title=f"Upstream overhead: chat requests to the loopback peer; +p50, +p95 and ratio of "
+        f"req/s vs {PEER_DIRECT!r}",
+        caption="sync: the Reef store's store.synchronous (full, the default, fsyncs each commit)",
+        title_justify="left",
+        caption_justify="left",
+    )
+    columns = ("setting", "c", "requests", "req/s", "p50 ms", "p95 ms", "+p50", "+p95", "ratio")
+    for name in columns:
+        table.add_column(name, justify="left" if name == "setting" else "right")
+    for m in sorted(measurements, key=lambda m: m.concurrency):
+        direct = find(measurements, PEER_DIRECT, m.concurrency)
+        through_reef = direct is not None and m.setting != PEER_DIRECT
+        table.add_row(
+            m.setting,
+            str(m.concurrency),
+            requests_cell(m),
+            f"{m.requests_per_s:.0f}",
+            ms(m.latency_ms(50)),
+            ms(m.latency_ms(95)),
+            ms(m.latency_ms(50) - direct.latency_ms(50)) if through_reef else "",
+            ms(m.latency_ms(95) - direct.latency_ms(95)) if through_reef else "",
+            ratio(m.requests_per_s, direct.requests_per_s) if direct else "-",
+        )
+    return table
+
+
+def noise_notes(measurements: list[Measurement]) -> list[str]:
+    return [
+        f"[yellow]noisy:[/] {m.setting}, c={m.concurrency}: other processes used "
+        f"{m.other_cores:.2f} cores during the measurement"
+        for m in measurements
+        if m.other_cores > NOISY_CORES
+    ]
+
+
+def requests_cell(m: Measurement) -> str:
+    cell = str(len(m.ok))
+    if m.errors:
+        cell += f" ({len(m.errors)} failed)"
+    return cell
+
+
+def engine_targets(measurements: list[Measurement]) -> list[Target]:
+    targets = []
+    for concurrency in ENGINE_CONCURRENCY:
+        on = find(measurements, REEF_ON, concurrency)
+        off = find(measurements, REEF_OFF, concurrency)
+        if on and off and off.tokens_per_s:
+            cost = 1 - on.tokens_per_s / off.tokens_per_s
+            name = f"cost of recording (1 - on/off tok/s), c={concurrency}"
+            targets.append(Target(name, cost * 100, MAX_RECORDING_COST * 100, "%"))
+    return targets
+
+
+def upstream_targets(measurements: list[Measurement]) -> list[Target]:
+    targets = []
+    direct = find(measurements, PEER_DIRECT, 1)
+    for setting in (REEF_FULL, REEF_NORMAL):
+        reef = find(measurements, setting, 1)
+        if direct and reef:
+            added = reef.latency_ms(50) - direct.latency_ms(50)
+            targets.append(Target(f"added p50, c=1, {setting}", added, MAX_ADDED_P50_MS, " ms"))
+    return targets
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "llama_cpp_python": version("llama-cpp-python"),
+        "reef": version("reef"),
+        "git_commit": git_commit(),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_options(argv)
+    host = machine()
+    console.print(
+        f"Machine: {host['cpus']} CPUs, {host['cpu_model']}; Python {host['python']}, "
+        f"llama-cpp-python {host['llama_cpp_python']}, reef {host['reef']} ({host['git_commit']})",
+        highlight=False,
+    )
+    report: dict[str, Any] = {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": [Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)],
+        "machine": host,
+        "options": {
+            "part": options.part,
+            "engine_requests": options.engine_requests,
+            "upstream_requests": options.upstream_requests,
+            "max_tokens": options.max_tokens,
+            "prompt": PROMPT,
+            "n_ctx": N_CTX,
+            "n_threads": N_THREADS,
+        },
+    }
+    started = time.perf_counter()
+    targets: list[Target] = []
+    tables: list[Table] = []
+    notes: list[str] = []
+    if options.part in ("engine", "all"):
+        engine = run_engine_part(options)
+        tables.append(engine_table(engine.measurements, options.max_tokens))
+        targets += engine_targets(engine.measurements)
+        notes += engine.checks + noise_notes(engine.measurements)
+        report["engine"] = {
+            "baseline": BASELINE_A,
+            "rows": [m.to_json() for m in engine.measurements],
+            "checks": engine.checks,
+        }
+    if options.part in ("upstream", "all"):
+        upstream = run_upstream_part(options)
+        tables.append(upstream_table(upstream))
+        targets += upstream_targets(upstream)
+        notes += noise_notes(upstream)
+        report["upstream"] = {"baseline": PEER_DIRECT, "rows": [m.to_json() for m in upstream]}
+    report["targets"] = [t.to_json() for t in targets]
+    report["elapsed_s"] = round(time.perf_counter() - started, 1)
+
+    console.rule("[bold]Results")
+    for table in tables:
+        console.print(table)
+    for note in notes:
+        console.print(note, highlight=False)
+    for target in targets:
+        console.print(target.line(), highlight=False)
+    write_json(options.out, report)
+    console.print(f"{report['elapsed_s']} s in all; figures in {options.out}", highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Shared fixtures: a real `reef serve` on the embedded model, and clients for it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+
+TOKEN = "test-token-4f1c"
+ROTATED_TOKEN = "test-token-next-9a2e"  # a second valid token, as during a rotation
+SMALL_ENGINE = "engine:\n  llamacpp:\n    n_ctx: 2048\n    n_threads: 2\n"
+BODY_LIMIT = 256 * 1024
+
+
+def write_config(folder: Path, text: str = SMALL_ENGINE) -> Path:
+    path = folder / "reef.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One real server on the embedded SmolLM2 model, shared by the tests that only read from it."""
+    folder = tmp_path_factory.mktemp("llama-server")
+    write_config(folder, SMALL_ENGINE + f"server:\n  max_body_bytes: {BODY_LIMIT}\n")
+    server = reef_serve(folder, free_port(), env={"REEF_TOKEN": f"{TOKEN},{ROTATED_TOKEN}"})
+    with server.start():
+        yield server
+
+
+@pytest.fixture
+def client(llama_server: ServerProcess) -> OpenAI:
+    return OpenAI(base_url=llama_server.url + "/v1", api_key=TOKEN, max_retries=0)
+
+
+@pytest.fixture
+def http(llama_server: ServerProcess) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=llama_server.url, headers=headers, timeout=60) as session:
+        yield session

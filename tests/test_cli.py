@@ -1,0 +1,229 @@
+"""The `reef` command line: the real commands, in process (CliRunner) or as processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from openai import OpenAI
+from typer.testing import CliRunner
+
+from reef.cli import app
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+from tests.conftest import SMALL_ENGINE, TOKEN, write_config
+
+runner = CliRunner()
+
+
+def reef(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), env=env)
+    return result.exit_code, result.output
+
+
+# -- init ---------------------------------------------------------------------------------
+
+
+def test_init_scaffolds_a_project_that_serve_accepts(tmp_path: Path) -> None:
+    code, output = reef("init", str(tmp_path / "proj"))
+    assert code == 0, output
+    project = tmp_path / "proj"
+    assert (project / ".gitignore").read_text().strip().endswith(".reef/")
+    task = json.loads((project / "evals/default.jsonl").read_text().splitlines()[0])
+    assert task["messages"][0]["role"] == "user" and task["scorer"]["type"] == "contains"
+    config = yaml.safe_load((project / "reef.yaml").read_text())
+    assert config["server"]["port"] == 8900
+    code, output = reef("serve", "-c", str(project / "reef.yaml"), "--print-config")
+    assert code == 0, output
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    (tmp_path / "reef.yaml").write_text("# mine\n")
+    code, output = reef("init", str(tmp_path))
+    assert code == 1 and "--force" in output
+    assert (tmp_path / "reef.yaml").read_text() == "# mine\n"
+    assert not (tmp_path / "evals").exists()
+    code, _ = reef("init", str(tmp_path), "--force")
+    assert code == 0 and "engine:" in (tmp_path / "reef.yaml").read_text()
+
+
+# -- serve: configuration -------------------------------------------------------------------
+
+
+def test_print_config_shows_flags_over_file_and_hides_secrets(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "server:\n  port: 9100\n  tokens: [file-secret]\n")
+    code, output = reef(
+        "serve",
+        "-c",
+        str(path),
+        "--port",
+        "9200",
+        "--print-config",
+        env={"REEF_TOKEN": "env-secret"},
+    )
+    assert code == 0, output
+    printed = yaml.safe_load(output)
+    assert printed["server"]["port"] == 9200
+    assert "file-secret" not in output and "env-secret" not in output
+
+
+def test_invalid_config_exits_2_and_names_the_key(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "engine:\n  kind: tpu\n")
+    code, output = reef("serve", "-c", str(path), "--print-config")
+    assert code == 2
+    assert "engine.kind" in output
+
+
+def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "reef", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    assert "REEF_TOKEN" in result.stderr and "127.0.0.1" in result.stderr
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reef",
+            "serve",
+            "--engine",
+            "llamacpp",
+            "--model",
+            str(tmp_path / "absent.gguf"),
+            "--port",
+            str(free_port()),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "absent.gguf does not exist" in result.stderr
+
+
+# -- client commands against the running server ----------------------------------------------
+
+
+def test_status_records_report_and_export(llama_server: ServerProcess, tmp_path: Path) -> None:
+    env = {"REEF_TOKEN": TOKEN, "REEF_URL": llama_server.url}
+    client = OpenAI(base_url=llama_server.url + "/v1", api_key=TOKEN, max_retries=0)
+    session = {"x-reef-scenario": "cli", "x-reef-session": "cli-s1"}
+    receipts = []
+    history = [{"role": "user", "content": "Hello!"}]
+    for follow_up in ("And again?", None):
+        raw = client.chat.completions.with_raw_response.create(
+            model="m",
+            messages=history,
+            max_tokens=6,
+            extra_headers=session,  # type: ignore[arg-type]
+        )
+        receipts.append(raw.headers["x-reef-agent-record-id"])
+        answer = raw.parse().choices[0].message.content or ""
+        history = [*history, {"role": "assistant", "content": answer}]
+        if follow_up:
+            history.append({"role": "user", "content": follow_up})
+
+    code, output = reef(
+        "report", receipts[1], "--score", "0.5", "--feedback", "meh", "--scenario", "cli", env=env
+    )
+    assert code == 0, output
+    assert "reported" in output
+
+    code, output = reef("records", "--scenario", "cli", "--json", env=env)
+    assert code == 0, output
+    rows = json.loads(output)
+    assert [r["id"] for r in rows] == receipts[::-1]
+    assert rows[0]["reports"][0]["feedback"] == "meh"
+
+    code, output = reef("records", "--scenario", "cli", env=env)
+    assert code == 0 and "meh" in output and "0.5" in output
+
+    code, output = reef("status", env=env)
+    assert code == 0 and "llamacpp" in output and "cli" in output
+
+    out = tmp_path / "export.jsonl"
+    code, output = reef("export", "--scenario", "cli", "-o", str(out), env=env)
+    assert code == 0, output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 1, "two calls of one session are one trajectory"
+    trajectory = lines[0]
+    assert trajectory["messages"][:-1] == history[:-1] or trajectory["messages"][0] == history[0]
+    assert trajectory["messages"][-1]["role"] == "assistant"
+    assert trajectory["reef"]["record_ids"] == receipts
+    assert [r["score"] for r in trajectory["reef"]["reports"]] == [0.5]
+
+
+def test_client_commands_explain_a_missing_server() -> None:
+    code, output = reef("status", "--url", f"http://127.0.0.1:{free_port()}")
+    assert code == 1 and "reef serve" in output
+
+
+def test_report_needs_a_score_or_feedback(llama_server: ServerProcess) -> None:
+    code, output = reef("report", "rec_x", env={"REEF_URL": llama_server.url, "REEF_TOKEN": TOKEN})
+    assert code == 2 and "--score" in output
+
+
+def test_report_shows_the_servers_error(llama_server: ServerProcess) -> None:
+    env = {"REEF_URL": llama_server.url, "REEF_TOKEN": TOKEN}
+    code, output = reef("report", "rec_unknown", "--score", "1", env=env)
+    assert code == 1 and "HTTP 404" in output and "rec_unknown" in output
+
+
+# -- serve: graceful shutdown ---------------------------------------------------------------
+
+
+def test_ctrl_c_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
+    write_config(tmp_path, SMALL_ENGINE)
+    server = reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start()
+    result: dict[str, object] = {}
+    started = threading.Event()
+
+    def long_request() -> None:
+        body = {
+            "messages": [{"role": "user", "content": "Write a long story."}],
+            "max_tokens": 120,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST",
+            server.url + "/v1/chat/completions",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as response:
+            lines = []
+            for line in response.iter_lines():
+                started.set()
+                lines.append(line)
+            result["lines"] = lines
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    assert started.wait(30)
+    time.sleep(0.2)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGINT)
+    thread.join(60)
+    code = server.stop()
+    lines = [line for line in result["lines"] if line.startswith("data: ")]  # type: ignore[union-attr]
+    assert lines[-1] == "data: [DONE]", "the stream in flight was cut off"
+    assert "agent_record_id" in lines[-2]
+    assert code == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/healthz")

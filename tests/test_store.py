@@ -1,0 +1,171 @@
+"""The experience store on a real SQLite file: migrations, group commits, reports."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from reef.store import ExperienceStore, Record, Report, ReportConflict, UnknownRecords
+from reef.store.migrations import MIGRATIONS
+
+
+def _record(scenario: str = "default", text: str = "hi", session: str | None = None) -> Record:
+    return Record(
+        scenario=scenario,
+        session=session,
+        request={"messages": [{"role": "user", "content": text}]},
+        response={"choices": [{"message": {"role": "assistant", "content": "hello"}}]},
+        engine="test",
+        release_id="base",
+        completion_token_ids=[1, 2, 3],
+        completion_logprobs=[-0.5, -0.25, -1.0],
+        usage={"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7},
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ExperienceStore:
+    with ExperienceStore(tmp_path / "experience.db") as opened:
+        yield opened
+
+
+def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
+    path = tmp_path / "experience.db"
+    ExperienceStore(path).close()
+    ExperienceStore(path).close()
+    names = [row[0] for row in sqlite3.connect(path).execute("SELECT name FROM _reef_migrations")]
+    assert names == [name for name, _ in MIGRATIONS]
+
+
+def test_database_is_in_wal_mode(store: ExperienceStore) -> None:
+    mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_record_round_trip(store: ExperienceStore) -> None:
+    record = _record(session="s1")
+    assert store.add_record(record).result() == record.id
+    stored = store.get_record(record.id)
+    assert stored is not None
+    assert stored["request"] == record.request
+    assert stored["completion_token_ids"] == [1, 2, 3]
+    assert stored["completion_logprobs"] == [-0.5, -0.25, -1.0]
+    assert stored["prompt_tokens"] == 4 and stored["completion_tokens"] == 3
+    assert stored["session"] == "s1"
+    assert stored["reports"] == []
+
+
+def test_a_committed_record_is_visible_to_another_connection(store: ExperienceStore) -> None:
+    record_id = store.add_record(_record()).result()
+    other = sqlite3.connect(store.path)
+    assert (
+        other.execute("SELECT COUNT(*) FROM records WHERE id = ?", [record_id]).fetchone()[0] == 1
+    )
+
+
+def test_identical_requests_share_a_content_hash() -> None:
+    assert _record(text="same").content_hash == _record(text="same").content_hash
+    assert _record(text="same").content_hash != _record(text="other").content_hash
+
+
+def test_concurrent_writers_share_commits_and_lose_nothing(store: ExperienceStore) -> None:
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def write(n: int) -> None:
+        for _ in range(n):
+            record_id = store.add_record(_record()).result()
+            with lock:
+                ids.append(record_id)
+
+    threads = [threading.Thread(target=write, args=(25,)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(ids)) == 200
+    stored = {r["id"] for r in store.list_records(limit=1000)}
+    assert stored == set(ids)
+
+
+def test_list_records_pages_in_order(store: ExperienceStore) -> None:
+    ids = [store.add_record(_record(scenario="a")).result() for _ in range(5)]
+    store.add_record(_record(scenario="b")).result()
+    first = store.list_records(scenario="a", limit=2)
+    assert [r["id"] for r in first] == ids[:2]
+    rest = store.list_records(scenario="a", after=first[-1]["id"], limit=10)
+    assert [r["id"] for r in rest] == ids[2:]
+    assert [r["id"] for r in store.latest_records(scenario="a", limit=2)] == ids[:2:-1][:2]
+
+
+def test_report_attaches_to_every_reference(store: ExperienceStore) -> None:
+    a, b = (store.add_record(_record()).result() for _ in range(2))
+    stored, created = store.add_report(
+        Report("default", [a, b], score=1.0, feedback="good")
+    ).result()
+    assert created
+    assert stored["references"] == [a, b]
+    for record_id in (a, b):
+        record = store.get_record(record_id)
+        assert record is not None
+        assert [r["score"] for r in record["reports"]] == [1.0]
+
+
+def test_report_with_the_same_id_and_content_is_returned_not_duplicated(
+    store: ExperienceStore,
+) -> None:
+    record_id = store.add_record(_record()).result()
+    first, created = store.add_report(Report("default", [record_id], score=0.5, id="r-1")).result()
+    again, created_again = store.add_report(
+        Report("default", [record_id], score=0.5, id="r-1")
+    ).result()
+    assert created and not created_again
+    assert again == first
+    record = store.get_record(record_id)
+    assert record is not None and len(record["reports"]) == 1
+
+
+def test_report_id_reused_with_other_content_conflicts(store: ExperienceStore) -> None:
+    record_id = store.add_record(_record()).result()
+    store.add_report(Report("default", [record_id], score=0.5, id="r-2")).result()
+    with pytest.raises(ReportConflict):
+        store.add_report(Report("default", [record_id], score=0.9, id="r-2")).result()
+
+
+def test_report_on_unknown_or_other_scenario_records_is_refused(store: ExperienceStore) -> None:
+    record_id = store.add_record(_record(scenario="a")).result()
+    with pytest.raises(UnknownRecords) as error:
+        store.add_report(Report("b", [record_id], score=1.0)).result()
+    assert error.value.missing == [record_id]
+    with pytest.raises(UnknownRecords):
+        store.add_report(Report("a", [record_id, "rec_missing"], score=1.0)).result()
+    assert store.get_record(record_id)["reports"] == []  # type: ignore[index]
+
+
+def test_a_failing_write_does_not_undo_its_neighbours(store: ExperienceStore) -> None:
+    record_id = store.add_record(_record()).result()
+    bad = store.add_report(Report("default", ["rec_missing"], score=1.0))
+    good = store.add_report(Report("default", [record_id], score=1.0))
+    with pytest.raises(UnknownRecords):
+        bad.result()
+    assert good.result()[1] is True
+
+
+def test_stats_count_per_scenario(store: ExperienceStore) -> None:
+    a = store.add_record(_record(scenario="a")).result()
+    store.add_record(_record(scenario="b")).result()
+    store.add_report(Report("a", [a], feedback={"label": "ok"})).result()
+    stats = store.stats()
+    assert stats["scenarios"] == {
+        "a": {"records": 1, "reports": 1},
+        "b": {"records": 1, "reports": 0},
+    }
+    assert stats["size_bytes"] > 0
+
+
+def test_score_must_be_finite() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        Report("default", ["rec_x"], score=float("nan"))

@@ -1,0 +1,124 @@
+"""The vLLM engine's contract: CUDA check, child process protocol, clean shutdown.
+
+Real vLLM did not run here: it needs a CUDA GPU, and CI has none. The protocol tests drive the
+engine against a stand-in executable that takes `vllm serve MODEL --enable-lora --host H --port P`
+and serves vLLM's documented endpoints (`/health`, OpenAI `/v1/chat/completions`) with the
+project's loopback OpenAI peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reef.engines.base import ChatRequest
+from reef.engines.vllm import VLLMEngine, cuda_available
+from reef.errors import EngineUnavailable
+from reef.testing.processes import free_port
+
+STAND_IN = """#!{python}
+import json, sys
+from pathlib import Path
+Path({argv_file!r}).write_text(json.dumps(sys.argv[1:]))
+{behaviour}
+"""
+SERVES = """
+import uvicorn
+from reef.testing.openai_peer import app
+port = int(sys.argv[sys.argv.index("--port") + 1])
+uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+"""
+CRASHES = "print('CUDA error: no kernel image is available'); sys.exit(3)"
+
+
+def stand_in(folder: Path, behaviour: str) -> tuple[Path, Path]:
+    argv_file = folder / "argv.json"
+    script = folder / "vllm"
+    script.write_text(
+        STAND_IN.format(python=sys.executable, argv_file=str(argv_file), behaviour=behaviour)
+    )
+    script.chmod(0o755)
+    return script, argv_file
+
+
+def test_without_cuda_start_fails_before_spawning(tmp_path: Path) -> None:
+    script, argv_file = stand_in(tmp_path, SERVES)
+    engine = VLLMEngine(model="m", executable=str(script), has_cuda=lambda: False)
+    with pytest.raises(EngineUnavailable, match="needs a CUDA GPU"):
+        asyncio.run(engine.start())
+    assert not argv_file.exists()
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has CUDA")
+def test_reef_serve_engine_vllm_says_cuda_is_missing(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reef",
+            "serve",
+            "--engine",
+            "vllm",
+            "--model",
+            "some/model",
+            "--port",
+            str(free_port()),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "needs a CUDA GPU" in result.stderr
+
+
+def test_child_is_started_with_lora_enabled_served_and_stopped(tmp_path: Path) -> None:
+    script, argv_file = stand_in(tmp_path, SERVES)
+    port = free_port()
+    engine = VLLMEngine(
+        model="org/model",
+        executable=str(script),
+        port=port,
+        extra_args=["--max-model-len", "2048"],
+        has_cuda=lambda: True,
+    )
+
+    async def scenario() -> dict:
+        await engine.start()
+        try:
+            request = ChatRequest.model_validate(
+                {"messages": [{"role": "user", "content": "ping"}]}
+            )
+            completion = await engine.complete(request)
+            items = [
+                item async for item in engine.stream(request.model_copy(update={"stream": True}))
+            ]
+            assert items[-1].response["choices"][0]["message"]["content"].strip() == "echo: ping"
+            return completion.response
+        finally:
+            process = engine._process
+            await engine.close()
+            assert process is not None and process.poll() is not None
+
+    response = asyncio.run(scenario())
+    assert response["choices"][0]["message"]["content"] == "echo: ping"
+    assert response["model"] == "org/model"
+    argv = json.loads(argv_file.read_text())
+    assert argv[:3] == ["serve", "org/model", "--enable-lora"]
+    assert argv[argv.index("--port") + 1] == str(port)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[-2:] == ["--max-model-len", "2048"]
+
+
+def test_child_that_dies_while_starting_is_reported_with_its_log(tmp_path: Path) -> None:
+    script, _ = stand_in(tmp_path, CRASHES)
+    engine = VLLMEngine(model="m", executable=str(script), port=free_port(), has_cuda=lambda: True)
+    with pytest.raises(EngineUnavailable, match="exited with code 3") as error:
+        asyncio.run(engine.start())
+    assert "no kernel image" in str(error.value)
