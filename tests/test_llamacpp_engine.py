@@ -199,3 +199,23 @@ def test_tools_with_auto_choice_are_accepted(engine: LlamaCppEngine) -> None:
     ]
     result = complete(engine, chat(messages=history, tools=[tool], max_tokens=4))
     assert result.response["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_concurrent_requests_are_served_one_at_a_time_in_arrival_order(
+    engine: LlamaCppEngine,
+) -> None:
+    finished: list[int] = []
+
+    async def one(n: int) -> None:
+        await engine.complete(chat(max_tokens=4, temperature=0))
+        finished.append(n)
+
+    async def burst() -> None:
+        tasks = []
+        for n in range(4):
+            tasks.append(asyncio.create_task(one(n)))
+            await asyncio.sleep(0)  # let it reach the queue before the next one arrives
+        await asyncio.gather(*tasks)
+
+    asyncio.run(burst())
+    assert finished == [0, 1, 2, 3]
