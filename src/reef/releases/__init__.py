@@ -1,0 +1,1 @@
+"""Releases: the git release chain, candidates, the evaluation gate, and serving artifacts."""

@@ -1,0 +1,393 @@
+"""The release chain: one append-only git history per scenario, its head moved by compare-and-swap.
+
+Releases live in a bare repository (`.reef/releases.git`). A release is one commit holding the
+artifact's files and a manifest, `reef-release.json`. Each scenario's head is the ref
+`refs/reef/<scenario>/head`; it only moves with `git update-ref REF NEW OLD`, so a publisher that
+started from a stale head gets a `ReleaseConflict` naming the current one and changes nothing.
+Rollback and promote never rewrite history: they publish a new commit whose content equals the
+target release.
+
+Weight files (`*.gguf`, `*.safetensors`, `*.bin`, `*.pt`) are stored through Git LFS: the git
+objects hold LFS pointers, the bytes live in the repository's LFS store and come back on read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, TypeVar
+
+import git
+from git.index.typ import BaseIndexEntry
+from git.objects import Commit
+
+from reef.errors import Conflict, NotFound, ReefError
+
+ArtifactKind = Literal["harness", "lora", "checkpoint"]
+ARTIFACT_KINDS: tuple[str, ...] = ("harness", "lora", "checkpoint")
+MANIFEST = "reef-release.json"
+ATTRIBUTES = ".gitattributes"
+LFS_PATTERNS = ("*.gguf", "*.safetensors", "*.bin", "*.pt")
+BASE_RELEASE = "base"
+_AUTHOR = git.Actor("reef", "reef@localhost")
+_NO_COMMIT = "0" * 40
+T = TypeVar("T")
+
+
+class ReleaseConflict(Conflict):
+    """The head moved since the publisher read it."""
+
+    code = "release_conflict"
+
+    def __init__(self, scenario: str, expected: str | None, current: str | None) -> None:
+        self.current = current
+        super().__init__(
+            f"the head of scenario {scenario!r} is {current or 'empty (no release yet)'}, "
+            f"not {expected or 'empty'}: someone published first. Re-read the head and try again"
+        )
+
+
+class UnknownRelease(NotFound):
+    code = "unknown_release"
+
+
+class GitLFSMissing(ReefError):
+    status = 500
+    code = "git_lfs_missing"
+
+
+@dataclass
+class Release:
+    """A release's manifest, as stored in `reef-release.json`, plus the commit that holds it."""
+
+    release_id: str
+    scenario: str
+    kind: str
+    parent_release_id: str | None
+    created_at: float
+    content_hash: str
+    candidate_id: str | None = None
+    evaluation: dict[str, Any] | None = None
+    records_consumed: int = 0
+    reason: str | None = None
+    origin: dict[str, Any] | None = None  # for rollback and promote: what it copies
+    commit: str = field(default="", compare=False)
+
+    @property
+    def number(self) -> int:
+        return int(self.release_id.rsplit("@", 1)[1])
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def manifest_bytes(self) -> bytes:
+        data = {k: v for k, v in asdict(self).items() if k != "commit"}
+        return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+def scenario_of(release_id: str) -> str:
+    scenario, sep, number = release_id.rpartition("@")
+    if not sep or not scenario or not number.isdigit():
+        raise UnknownRelease(f"{release_id!r} is not a release id: they look like default@3")
+    return scenario
+
+
+def content_hash(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    return digest.hexdigest()
+
+
+def read_folder(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, keyed by its POSIX path relative to it."""
+    if not folder.is_dir():
+        raise NotFound(f"artifact folder {folder} does not exist")
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and ".git" not in path.relative_to(folder).parts:
+            files[path.relative_to(folder).as_posix()] = path.read_bytes()
+    if not files:
+        raise ReefError(f"artifact folder {folder} is empty", status=400)
+    return files
+
+
+def _check_path(path: str) -> None:
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or ".." in pure.parts or path in (MANIFEST, ATTRIBUTES) or not path:
+        raise ReefError(f"artifact path {path!r} is not allowed", status=400)
+
+
+def is_weight_file(path: str) -> bool:
+    return any(fnmatch.fnmatch(PurePosixPath(path).name, pattern) for pattern in LFS_PATTERNS)
+
+
+def _locked(method: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(method)
+    def run(self: ReleaseChain, *args: Any, **kwargs: Any) -> T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
+class ReleaseChain:
+    """Read and publish releases in a bare git repository.
+
+    Safe to share between threads (GitPython's repository object is not, so calls take a lock)
+    and between processes (the head only moves by compare-and-swap).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._lock = threading.RLock()
+        self.path = Path(path)
+        if (self.path / "HEAD").exists():
+            self.repo = git.Repo(self.path)
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.repo = git.Repo.init(self.path, bare=True)
+
+    # -- heads --------------------------------------------------------------------------------
+
+    @staticmethod
+    def head_ref(scenario: str) -> str:
+        return f"refs/reef/{scenario}/head"
+
+    @_locked
+    def head_commits(self) -> dict[str, str]:
+        """Each scenario's head commit sha, read straight from the refs (cheap enough to poll)."""
+        output = self.repo.git.for_each_ref("--format=%(objectname) %(refname)", "refs/reef/")
+        heads = {}
+        for line in output.splitlines():
+            sha, ref = line.split(" ", 1)
+            parts = ref.split("/")
+            if len(parts) == 4 and parts[3] == "head":
+                heads[parts[2]] = sha
+        return heads
+
+    def scenarios(self) -> list[str]:
+        return sorted(self.head_commits())
+
+    @_locked
+    def head(self, scenario: str) -> Release | None:
+        sha = self.head_commits().get(scenario)
+        return None if sha is None else self._release_at(sha)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _release_at(self, sha: str) -> Release:
+        commit = self.repo.commit(sha)
+        manifest = json.loads(commit.tree[MANIFEST].data_stream.read())
+        return Release(**manifest, commit=commit.hexsha)
+
+    @_locked
+    def releases(self, scenario: str) -> list[Release]:
+        """The scenario's chain, newest first."""
+        sha = self.head_commits().get(scenario)
+        if sha is None:
+            return []
+        return [self._release_at(c.hexsha) for c in self.repo.iter_commits(sha, first_parent=True)]
+
+    @_locked
+    def get(self, release_id: str) -> Release:
+        scenario = scenario_of(release_id)
+        for release in self.releases(scenario):
+            if release.release_id == release_id:
+                return release
+        raise UnknownRelease(
+            f"no release {release_id!r}: `reef release list --scenario {scenario}` lists them"
+        )
+
+    @_locked
+    def files(self, release_id: str) -> dict[str, bytes]:
+        """The artifact's files, weight files read back from LFS."""
+        commit = self.repo.commit(self.get(release_id).commit)
+        files: dict[str, bytes] = {}
+        for item in commit.tree.traverse():
+            if not isinstance(item, git.Blob) or item.path in (MANIFEST, ATTRIBUTES):
+                continue
+            path, data = str(item.path), bytes(item.data_stream.read())
+            files[path] = self._lfs_smudge(path, data) if is_weight_file(path) else data
+        return files
+
+    @_locked
+    def raw_blob(self, release_id: str, path: str) -> bytes:
+        """A file as git stores it (an LFS pointer for weight files)."""
+        commit = self.repo.commit(self.get(release_id).commit)
+        return bytes(commit.tree[path].data_stream.read())
+
+    @_locked
+    def checkout(self, release_id: str, destination: Path) -> Path:
+        """Write the artifact's files into `destination` (created; replaced if present)."""
+        files = self.files(release_id)
+        staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=".checkout-"))
+        for path, data in files.items():
+            target = staging / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        if destination.exists():
+            shutil.rmtree(destination)
+        staging.rename(destination)
+        return destination
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    @_locked
+    def publish(
+        self,
+        scenario: str,
+        kind: str,
+        files: dict[str, bytes],
+        expected_parent: str | None,
+        *,
+        candidate_id: str | None = None,
+        evaluation: dict[str, Any] | None = None,
+        records_consumed: int = 0,
+        reason: str | None = None,
+        origin: dict[str, Any] | None = None,
+    ) -> Release:
+        """Append a release to `scenario` if its head is still `expected_parent` (a release id,
+        or None for a scenario without releases); raise `ReleaseConflict` otherwise."""
+        if kind not in ARTIFACT_KINDS:
+            raise ReefError(
+                f"kind must be one of {', '.join(ARTIFACT_KINDS)}, not {kind!r}", status=400
+            )
+        for path in files:
+            _check_path(path)
+        parent = self.head(scenario)
+        parent_id = parent.release_id if parent else None
+        if parent_id != expected_parent:
+            raise ReleaseConflict(scenario, expected_parent, parent_id)
+        release = Release(
+            release_id=f"{scenario}@{(parent.number if parent else 0) + 1}",
+            scenario=scenario,
+            kind=kind,
+            parent_release_id=parent_id,
+            created_at=time.time(),
+            content_hash=content_hash(files),
+            candidate_id=candidate_id,
+            evaluation=evaluation,
+            records_consumed=records_consumed,
+            reason=reason,
+            origin=origin,
+        )
+        commit = self._commit(files, release, parent)
+        try:
+            self.repo.git.update_ref(
+                self.head_ref(scenario), commit.hexsha, parent.commit if parent else _NO_COMMIT
+            )
+        except git.GitCommandError:
+            current = self.head(scenario)
+            raise ReleaseConflict(
+                scenario, expected_parent, current.release_id if current else None
+            ) from None
+        release.commit = commit.hexsha
+        return release
+
+    @_locked
+    def rollback(self, scenario: str, to: str | None = None, reason: str | None = None) -> Release:
+        """Publish a new release equal to `to` (default: the release before the head)."""
+        head = self.head(scenario)
+        if head is None:
+            raise UnknownRelease(f"scenario {scenario!r} has no releases to roll back")
+        if to is None:
+            if head.parent_release_id is None:
+                raise ReefError(
+                    f"{head.release_id} is the first release: nothing to roll back to", status=400
+                )
+            to = head.parent_release_id
+        if scenario_of(to) != scenario:
+            raise ReefError(f"{to} is not a release of {scenario!r}: use promote", status=400)
+        return self._copy(to, scenario, head, "rollback", reason)
+
+    @_locked
+    def promote(
+        self, release_id: str, scenario: str | None = None, reason: str | None = None
+    ) -> Release:
+        """Publish a release of `scenario` (default: the release's own) equal to `release_id`."""
+        scenario = scenario or scenario_of(release_id)
+        return self._copy(release_id, scenario, self.head(scenario), "promote", reason)
+
+    def _copy(
+        self, source_id: str, scenario: str, head: Release | None, action: str, reason: str | None
+    ) -> Release:
+        source = self.get(source_id)
+        return self.publish(
+            scenario,
+            source.kind,
+            self.files(source_id),
+            head.release_id if head else None,
+            candidate_id=source.candidate_id,
+            evaluation=source.evaluation,
+            reason=reason or f"{action} to {source_id}",
+            origin={"action": action, "release_id": source_id},
+        )
+
+    def _commit(self, files: dict[str, bytes], release: Release, parent: Release | None) -> Commit:
+        stored = dict(files)
+        weights = [path for path in files if is_weight_file(path)]
+        for path in weights:
+            stored[path] = self._lfs_clean(path, files[path])
+        stored[ATTRIBUTES] = "".join(
+            f"{pattern} filter=lfs diff=lfs merge=lfs -text\n" for pattern in LFS_PATTERNS
+        ).encode()
+        stored[MANIFEST] = release.manifest_bytes()
+        with tempfile.TemporaryDirectory() as scratch:
+            index = git.IndexFile(self.repo, str(Path(scratch) / "index"))
+            entries = [
+                BaseIndexEntry((0o100644, self._store_blob(data), 0, path))
+                for path, data in sorted(stored.items())
+            ]
+            index.add(entries, write=False)
+            tree = index.write_tree()
+        parents = [self.repo.commit(parent.commit)] if parent else []
+        message = f"{release.release_id}: {release.kind}" + (
+            f"\n\n{release.reason}" if release.reason else ""
+        )
+        return Commit.create_from_tree(
+            self.repo,
+            tree,
+            message,
+            parent_commits=parents,
+            head=False,
+            author=_AUTHOR,
+            committer=_AUTHOR,
+        )
+
+    def _store_blob(self, data: bytes) -> bytes:
+        from io import BytesIO
+
+        from gitdb import IStream
+
+        return bytes(self.repo.odb.store(IStream("blob", len(data), BytesIO(data))).binsha)
+
+    # -- Git LFS ------------------------------------------------------------------------------
+
+    def _lfs(self, verb: str, path: str, data: bytes) -> bytes:
+        if shutil.which("git-lfs") is None:
+            raise GitLFSMissing(
+                f"{path} is a weight file and is stored through Git LFS, which is not installed: "
+                "install it (`apt-get install git-lfs`, or `brew install git-lfs`) and try again"
+            )
+        result = subprocess.run(
+            ["git", "lfs", verb, path], input=data, cwd=self.path, capture_output=True, check=False
+        )
+        if result.returncode != 0:
+            raise ReefError(f"git lfs {verb} failed for {path}: {result.stderr.decode().strip()}")
+        return result.stdout
+
+    def _lfs_clean(self, path: str, data: bytes) -> bytes:
+        return self._lfs("clean", path, data)
+
+    def _lfs_smudge(self, path: str, pointer: bytes) -> bytes:
+        return self._lfs("smudge", path, pointer)
