@@ -9,8 +9,11 @@ Part `upstream`: the latency Reef adds as a recording proxy in front of an OpenA
 server (the loopback peer in `reef.testing.openai_peer`), with the store fsyncing every commit
 (`store.synchronous: full`, the default) and not (`normal`).
 
-Every server runs alone on 127.0.0.1 while it is measured; every load is bounded in requests and
-in seconds. Run it with:
+All servers of a part run side by side on 127.0.0.1 (an idle one uses no CPU) and are measured in
+interleaved rounds, so a slow spell of the machine hits every setting alike; throughput is the
+median of the rounds. Before each block of requests the script waits for other processes to
+leave the CPUs alone, and measures a block again when they did not. Every load is bounded in
+requests and in seconds. Run it with:
 
     .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/serving.py
 
@@ -27,12 +30,13 @@ import math
 import os
 import platform
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
@@ -84,6 +88,7 @@ console = Console(width=None if sys.stdout.isatty() else 100)
 @dataclass(frozen=True)
 class Options:
     part: str
+    rounds: int
     engine_requests: tuple[int, int]
     upstream_requests: tuple[int, int]
     engine_warmup: int
@@ -114,12 +119,19 @@ def parse_options(argv: list[str] | None = None) -> Options:
     parser.add_argument(
         "--requests",
         type=count_pair,
-        help="engine part: requests at concurrency 1 and 4 (default 8,12; quick 2,4)",
+        help="engine part: requests per setting at concurrency 1 and 4, over all rounds "
+        "(default 9,18; quick 2,8)",
     )
     parser.add_argument(
         "--upstream-requests",
         type=count_pair,
-        help="upstream part: requests at concurrency 1 and 32 (default 300,1000; quick 30,100)",
+        help="upstream part: requests per setting at concurrency 1 and 32, over all rounds "
+        "(default 300,1000; quick 40,100)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="interleaved rounds; each request count is split evenly over them (default 3)",
     )
     parser.add_argument(
         "--max-tokens", type=int, help="completion tokens per engine request (default 64)"
@@ -127,22 +139,23 @@ def parse_options(argv: list[str] | None = None) -> Options:
     parser.add_argument(
         "--time-limit",
         type=float,
-        default=240.0,
-        help="seconds one measurement may run before it stops sending (default 240)",
+        default=120.0,
+        help="seconds one block of requests may run before it stops sending (default 120)",
     )
     parser.add_argument(
         "--quiet-wait",
         type=float,
-        default=300.0,
-        help="seconds to wait, before each measurement, for other processes to leave the CPUs "
-        "alone (default 300; 0 to measure at once)",
+        default=120.0,
+        help="seconds to wait, before each block, for other processes to leave the CPUs "
+        "alone (default 120; 0 to measure at once)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the JSON goes")
     args = parser.parse_args(argv)
     return Options(
         part=args.part,
-        engine_requests=args.requests or ((2, 4) if args.quick else (8, 12)),
-        upstream_requests=args.upstream_requests or ((30, 100) if args.quick else (300, 1000)),
+        rounds=max(1, args.rounds or (2 if args.quick else 3)),
+        engine_requests=args.requests or ((2, 8) if args.quick else (9, 18)),
+        upstream_requests=args.upstream_requests or ((40, 100) if args.quick else (300, 1000)),
         engine_warmup=1 if args.quick else 2,
         upstream_warmup=10 if args.quick else 50,
         max_tokens=args.max_tokens or (16 if args.quick else 64),
@@ -157,6 +170,8 @@ def parse_options(argv: list[str] | None = None) -> Options:
 
 @dataclass
 class Sample:
+    """One request's outcome."""
+
     latency_ms: float
     completion_tokens: int = 0
     text: str | None = None
@@ -165,15 +180,39 @@ class Sample:
 
 
 @dataclass
+class Block:
+    """One timed burst of requests for one setting at one concurrency."""
+
+    samples: list[Sample]
+    wall_s: float
+    other_cores: float  # CPU used meanwhile by processes outside this benchmark
+    discarded_ok: int = 0  # requests served in a noisy attempt that was measured again
+
+    @property
+    def ok(self) -> list[Sample]:
+        return [s for s in self.samples if s.error is None]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(s.completion_tokens for s in self.ok) / self.wall_s
+
+    @property
+    def requests_per_s(self) -> float:
+        return len(self.ok) / self.wall_s
+
+
+@dataclass
 class Measurement:
+    """One setting at one concurrency: its blocks from every round."""
+
     part: str
     setting: str
     concurrency: int
-    planned: int
-    wall_s: float
-    samples: list[Sample] = field(repr=False)
-    other_cores: float = 0.0  # CPU used meanwhile by processes outside this benchmark
-    discarded_ok: int = 0  # requests served in a noisy attempt that was measured again
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for block in self.blocks for s in block.samples]
 
     @property
     def ok(self) -> list[Sample]:
@@ -184,20 +223,17 @@ class Measurement:
         return [s.error for s in self.samples if s.error is not None]
 
     @property
-    def completion_tokens(self) -> int:
-        return sum(s.completion_tokens for s in self.ok)
+    def served(self) -> int:
+        """Requests the server answered, noisy attempts measured again included."""
+        return len(self.ok) + sum(block.discarded_ok for block in self.blocks)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.wall_s if self.wall_s else math.nan
+        return median([block.tokens_per_s for block in self.blocks])
 
     @property
     def requests_per_s(self) -> float:
-        return len(self.ok) / self.wall_s if self.wall_s else math.nan
-
-    @property
-    def tokens_per_request(self) -> float:
-        return self.completion_tokens / len(self.ok) if self.ok else math.nan
+        return median([block.requests_per_s for block in self.blocks])
 
     def latency_ms(self, percent: float) -> float:
         return percentile([s.latency_ms for s in self.ok], percent)
@@ -206,18 +242,29 @@ class Measurement:
         return {
             "setting": self.setting,
             "concurrency": self.concurrency,
-            "requests_planned": self.planned,
             "requests_ok": len(self.ok),
             "errors": len(self.errors),
             "first_error": self.errors[0] if self.errors else None,
-            "wall_s": round(self.wall_s, 4),
-            "completion_tokens": self.completion_tokens,
+            "completion_tokens": sum(s.completion_tokens for s in self.ok),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "requests_per_s": round(self.requests_per_s, 3),
             "p50_ms": round(self.latency_ms(50), 3),
             "p95_ms": round(self.latency_ms(95), 3),
-            "other_cores": round(self.other_cores, 3),
+            "rounds": [
+                {
+                    "requests_ok": len(block.ok),
+                    "wall_s": round(block.wall_s, 4),
+                    "tokens_per_s": round(block.tokens_per_s, 3),
+                    "requests_per_s": round(block.requests_per_s, 3),
+                    "other_cores": round(block.other_cores, 3),
+                }
+                for block in self.blocks
+            ],
         }
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def percentile(values: list[float], percent: float) -> float:
@@ -231,12 +278,12 @@ def percentile(values: list[float], percent: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-# -- CPU accounting: the machine may be shared, so say how busy the rest of it was ----------
+# -- CPU accounting: the machine may be shared, so say how busy the rest of it was ------------
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-NOISY_CORES = 0.15  # a measurement during which others used more than this is measured again
+NOISY_CORES = 0.15  # a block during which others used more than this is measured again
 ATTEMPTS = 2
-QUIET_SAMPLE_S = 2.0
+QUIET_SAMPLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -358,15 +405,15 @@ class Load:
     server_pids: tuple[int, ...] = ()  # the benchmark's own servers, for the CPU accounting
 
 
-def measure(load: Load, concurrency: int, count: int, options: Options) -> Measurement:
+def measure_block(load: Load, concurrency: int, count: int, options: Options) -> Block:
     """Measure once, or twice when other processes took the CPUs meanwhile; keep the quieter."""
     console.print(
         f"  {load.setting}, concurrency {concurrency}: {count} requests ...", highlight=False
     )
-    tries: list[Measurement] = []
+    tries: list[Block] = []
     for attempt in range(1, ATTEMPTS + 1):
         wait_for_quiet(load.server_pids, options.quiet_wait_s)
-        tries.append(measure_once(load, concurrency, count, options))
+        tries.append(timed_block(load, concurrency, count, options))
         if tries[-1].other_cores <= NOISY_CORES:
             break
         again = "measuring again" if attempt < ATTEMPTS else "kept, and flagged"
@@ -374,16 +421,17 @@ def measure(load: Load, concurrency: int, count: int, options: Options) -> Measu
             f"    [yellow]other processes used {tries[-1].other_cores:.2f} cores meanwhile: "
             f"{again}[/]"
         )
-    result = min(tries, key=lambda m: m.other_cores)
-    result.discarded_ok = sum(len(m.ok) for m in tries if m is not result)
-    if result.errors:
-        console.print(f"    [red]{len(result.errors)} failed[/], first: {result.errors[0]}")
-    if len(result.samples) < count:
-        console.print(f"    [yellow]stopped at the time limit after {len(result.samples)}[/]")
-    return result
+    block = min(tries, key=lambda b: b.other_cores)
+    block.discarded_ok = sum(len(b.ok) for b in tries if b is not block)
+    failed = [s.error for s in block.samples if s.error]
+    if failed:
+        console.print(f"    [red]{len(failed)} failed[/], first: {failed[0]}")
+    if len(block.samples) < count:
+        console.print(f"    [yellow]stopped at the time limit after {len(block.samples)}[/]")
+    return block
 
 
-def measure_once(load: Load, concurrency: int, count: int, options: Options) -> Measurement:
+def timed_block(load: Load, concurrency: int, count: int, options: Options) -> Block:
     before = cpu_snapshot(load.server_pids)
     samples, wall_s = asyncio.run(
         drive(
@@ -396,8 +444,7 @@ def measure_once(load: Load, concurrency: int, count: int, options: Options) -> 
             load.timeout_s,
         )
     )
-    other = other_cores(before, cpu_snapshot(load.server_pids), wall_s)
-    return Measurement(load.part, load.setting, concurrency, count, wall_s, samples, other)
+    return Block(samples, wall_s, other_cores(before, cpu_snapshot(load.server_pids), wall_s))
 
 
 def warm_up(load: Load, count: int) -> None:
@@ -409,6 +456,25 @@ def warm_up(load: Load, count: int) -> None:
     failed = [s.error for s in samples if s.error]
     if failed:
         raise RuntimeError(f"warm-up of {load.setting!r} failed: {failed[0]}")
+
+
+def measure_rounds(
+    loads: list[Load], counts: list[tuple[int, int]], options: Options
+) -> list[Measurement]:
+    """Each load at each (concurrency, total requests), interleaved over `options.rounds`."""
+    results = {
+        (load.setting, concurrency): Measurement(load.part, load.setting, concurrency)
+        for concurrency, _ in counts
+        for load in loads
+    }
+    for number in range(1, options.rounds + 1):
+        console.print(f" round {number} of {options.rounds}", highlight=False)
+        for concurrency, total in counts:
+            per_round = math.ceil(total / options.rounds)
+            for load in loads:
+                block = measure_block(load, concurrency, per_round, options)
+                results[load.setting, concurrency].blocks.append(block)
+    return list(results.values())
 
 
 # -- servers ----------------------------------------------------------------------------------
@@ -481,6 +547,12 @@ def reef_upstream_server(folder: Path, peer_url: str, synchronous: str) -> Serve
     )
 
 
+def new_folder(parent: str, name: str) -> Path:
+    folder = Path(parent, name)
+    folder.mkdir()
+    return folder
+
+
 def stored_records(folder: Path) -> dict[str, int]:
     """Rows per scenario in the experience store of the (stopped) server run in `folder`."""
     with sqlite3.connect(folder / ".reef" / "experience.db") as db:
@@ -512,63 +584,55 @@ def engine_body(max_tokens: int, logprobs: bool = False, seed: bool = True) -> d
 
 @dataclass
 class EngineRun:
-    measurements: list[Measurement] = field(default_factory=list)
-    checks: list[str] = field(default_factory=list)
-
-
-def measure_server(
-    server: ServerProcess, loads: list[Load], options: Options, run: EngineRun
-) -> None:
-    """Warm up, then measure each load at each concurrency, the loads adjacent in time."""
-    with running(server):
-        loads = [replace(load, url=server.url, server_pids=pids_of(server)) for load in loads]
-        for load in loads:
-            warm_up(load, options.engine_warmup)
-        for concurrency, count in zip(ENGINE_CONCURRENCY, options.engine_requests, strict=True):
-            for load in loads:
-                run.measurements.append(measure(load, concurrency, count, options))
+    measurements: list[Measurement]
+    checks: list[str]
 
 
 def run_engine_part(options: Options) -> EngineRun:
     console.rule("[bold]Part 1: engine throughput (llama.cpp)")
-    run = EngineRun()
     plain = engine_body(options.max_tokens)
     with_logprobs = engine_body(options.max_tokens, logprobs=True)
     unseeded = engine_body(options.max_tokens, seed=False)
     recorded = {"x-reef-scenario": "bench"}
-    with tempfile.TemporaryDirectory(prefix="reef-bench-") as tmp:
-        folders = {name: Path(tmp, name) for name in ("stock", "reef", "stock-logits")}
-        for folder in folders.values():
-            folder.mkdir()
-
-        console.print(f"[bold]{BASELINE_A}[/] (--logits_all false)")
-        stock = stock_llama_server(folders["stock"], logits_all=False)
-        measure_server(stock, [Load("engine", BASELINE_A, "", plain)], options, run)
-
-        console.print("[bold]Reef[/] (reef serve --engine llamacpp, store.synchronous=full)")
-        reef_loads = [
-            Load("engine", REEF_OFF, "", plain, {"x-reef-capture": "false"}),
-            Load("engine", REEF_ON, "", plain, recorded),
-            Load("engine", REEF_ON_LOGPROBS, "", with_logprobs, recorded),
-            Load("engine", REEF_ON_NO_SEED, "", unseeded, recorded),
+    with tempfile.TemporaryDirectory(prefix="reef-bench-") as tmp, ExitStack() as servers:
+        console.print("starting the stock server (twice) and Reef ...")
+        stock = servers.enter_context(
+            running(stock_llama_server(new_folder(tmp, "stock"), logits_all=False))
+        )
+        stock_b = servers.enter_context(
+            running(stock_llama_server(new_folder(tmp, "stock-b"), logits_all=True))
+        )
+        reef_folder = new_folder(tmp, "reef")
+        reef = servers.enter_context(running(reef_llamacpp_server(reef_folder)))
+        pids = pids_of(stock, stock_b, reef)
+        loads = [
+            Load("engine", BASELINE_A, stock.url, plain, server_pids=pids),
+            Load(
+                "engine", REEF_OFF, reef.url, plain, {"x-reef-capture": "false"}, server_pids=pids
+            ),
+            Load("engine", REEF_ON, reef.url, plain, recorded, server_pids=pids),
+            Load("engine", REEF_ON_LOGPROBS, reef.url, with_logprobs, recorded, server_pids=pids),
+            Load("engine", REEF_ON_NO_SEED, reef.url, unseeded, recorded, server_pids=pids),
+            Load("engine", BASELINE_B, stock_b.url, with_logprobs, server_pids=pids),
         ]
-        measure_server(reef_llamacpp_server(folders["reef"]), reef_loads, options, run)
-        run.checks.append(record_check(folders["reef"], run.measurements))
-
-        console.print(f"[bold]{BASELINE_B}[/] (--logits_all true, logprobs requested)")
-        stock_b = stock_llama_server(folders["stock-logits"], logits_all=True)
-        measure_server(stock_b, [Load("engine", BASELINE_B, "", with_logprobs)], options, run)
-    run.checks.append(greedy_text_check(run.measurements))
-    run.checks.append(logprobs_check(run.measurements))
-    return run
+        for load in loads:
+            warm_up(load, options.engine_warmup)
+        counts = list(zip(ENGINE_CONCURRENCY, options.engine_requests, strict=True))
+        measurements = measure_rounds(loads, counts, options)
+        servers.close()  # stop them, so that the store can be read as it is on disk
+        checks = [
+            record_check(reef_folder, measurements),
+            token_count_check(measurements),
+            greedy_text_check(measurements),
+            logprobs_check(measurements),
+        ]
+    return EngineRun(measurements, checks)
 
 
 def record_check(folder: Path, measurements: list[Measurement]) -> str:
     """Recording on stored one row per request, in its scenario; recording off stored none."""
     recorded = sum(
-        len(m.ok) + m.discarded_ok
-        for m in measurements
-        if m.setting in (REEF_ON, REEF_ON_LOGPROBS, REEF_ON_NO_SEED)
+        m.served for m in measurements if m.setting in (REEF_ON, REEF_ON_LOGPROBS, REEF_ON_NO_SEED)
     )
     stored = stored_records(folder)
     bench, unrecorded = stored.get("bench", 0), stored.get("default", 0)
@@ -577,6 +641,11 @@ def record_check(folder: Path, measurements: list[Measurement]) -> str:
         f"records: {bench} stored for {recorded} requests with recording on, "
         f"{unrecorded} for recording off ({verdict})"
     )
+
+
+def token_count_check(measurements: list[Measurement]) -> str:
+    counts = sorted({s.completion_tokens for m in measurements for s in m.ok})
+    return f"completion tokens per response: {', '.join(map(str, counts))}"
 
 
 def greedy_text_check(measurements: list[Measurement]) -> str:
@@ -594,8 +663,8 @@ def logprobs_check(measurements: list[Measurement]) -> str:
         samples = [s for m in measurements if m.setting == setting for s in m.ok]
         if samples:
             returned = sum(s.has_logprobs for s in samples)
-            parts.append(f"{setting}: {returned}/{len(samples)} responses carry logprobs")
-    return "logprobs: " + "; ".join(parts)
+            parts.append(f"{setting}: {returned}/{len(samples)}")
+    return "responses that carry logprobs: " + "; ".join(parts)
 
 
 # -- part 2: upstream overhead ----------------------------------------------------------------
@@ -607,35 +676,29 @@ def upstream_body() -> dict[str, Any]:
 
 def run_upstream_part(options: Options) -> list[Measurement]:
     console.rule("[bold]Part 2: upstream overhead (Reef as a recording proxy)")
-    measurements: list[Measurement] = []
     body = upstream_body()
-    counts = list(zip(UPSTREAM_CONCURRENCY, options.upstream_requests, strict=True))
-    with (
-        tempfile.TemporaryDirectory(prefix="reef-bench-") as tmp,
-        running(openai_peer(Path(tmp))) as peer,
-    ):
-        direct = Load(
-            "upstream",
-            PEER_DIRECT,
-            peer.url,
-            body,
-            timeout_s=UPSTREAM_TIMEOUT_S,
-            server_pids=pids_of(peer),
+    with tempfile.TemporaryDirectory(prefix="reef-bench-") as tmp, ExitStack() as servers:
+        console.print("starting the peer and two Reef servers in front of it ...")
+        peer = servers.enter_context(running(openai_peer(Path(tmp))))
+        full = servers.enter_context(
+            running(reef_upstream_server(new_folder(tmp, "full"), peer.url, "full"))
         )
-        console.print(f"[bold]{PEER_DIRECT}[/]")
-        warm_up(direct, options.upstream_warmup)
-        measurements += [measure(direct, c, n, options) for c, n in counts]
-        for setting, synchronous in ((REEF_FULL, "full"), (REEF_NORMAL, "normal")):
-            folder = Path(tmp, synchronous)
-            folder.mkdir()
-            console.print(f"[bold]{setting}[/]")
-            with running(reef_upstream_server(folder, peer.url, synchronous)) as reef:
-                load = replace(
-                    direct, setting=setting, url=reef.url, server_pids=pids_of(peer, reef)
-                )
-                warm_up(load, options.upstream_warmup)
-                measurements += [measure(load, c, n, options) for c, n in counts]
-    return measurements
+        normal = servers.enter_context(
+            running(reef_upstream_server(new_folder(tmp, "normal"), peer.url, "normal"))
+        )
+        pids = pids_of(peer, full, normal)
+        direct = Load(
+            "upstream", PEER_DIRECT, peer.url, body, timeout_s=UPSTREAM_TIMEOUT_S, server_pids=pids
+        )
+        loads = [
+            direct,
+            replace(direct, setting=REEF_FULL, url=full.url),
+            replace(direct, setting=REEF_NORMAL, url=normal.url),
+        ]
+        for load in loads:
+            warm_up(load, options.upstream_warmup)
+        counts = list(zip(UPSTREAM_CONCURRENCY, options.upstream_requests, strict=True))
+        return measure_rounds(loads, counts, options)
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -684,17 +747,23 @@ def ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1f}" if value >= 100 else f"{value:.2f}"
 
 
-def engine_table(measurements: list[Measurement], max_tokens: int) -> Table:
+def spread(values: list[float]) -> str:
+    return f"{min(values):.0f}-{max(values):.0f}" if values else "-"
+
+
+def engine_table(measurements: list[Measurement], options: Options) -> Table:
     table = Table(
-        title=f"Engine throughput: SmolLM2-135M Q4_1, greedy, max_tokens {max_tokens}, "
-        f"n_ctx {N_CTX}, {N_THREADS} threads; ratio of tok/s vs {BASELINE_A!r}",
+        title=f"Engine throughput: SmolLM2-135M Q4_1, greedy, max_tokens {options.max_tokens}, "
+        f"n_ctx {N_CTX}, {N_THREADS} threads; tok/s is the median of {options.rounds} rounds, "
+        f"ratio is tok/s vs {BASELINE_A!r}",
         caption="A: stock server, --logits_all false.  B: stock server, --logits_all true, "
         "requests ask logprobs (top_logprobs 1), as does 'Reef, recording on, logprobs'.  "
         f"All requests send seed {SEED} but 'no seed'.",
         title_justify="left",
         caption_justify="left",
     )
-    for name in ("setting", "c", "requests", "tok/req", "tok/s", "p50 ms", "p95 ms", "ratio"):
+    columns = ("setting", "c", "requests", "tok/s", "rounds", "p50 ms", "p95 ms", "ratio")
+    for name in columns:
         table.add_column(name, justify="left" if name == "setting" else "right")
     for m in sorted(measurements, key=lambda m: m.concurrency):
         baseline = find(measurements, BASELINE_A, m.concurrency)
@@ -702,8 +771,8 @@ def engine_table(measurements: list[Measurement], max_tokens: int) -> Table:
             m.setting,
             str(m.concurrency),
             requests_cell(m),
-            f"{m.tokens_per_request:.0f}",
             f"{m.tokens_per_s:.1f}",
+            spread([block.tokens_per_s for block in m.blocks]),
             ms(m.latency_ms(50)),
             ms(m.latency_ms(95)),
             ratio(m.tokens_per_s, baseline.tokens_per_s) if baseline else "-",
@@ -711,10 +780,10 @@ def engine_table(measurements: list[Measurement], max_tokens: int) -> Table:
     return table
 
 
-def upstream_table(measurements: list[Measurement]) -> Table:
+def upstream_table(measurements: list[Measurement], options: Options) -> Table:
     table = Table(
-        title=f"Upstream overhead: chat requests to the loopback peer; +p50, +p95 and ratio of "
-        f"req/s vs {PEER_DIRECT!r}",
+        title=f"Upstream overhead: chat requests to the loopback peer; req/s is the median of "
+        f"{options.rounds} rounds; +p50, +p95 and ratio of req/s vs {PEER_DIRECT!r}",
         caption="sync: the Reef store's store.synchronous (full, the default, fsyncs each commit)",
         title_justify="left",
         caption_justify="left",
@@ -739,20 +808,21 @@ def upstream_table(measurements: list[Measurement]) -> Table:
     return table
 
 
-def noise_notes(measurements: list[Measurement]) -> list[str]:
-    return [
-        f"[yellow]noisy:[/] {m.setting}, c={m.concurrency}: other processes used "
-        f"{m.other_cores:.2f} cores during the measurement"
-        for m in measurements
-        if m.other_cores > NOISY_CORES
-    ]
-
-
 def requests_cell(m: Measurement) -> str:
     cell = str(len(m.ok))
     if m.errors:
         cell += f" ({len(m.errors)} failed)"
     return cell
+
+
+def noise_notes(measurements: list[Measurement]) -> list[str]:
+    return [
+        f"[yellow]noisy:[/] {m.setting}, c={m.concurrency}, round {number}: other processes "
+        f"used {block.other_cores:.2f} cores meanwhile"
+        for m in measurements
+        for number, block in enumerate(m.blocks, start=1)
+        if block.other_cores > NOISY_CORES
+    ]
 
 
 def engine_targets(measurements: list[Measurement]) -> list[Target]:
@@ -837,10 +907,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": host,
         "options": {
             "part": options.part,
+            "rounds": options.rounds,
             "engine_requests": options.engine_requests,
             "upstream_requests": options.upstream_requests,
             "max_tokens": options.max_tokens,
             "prompt": PROMPT,
+            "seed": SEED,
             "n_ctx": N_CTX,
             "n_threads": N_THREADS,
         },
@@ -851,7 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     if options.part in ("engine", "all"):
         engine = run_engine_part(options)
-        tables.append(engine_table(engine.measurements, options.max_tokens))
+        tables.append(engine_table(engine.measurements, options))
         targets += engine_targets(engine.measurements)
         notes += engine.checks + noise_notes(engine.measurements)
         report["engine"] = {
@@ -861,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     if options.part in ("upstream", "all"):
         upstream = run_upstream_part(options)
-        tables.append(upstream_table(upstream))
+        tables.append(upstream_table(upstream, options))
         targets += upstream_targets(upstream)
         notes += noise_notes(upstream)
         report["upstream"] = {"baseline": PEER_DIRECT, "rows": [m.to_json() for m in upstream]}

@@ -35,6 +35,8 @@ class ServerConfig(_Section):
     port: int = Field(DEFAULT_PORT, ge=1, le=65535)
     # Bearer tokens accepted for inference and feedback. REEF_TOKEN (comma-separated) adds to these.
     tokens: list[SecretStr] = Field(default_factory=list)
+    # Tokens that may also approve, reject, roll back and publish. REEF_ADMIN_TOKEN adds to these.
+    admin_tokens: list[SecretStr] = Field(default_factory=list)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -76,11 +78,32 @@ class StoreConfig(_Section):
     synchronous: Literal["normal", "full"] = "full"
 
 
+class GateConfig(_Section):
+    """How a candidate is judged against the current release on the scenario's eval tasks."""
+
+    # always: release without evaluating; floor: candidate mean >= floor; improve: candidate
+    # mean > current mean + margin; review: evaluate, then hold for a human.
+    policy: Literal["always", "floor", "improve", "review"] = "improve"
+    margin: float = Field(0.0, ge=0)
+    floor: float = Field(0.5, ge=0, le=1)
+    temperature: float = Field(0.0, ge=0, le=2)
+    seed: int = 0
+    max_tokens: int = Field(256, ge=1)
+
+
+class ScenarioConfig(_Section):
+    gate: GateConfig | None = None
+
+
 class ReefConfig(_Section):
     state_dir: Path = Path(".reef")
+    # Eval tasks, one file per scenario: <evals_dir>/<scenario>.jsonl
+    evals_dir: Path = Path("evals")
     server: ServerConfig = Field(default_factory=ServerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
 
     @field_validator("state_dir")
     @classmethod
@@ -91,8 +114,19 @@ class ReefConfig(_Section):
     def experience_db(self) -> Path:
         return self.state_dir / "experience.db"
 
+    @property
+    def releases_git(self) -> Path:
+        return self.state_dir / "releases.git"
+
+    def gate_for(self, scenario: str) -> GateConfig:
+        override = self.scenarios.get(scenario)
+        return override.gate if override and override.gate else self.gate
+
     def token_values(self) -> list[str]:
         return [token.get_secret_value() for token in self.server.tokens]
+
+    def admin_token_values(self) -> list[str]:
+        return [token.get_secret_value() for token in self.server.admin_tokens]
 
     def redacted(self) -> dict[str, Any]:
         """The resolved config as plain data, secrets replaced by `***`."""
@@ -172,10 +206,13 @@ def load_config(
         source = f" in {path}" if path else ""
         problems = describe_validation_error(error).replace("; ", "\n")
         raise ConfigError(f"invalid configuration{source}:\n{problems}") from None
-    extra_tokens = [t.strip() for t in env.get("REEF_TOKEN", "").split(",") if t.strip()]
-    if extra_tokens:
-        config.server.tokens = [*config.server.tokens, *(SecretStr(t) for t in extra_tokens)]
+    config.server.tokens = [*config.server.tokens, *_tokens(env, "REEF_TOKEN")]
+    config.server.admin_tokens = [*config.server.admin_tokens, *_tokens(env, "REEF_ADMIN_TOKEN")]
     return config
+
+
+def _tokens(env: dict[str, str], variable: str) -> list[SecretStr]:
+    return [SecretStr(t.strip()) for t in env.get(variable, "").split(",") if t.strip()]
 
 
 def _read_yaml(path: Path, env: dict[str, str]) -> dict[str, Any]:

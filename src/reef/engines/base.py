@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -132,9 +133,13 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-    async def complete(self, request: ChatRequest) -> Completion: ...
+    async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion: ...
 
-    def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]: ...
+    def stream(
+        self, request: ChatRequest, adapter: Path | None = None
+    ) -> AsyncIterator[StreamItem]:
+        """Chunks, then the assembled Completion. `adapter`: a LoRA adapter to serve with."""
+        ...
 
 
 @dataclass

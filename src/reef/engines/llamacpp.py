@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import ctypes
+import functools
 import importlib.resources
 import json
 import os
@@ -110,6 +111,8 @@ class LlamaCppEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reef-llamacpp")
         self._llm: Any = None
         self._formatter: Any = None
+        self._adapter: Any = None  # the loaded llama_adapter_lora, if any
+        self._adapter_path: Path | None = None
 
     @property
     def model(self) -> str:
@@ -149,22 +152,30 @@ class LlamaCppEngine:
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._adapter is not None:
+            import llama_cpp
+
+            llama_cpp.llama_adapter_lora_free(self._adapter)
+            self._adapter = None
         if self._llm is not None:
             self._llm.close()
             self._llm = None
 
     # -- the async surface ----------------------------------------------------------------
 
-    async def complete(self, request: ChatRequest) -> Completion:
+    async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
+        work = functools.partial(self._generate, request, adapter, None, cancel)
         try:
-            return await loop.run_in_executor(self._executor, self._generate, request, None, cancel)
+            return await loop.run_in_executor(self._executor, work)
         except asyncio.CancelledError:
             cancel.set()
             raise
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]:
+    async def stream(
+        self, request: ChatRequest, adapter: Path | None = None
+    ) -> AsyncIterator[StreamItem]:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
@@ -175,7 +186,7 @@ class LlamaCppEngine:
 
         def run() -> Completion:
             try:
-                return self._generate(request, emit, cancel)
+                return self._generate(request, adapter, emit, cancel)
             finally:
                 loop.call_soon_threadsafe(items.put_nowait, done)
 
@@ -193,6 +204,7 @@ class LlamaCppEngine:
     def _generate(
         self,
         request: ChatRequest,
+        adapter: Path | None,
         emit: Callable[[dict[str, Any]], None] | None,
         cancel: threading.Event,
     ) -> Completion:
@@ -201,6 +213,7 @@ class LlamaCppEngine:
                 "the llama.cpp engine is not loaded (server starting or stopping)"
             )
         started = time.perf_counter()
+        self._use_adapter(adapter)
         prompt = self._prompt_tokens(request)
         sampling = self._sampling(request, len(prompt))
         chunks = ChunkFactory(model=self.model)
@@ -228,6 +241,34 @@ class LlamaCppEngine:
             token_logprobs=state.token_logprobs,
             ttft_ms=ttft_ms,
         )
+
+    def _use_adapter(self, adapter: Path | None) -> None:
+        """Serve with `adapter` (None: the base model), swapping between requests only."""
+        if adapter == self._adapter_path:
+            return
+        import llama_cpp
+
+        context = self._llm._ctx.ctx
+        loaded = None
+        if adapter is not None:
+            gguf = _gguf_adapter(adapter)
+            loaded = llama_cpp.llama_adapter_lora_init(self._llm._model.model, str(gguf).encode())
+            if not loaded:
+                raise EngineUnavailable(f"llama.cpp could not load the LoRA adapter {adapter}")
+            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(loaded)
+            scales = (ctypes.c_float * 1)(1.0)
+            failed = llama_cpp.llama_set_adapters_lora(context, adapters, 1, scales)
+        else:
+            failed = llama_cpp.llama_set_adapters_lora(context, None, 0, None)
+        if failed:
+            if loaded:
+                llama_cpp.llama_adapter_lora_free(loaded)
+            raise EngineUnavailable(f"llama.cpp could not apply the LoRA adapter {adapter}")
+        previous, self._adapter, self._adapter_path = self._adapter, loaded, adapter
+        if previous:  # unset above, so it is safe to free now
+            llama_cpp.llama_adapter_lora_free(previous)
+        # The prompt cache was computed under the previous weights: never reuse it.
+        self._llm.reset()
 
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
         if request.tool_choice not in (None, "auto", "none"):
@@ -389,6 +430,15 @@ class LlamaCppEngine:
             }
 
         return {**describe(token, logprob), "top_logprobs": [describe(t, lp) for t, lp in top]}
+
+
+def _gguf_adapter(folder: Path) -> Path:
+    if folder.is_file():
+        return folder
+    found = sorted(folder.rglob("*.gguf"))
+    if not found:
+        raise Unsupported(f"LoRA artifact {folder} has no .gguf adapter, which llama.cpp needs")
+    return found[0]
 
 
 def _template_message(

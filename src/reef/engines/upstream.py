@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from reef.engines.base import Capabilities, ChatRequest, Completion, StreamItem, assemble_chunks
-from reef.errors import UpstreamFailure
+from reef.errors import Unsupported, UpstreamFailure
 
 
 class UpstreamEngine:
@@ -52,12 +53,20 @@ class UpstreamEngine:
             await self._client.aclose()
             self._client = None
 
-    def _body(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
+    def _body(self, request: ChatRequest, stream: bool, model: str | None = None) -> dict[str, Any]:
         body = request.model_dump(exclude_unset=True, exclude_none=False)
         body["stream"] = stream
-        if self._model:
-            body["model"] = self._model
+        if model or self._model:
+            body["model"] = model or self._model
         return body
+
+    async def _model_for(self, adapter: Path | None) -> str | None:
+        """The model name to request; engines that serve adapters by name override this."""
+        if adapter is not None:
+            raise Unsupported(
+                f"the {self.name} engine cannot serve LoRA releases; use llamacpp or vllm"
+            )
+        return None
 
     @property
     def _http(self) -> httpx.AsyncClient:
@@ -65,11 +74,12 @@ class UpstreamEngine:
             raise UpstreamFailure("the upstream engine is not started", status=503)
         return self._client
 
-    async def complete(self, request: ChatRequest) -> Completion:
+    async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
+        model = await self._model_for(adapter)
         url = f"{self.base_url}/chat/completions"
         started = time.perf_counter()
         try:
-            response = await self._http.post(url, json=self._body(request, stream=False))
+            response = await self._http.post(url, json=self._body(request, False, model))
         except httpx.HTTPError as error:
             raise _unreachable(url, error) from None
         if response.status_code >= 400:
@@ -81,14 +91,17 @@ class UpstreamEngine:
         elapsed_ms = (time.perf_counter() - started) * 1000
         return Completion(response=data, model=data.get("model") or self.model, ttft_ms=elapsed_ms)
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamItem]:
+    async def stream(
+        self, request: ChatRequest, adapter: Path | None = None
+    ) -> AsyncIterator[StreamItem]:
+        model = await self._model_for(adapter)
         url = f"{self.base_url}/chat/completions"
         started = time.perf_counter()
         chunks: list[dict[str, Any]] = []
         ttft_ms = None
         try:
             async with self._http.stream(
-                "POST", url, json=self._body(request, stream=True)
+                "POST", url, json=self._body(request, True, model)
             ) as response:
                 if response.status_code >= 400:
                     raise _relayed(response.status_code, await response.aread())

@@ -7,6 +7,7 @@ The child is started on loopback, polled on `/health` until ready, and terminate
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import signal
@@ -56,6 +57,7 @@ class VLLMEngine(UpstreamEngine):
         self._has_cuda = has_cuda
         self._process: subprocess.Popen[bytes] | None = None
         self._log = Path(tempfile.gettempdir()) / f"reef-vllm-{port}.log"
+        self._adapters: set[str] = set()
 
     def command(self) -> list[str]:
         return [
@@ -111,6 +113,23 @@ class VLLMEngine(UpstreamEngine):
                         f"(log: {self._log})"
                     )
                 await asyncio.sleep(0.5)
+
+    async def _model_for(self, adapter: Path | None) -> str | None:
+        """Adapters are loaded once through `/v1/load_lora_adapter`, then requested by name."""
+        if adapter is None:
+            return None
+        name = f"reef-{hashlib.sha256(str(adapter).encode()).hexdigest()[:12]}"
+        if name not in self._adapters:
+            url = f"http://127.0.0.1:{self.port}/v1/load_lora_adapter"
+            body = {"lora_name": name, "lora_path": str(adapter)}
+            response = await self._http.post(url, json=body)
+            if response.status_code >= 400:
+                raise EngineUnavailable(
+                    f"vllm could not load the LoRA adapter {adapter}: HTTP {response.status_code} "
+                    f"{response.text[:300]}"
+                )
+            self._adapters.add(name)
+        return name
 
     def _log_tail(self, lines: int = 20) -> str:
         try:

@@ -266,7 +266,15 @@ class ExperienceStore:
     async def add_report_async(self, report: Report) -> tuple[dict[str, Any], bool]:
         return await asyncio.wrap_future(self.add_report(report))
 
+    def write(self, work: Callable[[sqlite_utils.Database], T]) -> Future[T]:
+        """Run `work` in the writer's next transaction (for stores built on this database)."""
+        return self._writer.submit(work)
+
     # -- reads ----------------------------------------------------------------------------
+
+    def query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        """Rows as dicts, on the read connection."""
+        return self._query(sql, params)
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         with self._read_lock:

@@ -60,6 +60,29 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX report_references_record ON report_references (record_id);
         """,
     ),
+    (
+        "0002_candidates",
+        """
+        CREATE TABLE candidates (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            scenario TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            base_release_id TEXT,
+            source TEXT,
+            reason TEXT,
+            decision TEXT,
+            evaluation TEXT,
+            release_id TEXT,
+            files_path TEXT NOT NULL,
+            consumed_record_ids TEXT
+        );
+        CREATE INDEX candidates_scenario_state ON candidates (scenario, state);
+        """,
+    ),
 ]
 
 

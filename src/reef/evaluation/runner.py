@@ -1,0 +1,97 @@
+"""Paired evaluation: the current release and a candidate answer the same tasks, same settings.
+
+Both sides get the same messages, sampling settings and seed, so the only difference between
+their answers is the artifact. Any error (an engine failure, a scorer that raises) propagates:
+the gate treats it as a rejection, never as a pass.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from reef.engines.base import ChatRequest
+from reef.evaluation.scorers import score
+from reef.evaluation.tasks import EvalTask
+from reef.releases.artifacts import Binding
+
+# Produces the answer text for a request under a binding.
+Generate = Callable[[ChatRequest, Binding], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    temperature: float = 0.0
+    seed: int = 0
+    max_tokens: int = 256
+
+
+@dataclass
+class TaskResult:
+    task_id: str
+    current_score: float
+    candidate_score: float
+    current_answer: str
+    candidate_answer: str
+
+
+@dataclass
+class PairedReport:
+    current_release_id: str
+    tasks: list[TaskResult] = field(default_factory=list)
+
+    @property
+    def current_mean(self) -> float:
+        return statistics.fmean(t.current_score for t in self.tasks) if self.tasks else 0.0
+
+    @property
+    def candidate_mean(self) -> float:
+        return statistics.fmean(t.candidate_score for t in self.tasks) if self.tasks else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        wins = sum(t.candidate_score > t.current_score for t in self.tasks)
+        losses = sum(t.candidate_score < t.current_score for t in self.tasks)
+        return {
+            "current_release_id": self.current_release_id,
+            "tasks": len(self.tasks),
+            "current_mean": round(self.current_mean, 4),
+            "candidate_mean": round(self.candidate_mean, 4),
+            "wins": wins,
+            "losses": losses,
+            "ties": len(self.tasks) - wins - losses,
+            "results": [asdict(t) for t in self.tasks],
+        }
+
+
+def task_request(task: EvalTask, settings: EvalSettings) -> ChatRequest:
+    return ChatRequest.model_validate(
+        {"messages": task.messages, "temperature": settings.temperature, "seed": settings.seed}
+    )
+
+
+async def run_paired(
+    tasks: list[EvalTask],
+    current: Binding,
+    candidate: Binding,
+    generate: Generate,
+    settings: EvalSettings,
+    on_task: Callable[[TaskResult], None] | None = None,
+) -> PairedReport:
+    report = PairedReport(current_release_id=current.release_id)
+    for task in tasks:
+        request = task_request(task, settings)
+        current_answer = await generate(request, current)
+        candidate_answer = await generate(request, candidate)
+        result = TaskResult(
+            task_id=task.id,
+            current_score=score(task.scorer, current_answer, task),
+            candidate_score=score(task.scorer, candidate_answer, task),
+            current_answer=current_answer,
+            candidate_answer=candidate_answer,
+        )
+        report.tasks.append(result)
+        if on_task:
+            on_task(result)
+    return report

@@ -1,0 +1,96 @@
+"""Scorers: turn one answer to one eval task into a number between 0 and 1."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from reef.errors import ReefError
+from reef.evaluation.tasks import EvalTask, ScorerSpec
+
+JUDGE_PROMPT = (
+    "You grade answers. Criterion: {criterion}\n\nAnswer to grade:\n{answer}\n\n"
+    "Reply with only a number between 0 and 1: 1 if the answer fully meets the criterion, "
+    "0 if it does not."
+)
+
+
+class ScorerError(ReefError):
+    status = 400
+    code = "scorer_error"
+
+
+def score(spec: ScorerSpec, answer: str, task: EvalTask) -> float:
+    if spec.type == "exact":
+        return float(answer.strip() == _required(spec.value, "value", spec).strip())
+    if spec.type == "contains":
+        value = _required(spec.value, "value", spec)
+        if spec.case_sensitive:
+            return float(value in answer)
+        return float(value.lower() in answer.lower())
+    if spec.type == "regex":
+        return float(re.search(_required(spec.pattern, "pattern", spec), answer) is not None)
+    if spec.type == "python":
+        result = _callable(_required(spec.function, "function", spec))(answer, task)
+        return _as_score(result, spec.function or "")
+    return _judge(spec, answer)
+
+
+def _required(value: str | None, name: str, spec: ScorerSpec) -> str:
+    if value is None:
+        raise ScorerError(f"a {spec.type} scorer needs `{name}`")
+    return value
+
+
+def _callable(reference: str) -> Callable[[str, EvalTask], Any]:
+    module_name, _, attribute = reference.partition(":")
+    if not attribute:
+        raise ScorerError(f"python scorer {reference!r} must look like 'package.module:function'")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ScorerError(f"cannot load python scorer {reference!r}: {error}") from None
+    if not callable(function):
+        raise ScorerError(f"python scorer {reference!r} is not callable")
+    return function
+
+
+def _as_score(result: Any, where: str) -> float:
+    if isinstance(result, bool):
+        return float(result)
+    if isinstance(result, int | float) and 0 <= result <= 1:
+        return float(result)
+    raise ScorerError(f"scorer {where} returned {result!r}: return a bool or a number in [0, 1]")
+
+
+def _judge(spec: ScorerSpec, answer: str) -> float:
+    url = _required(spec.url, "url", spec).rstrip("/")
+    criterion = _required(spec.criterion, "criterion", spec)
+    # When the judge is a Reef server (the served model as judge), its calls are not experience.
+    headers = {"x-reef-capture": "false"}
+    if spec.api_key_env:
+        key = os.environ.get(spec.api_key_env)
+        if not key:
+            raise ScorerError(f"the judge's key variable {spec.api_key_env} is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    body = {
+        "model": spec.model or "judge",
+        "messages": [
+            {"role": "user", "content": JUDGE_PROMPT.format(criterion=criterion, answer=answer)}
+        ],
+        "temperature": 0,
+        "max_tokens": 8,
+    }
+    response = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=120)
+    if response.status_code >= 400:
+        raise ScorerError(f"the judge at {url} answered HTTP {response.status_code}")
+    reply = response.json()["choices"][0]["message"]["content"] or ""
+    found = re.search(r"\d+(?:\.\d+)?", reply)
+    if found is None:
+        raise ScorerError(f"the judge's reply has no score in it: {reply[:200]!r}")
+    return min(1.0, max(0.0, float(found.group())))

@@ -1,0 +1,74 @@
+"""Eval tasks: `evals/<scenario>.jsonl`, one task per line: input messages plus a scorer spec.
+
+    {"id": "capital", "messages": [{"role": "user", "content": "Capital of France?"}],
+     "scorer": {"type": "contains", "value": "Paris"}}
+
+Scorer types: `exact` (`value`), `contains` (`value`, `case_sensitive`), `regex` (`pattern`),
+`python` (`function`: "module:function", called with the answer and the task, returning a number
+or a bool), `judge` (`criterion`, `model`, `url`, `api_key_env`: an OpenAI-compatible model asked
+for a score between 0 and 1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reef.errors import ReefError, describe_validation_error
+
+
+class ScorerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["exact", "contains", "regex", "python", "judge"]
+    value: str | None = None
+    pattern: str | None = None
+    case_sensitive: bool = False
+    function: str | None = None
+    criterion: str | None = None
+    model: str | None = None
+    url: str | None = None
+    api_key_env: str | None = None
+
+
+class EvalTask(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = ""
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    scorer: ScorerSpec
+
+
+class EvalTasksError(ReefError):
+    status = 400
+    code = "bad_eval_tasks"
+
+
+def load_tasks(path: Path) -> list[EvalTask]:
+    """Every task in a JSONL file; an error names the line and what is wrong with it."""
+    if not path.is_file():
+        raise EvalTasksError(
+            f"no eval tasks at {path}: write one JSON task per line (see `reef init`'s example)"
+        )
+    tasks = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            task = EvalTask.model_validate(json.loads(line))
+        except ValueError as error:
+            detail = (
+                describe_validation_error(error) if isinstance(error, ValidationError) else error
+            )
+            raise EvalTasksError(f"{path}:{number}: {detail}") from None
+        tasks.append(task.model_copy(update={"id": task.id or f"{path.stem}:{number}"}))
+    if not tasks:
+        raise EvalTasksError(f"{path} holds no tasks")
+    return tasks
+
+
+def tasks_path(evals_dir: Path, scenario: str) -> Path:
+    return evals_dir / f"{scenario}.jsonl"

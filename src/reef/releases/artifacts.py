@@ -1,0 +1,138 @@
+"""What a release means to serving: a `Binding` applied to every request of its scenario.
+
+A harness artifact is a folder: `AGENTS.md` (the system prompt), `rules/*.md`,
+`skills/<name>/SKILL.md`, and `settings.json` (default sampling settings such as temperature or
+max_tokens). Its binding puts the composed system prompt in front of the request's messages and
+fills in the settings the request leaves unset. A LoRA artifact holds a llama.cpp GGUF adapter
+(`*.gguf`) and/or a PEFT adapter (`adapter_config.json` and weights); its binding names the folder
+the engine loads it from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reef.engines.base import ChatRequest
+from reef.errors import ReefError
+
+BASE_RELEASE = "base"
+# Request fields a harness's settings.json may default.
+SETTINGS_FIELDS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The release a scenario serves, as the server applies it to each request."""
+
+    release_id: str = BASE_RELEASE
+    kind: str = "base"
+    system_prompt: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    adapter: Path | None = None  # a LoRA artifact's folder, for the engine to load
+
+    def apply(self, request: ChatRequest) -> ChatRequest:
+        """The request as the engine should see it under this release."""
+        if not self.system_prompt and not self.settings:
+            return request
+        update: dict[str, Any] = {
+            name: value
+            for name, value in self.settings.items()
+            if name in SETTINGS_FIELDS and getattr(request, name) is None
+        }
+        if self.system_prompt:
+            update["messages"] = _with_system_prompt(request, self.system_prompt)
+        return request.model_copy(update=update)
+
+
+BASE_BINDING = Binding()
+
+
+def _with_system_prompt(request: ChatRequest, prompt: str) -> list[Any]:
+    messages = list(request.messages)
+    first = messages[0]
+    if first.role in ("system", "developer"):
+        content = first.content
+        if isinstance(content, list):
+            merged: Any = [{"type": "text", "text": prompt}, *content]
+        else:
+            merged = f"{prompt}\n\n{content}" if content else prompt
+        messages[0] = first.model_copy(update={"role": "system", "content": merged})
+    else:
+        messages.insert(0, type(first)(role="system", content=prompt))
+    return messages
+
+
+def compose_system_prompt(folder: Path) -> str:
+    """AGENTS.md, then each rule, then an index of the skills (name and first line)."""
+    sections = []
+    agents = folder / "AGENTS.md"
+    if agents.is_file():
+        sections.append(agents.read_text().strip())
+    rules = sorted((folder / "rules").glob("*.md")) if (folder / "rules").is_dir() else []
+    if rules:
+        sections.append("## Rules\n\n" + "\n\n".join(rule.read_text().strip() for rule in rules))
+    skills = sorted((folder / "skills").glob("*/SKILL.md")) if (folder / "skills").is_dir() else []
+    if skills:
+        lines = [f"- {skill.parent.name}: {_summary(skill)}" for skill in skills]
+        sections.append("## Skills\n\n" + "\n".join(lines))
+    return "\n\n".join(section for section in sections if section)
+
+
+def _summary(skill: Path) -> str:
+    for line in skill.read_text().splitlines():
+        text = line.strip().lstrip("#").strip()
+        if text.lower().startswith("description:"):
+            return text.split(":", 1)[1].strip()
+        if text and text != "---" and ":" not in text[:20]:
+            return text
+    return ""
+
+
+def load_settings(folder: Path) -> dict[str, Any]:
+    path = folder / "settings.json"
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text())
+    except ValueError as error:
+        raise ReefError(f"{path} is not valid JSON: {error}", status=400) from None
+    if not isinstance(settings, dict):
+        raise ReefError(f"{path} must hold a JSON object", status=400)
+    return settings
+
+
+def check_adapter_folder(folder: Path) -> Path:
+    """A LoRA artifact needs a llama.cpp GGUF adapter or a PEFT folder (adapter_config.json)."""
+    if not any(folder.rglob("*.gguf")) and not (folder / "adapter_config.json").is_file():
+        raise ReefError(
+            f"LoRA artifact {folder} holds neither a .gguf adapter (llama.cpp) nor "
+            "adapter_config.json (PEFT, for vLLM)",
+            status=400,
+        )
+    return folder
+
+
+def binding_for(release_id: str, kind: str, folder: Path) -> Binding:
+    """Read an artifact folder (a release checkout or a candidate) into its binding."""
+    if kind == "harness":
+        return Binding(
+            release_id=release_id,
+            kind=kind,
+            system_prompt=compose_system_prompt(folder) or None,
+            settings=load_settings(folder),
+        )
+    if kind == "lora":
+        return Binding(release_id=release_id, kind=kind, adapter=check_adapter_folder(folder))
+    raise ReefError(f"serving {kind} releases is not supported yet", status=400)

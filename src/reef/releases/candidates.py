@@ -1,0 +1,119 @@
+"""Candidates: proposed artifacts and their way through the gate, persisted in experience.db.
+
+States: proposed -> evaluating -> released | rejected | held; a held candidate waits for a
+human, who approves (released) or rejects it. A candidate's files live in
+`.reef/candidates/<id>/` until it is released (then they are also in the release chain).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from reef.errors import Conflict, NotFound
+from reef.store import ExperienceStore, new_id
+
+STATES = ("proposed", "evaluating", "released", "rejected", "held")
+FINAL_STATES = ("released", "rejected")
+_JSON_FIELDS = ("evaluation", "consumed_record_ids")
+
+
+@dataclass
+class Candidate:
+    scenario: str
+    kind: str
+    files_path: str
+    base_release_id: str | None
+    source: str = "cli"
+    reason: str | None = None
+    state: str = "proposed"
+    decision: str | None = None
+    evaluation: dict[str, Any] | None = None
+    release_id: str | None = None
+    consumed_record_ids: list[str] = field(default_factory=list)
+    id: str = field(default_factory=lambda: new_id("cand"))
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.files_path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class CandidateStore:
+    def __init__(self, store: ExperienceStore) -> None:
+        self.store = store
+
+    def add(self, candidate: Candidate) -> Candidate:
+        row = candidate.to_json()
+        for name in _JSON_FIELDS:
+            row[name] = json.dumps(row[name])
+        self.store.write(lambda db: db.table("candidates").insert(row)).result()
+        return candidate
+
+    def get(self, candidate_id: str) -> Candidate:
+        rows = self.store.query("SELECT * FROM candidates WHERE id = ?", [candidate_id])
+        if not rows:
+            raise NotFound(
+                f"no candidate {candidate_id!r}: `reef release candidates` lists them",
+                code="unknown_candidate",
+            )
+        return _decode(rows[0])
+
+    def list(self, scenario: str | None = None, state: str | None = None) -> list[Candidate]:
+        where, params = [], []
+        if scenario:
+            where.append("scenario = ?")
+            params.append(scenario)
+        if state:
+            where.append("state = ?")
+            params.append(state)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self.store.query(f"SELECT * FROM candidates {clause} ORDER BY seq DESC", params)
+        return [_decode(row) for row in rows]
+
+    def move(
+        self, candidate_id: str, allowed_from: tuple[str, ...], to: str, **fields: Any
+    ) -> Candidate:
+        """Change a candidate's state if it is in one of `allowed_from` (atomically)."""
+
+        def transition(db: sqlite_utils.Database) -> None:
+            row = db.execute("SELECT state FROM candidates WHERE id = ?", [candidate_id]).fetchone()
+            if row is None:
+                raise NotFound(f"no candidate {candidate_id!r}", code="unknown_candidate")
+            if row[0] not in allowed_from:
+                raise Conflict(
+                    f"candidate {candidate_id} is {row[0]}; only a candidate that is "
+                    f"{' or '.join(allowed_from)} can become {to}",
+                    code="candidate_state",
+                )
+            values = {
+                name: json.dumps(v) if name in _JSON_FIELDS else v for name, v in fields.items()
+            }
+            db.table("candidates").update(
+                _pk(db, candidate_id), {**values, "state": to, "updated_at": time.time()}
+            )
+
+        self.store.write(transition).result()
+        return self.get(candidate_id)
+
+
+def _pk(db: sqlite_utils.Database, candidate_id: str) -> int:
+    return int(db.execute("SELECT seq FROM candidates WHERE id = ?", [candidate_id]).fetchone()[0])
+
+
+def _decode(row: dict[str, Any]) -> Candidate:
+    row = dict(row)
+    row.pop("seq", None)
+    for name in _JSON_FIELDS:
+        row[name] = json.loads(row[name]) if row[name] is not None else None
+    row["consumed_record_ids"] = row["consumed_record_ids"] or []
+    return Candidate(**row)
