@@ -44,6 +44,12 @@ class Unauthorized(ReefError):
     code = "invalid_token"
 
 
+class Forbidden(ReefError):
+    status = 403
+    type = "permission_error"
+    code = "admin_token_required"
+
+
 class NotFound(ReefError):
     status = 404
     type = "not_found_error"

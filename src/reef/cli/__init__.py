@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from reef.cli import client_commands, init_command, serve_command
+from reef.cli import client_commands, init_command, release_commands, serve_command
 
 app = typer.Typer(
     name="reef",
@@ -19,6 +19,7 @@ app.command("status")(client_commands.status)
 app.command("records")(client_commands.records)
 app.command("report")(client_commands.report)
 app.command("export")(client_commands.export)
+app.add_typer(release_commands.app, name="release")
 
 
 def main() -> None:

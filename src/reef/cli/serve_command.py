@@ -14,6 +14,7 @@ from reef.cli.output import console, fail
 from reef.config import ConfigError, EngineKind, load_config
 from reef.engines import build_engine, resolve_kind
 from reef.errors import ReefError
+from reef.releases.workflow import ReleaseWorkflow
 from reef.server.run import check_bind, run
 from reef.server.state import ServerState
 from reef.store import ExperienceStore
@@ -61,7 +62,9 @@ def serve(
         handlers=[RichHandler(console=console, show_path=False)],
     )
     try:
-        check_bind(resolved.server.host, bool(resolved.server.tokens))
+        check_bind(
+            resolved.server.host, bool(resolved.server.tokens or resolved.server.admin_tokens)
+        )
         kind, reason = resolve_kind(resolved.engine)
         serving_engine = build_engine(resolved.engine)
         store = ExperienceStore(resolved.experience_db, resolved.store.synchronous)
@@ -74,7 +77,13 @@ def serve(
         highlight=False,
         soft_wrap=True,
     )
-    state = ServerState(config=resolved, engine=serving_engine, store=store, engine_reason=reason)
+    state = ServerState(
+        config=resolved,
+        engine=serving_engine,
+        store=store,
+        workflow=ReleaseWorkflow(resolved, store),
+        engine_reason=reason,
+    )
     try:
         run(state)
     except ReefError as error:

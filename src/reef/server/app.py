@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.errors import ReefError
-from reef.server import openai_routes, reef_routes
+from reef.server import openai_routes, reef_routes, release_routes
 from reef.server.auth import BearerAuth
 from reef.server.state import ServerState
 
@@ -66,10 +66,17 @@ def create_app(state: ServerState) -> Starlette:
         Route("/reef/records", reef_routes.list_records, methods=["GET"]),
         Route("/reef/records/{record_id}", reef_routes.get_record, methods=["GET"]),
         Route("/reef/status", reef_routes.status, methods=["GET"]),
+        *release_routes.routes,
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(BearerAuth, tokens=state.config.token_values())],
+        middleware=[
+            Middleware(
+                BearerAuth,
+                tokens=state.config.token_values(),
+                admin_tokens=state.config.admin_token_values(),
+            )
+        ],
         exception_handlers={
             ReefError: _reef_error,
             HTTPException: _http_error,

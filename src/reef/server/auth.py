@@ -8,9 +8,15 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reef.errors import Unauthorized
+from reef.errors import Forbidden, ReefError, Unauthorized
 
 OPEN_PATHS = frozenset({"/healthz"})
+ADMIN_PREFIX = "/reef/scenarios/"
+
+
+def needs_admin(method: str, path: str) -> bool:
+    """Changing what a scenario serves (approve, reject, roll back) takes the admin token."""
+    return method == "POST" and path.startswith(ADMIN_PREFIX)
 
 
 def token_matches(provided: str, tokens: list[str]) -> bool:
@@ -32,35 +38,49 @@ def is_loopback(host: str) -> bool:
 
 
 class BearerAuth:
-    """Requires `Authorization: Bearer <token>` on every path but /healthz, when tokens are set."""
+    """Bearer tokens on every path but /healthz, once any token is configured.
 
-    def __init__(self, app: ASGIApp, tokens: list[str]) -> None:
+    An inference token serves and reports; an admin token does that and also approves, rejects
+    and rolls back. Without any token (loopback only) every route is open.
+    """
+
+    def __init__(self, app: ASGIApp, tokens: list[str], admin_tokens: list[str]) -> None:
         self.app = app
         self.tokens = tokens
+        self.admin_tokens = admin_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.tokens or scope["path"] in OPEN_PATHS:
+        open_route = scope["type"] != "http" or scope["path"] in OPEN_PATHS
+        if open_route or not (self.tokens or self.admin_tokens):
             await self.app(scope, receive, send)
             return
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, provided = header.partition(" ")
-        if scheme.lower() == "bearer" and provided and token_matches(provided.strip(), self.tokens):
+        provided = provided.strip() if scheme.lower() == "bearer" else ""
+        admin = bool(provided) and token_matches(provided, self.admin_tokens)
+        user = admin or (bool(provided) and token_matches(provided, self.tokens))
+        if not user:
+            message = (
+                "invalid bearer token: send the value of REEF_TOKEN"
+                if provided
+                else "missing bearer token: send `Authorization: Bearer $REEF_TOKEN`"
+            )
+            await _refuse(send, Unauthorized(message))
+        elif needs_admin(scope["method"], scope["path"]) and not admin:
+            await _refuse(
+                send,
+                Forbidden(
+                    "this route changes what a scenario serves and needs an admin token: "
+                    "send the value of REEF_ADMIN_TOKEN"
+                ),
+            )
+        else:
             await self.app(scope, receive, send)
-            return
-        message = (
-            "invalid bearer token: send the value of REEF_TOKEN"
-            if provided
-            else "missing bearer token: send `Authorization: Bearer $REEF_TOKEN`"
-        )
-        body = json.dumps(Unauthorized(message).to_json()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse(send: Send, error: ReefError) -> None:
+    headers = [(b"content-type", b"application/json")]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": json.dumps(error.to_json()).encode()})

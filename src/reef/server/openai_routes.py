@@ -1,6 +1,10 @@
 """The OpenAI-compatible routes: chat completions (whole or streamed) and the model list.
 
-Every served call is stored as a record before its receipt is handed out: in the
+Each call is served under the release its scenario serves when the call arrives (its binding:
+a harness applied to the request, or a LoRA adapter), and is stamped and recorded with that
+release's id even if the head moves while it runs. The record keeps the request as the client
+sent it; the release id says which harness was applied. Every served call is stored as a record
+before its receipt is handed out: in the
 `x-reef-agent-record-id` header for a whole response, and for a stream in a last chunk
 `{"object": "chat.completion.chunk", "choices": [], "reef": {"agent_record_id": ...}}` sent just
 before `data: [DONE]`. A failed call is never stored.
@@ -25,12 +29,12 @@ from reef.store import Record
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     body = await read_json(request, state.config.server.max_body_bytes)
-    chat = parse(ChatRequest, body)
     call = state.call_context(request.headers)
+    chat = call.binding.apply(parse(ChatRequest, body))
     if chat.stream:
         return await _streamed(state, call, body, chat)
     started = time.perf_counter()
-    completion = await state.engine.complete(chat)
+    completion = await state.engine.complete(chat, adapter=call.binding.adapter)
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
         record = _record(state, call, body, completion, started, stream=False)
@@ -42,7 +46,7 @@ async def _streamed(
     state: ServerState, call: CallContext, body: dict[str, Any], chat: ChatRequest
 ) -> Response:
     started = time.perf_counter()
-    items = aiter(state.engine.stream(chat))
+    items = aiter(state.engine.stream(chat, adapter=call.binding.adapter))
     # Pull the first item before answering, so a request the engine refuses gets a real status.
     try:
         first = await anext(items)

@@ -10,6 +10,7 @@ import uvicorn
 from reef.errors import ConfigurationRefused
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
+from reef.server.follower import follow_heads, load_heads
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -27,8 +28,12 @@ def check_bind(host: str, has_tokens: bool) -> None:
 async def serve(state: ServerState, on_ready: str = "") -> None:
     """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close."""
     server_config = state.config.server
+    follower = None
     try:
         await state.engine.start()
+        known: dict[str, str] = {}
+        await asyncio.to_thread(load_heads, state, known)
+        follower = asyncio.create_task(follow_heads(state, known))
         try:
             config = uvicorn.Config(
                 create_app(state),
@@ -44,6 +49,8 @@ async def serve(state: ServerState, on_ready: str = "") -> None:
         finally:
             await state.engine.close()
     finally:
+        if follower is not None:
+            follower.cancel()
         state.store.close()
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from reef.config import ReefConfig
 from reef.engines.base import Engine
 from reef.errors import BadRequest
+from reef.releases.artifacts import BASE_BINDING, Binding
+from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 
-# The release every scenario serves until a release chain exists for it.
-BASE_RELEASE = "base"
 DEFAULT_SCENARIO = "default"
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -24,7 +24,11 @@ class CallContext:
     scenario: str
     session: str | None
     capture: bool
-    release_id: str
+    binding: Binding  # the release serving this call, fixed for the whole call
+
+    @property
+    def release_id(self) -> str:
+        return self.binding.release_id
 
 
 @dataclass
@@ -32,7 +36,10 @@ class ServerState:
     config: ReefConfig
     engine: Engine
     store: ExperienceStore
+    workflow: ReleaseWorkflow
     engine_reason: str = ""
+    # What each scenario serves now; replaced whole (never mutated) when a head moves.
+    bindings: dict[str, Binding] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("reef.server"))
 
@@ -42,10 +49,7 @@ class ServerState:
         if session is not None and len(session) > 256:
             raise BadRequest("x-reef-session must be at most 256 characters")
         capture = headers.get("x-reef-capture", "true").strip().lower() not in ("false", "0", "no")
-        return CallContext(scenario, session, capture, self.release_id(scenario))
-
-    def release_id(self, scenario: str) -> str:
-        return BASE_RELEASE
+        return CallContext(scenario, session, capture, self.bindings.get(scenario, BASE_BINDING))
 
 
 def scenario_from(headers: Mapping[str, str]) -> str:

@@ -3,8 +3,9 @@
 It answers `POST /v1/chat/completions` by echoing the last user message (`echo: <text>`), whole
 or streamed, `GET /v1/models`, and `GET /health` as vLLM does. Special models drive edge cases:
 `fail-<status>` answers with that HTTP status and an OpenAI error body; `tool-call` answers with a
-call to the first tool in the request. `GET /peer/last` returns the last request it saw, with its
-Authorization header, so tests can check what was forwarded.
+call to the first tool in the request; `reply:<text>` answers with that text. `GET /peer/last`
+returns the last request it saw, with its Authorization header, so tests can check what was
+forwarded.
 
 Run it alone with `python -m reef.testing.openai_peer --port 9000`.
 """
@@ -49,7 +50,7 @@ async def chat(request: Request) -> Response:
         status = int(model.removeprefix("fail-"))
         error = {"message": f"peer failure {status}", "type": "peer_error", "code": None}
         return JSONResponse({"error": error}, status_code=status)
-    text = _echo(body)
+    text = model.removeprefix("reply:") if model.startswith("reply:") else _echo(body)
     call = _tool_call(body) if model == "tool-call" and body.get("tools") else None
     usage = {
         "prompt_tokens": 3,

@@ -1,0 +1,329 @@
+"""`reef release …`: the release chain and candidates, acting on the stores directly.
+
+These commands need file access to the state folder, not a token, and work whether or not a
+server is running; a running server follows the heads they move. Exit codes: 0 done, 1 error,
+2 bad usage or config, 3 the head moved (another publisher was first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.syntax import Syntax
+from rich.table import Table
+
+from reef.cli.output import console, fail
+from reef.config import ConfigError, ReefConfig, load_config
+from reef.engines import build_engine
+from reef.errors import ReefError
+from reef.evaluation.tasks import load_tasks, tasks_path
+from reef.releases.candidates import Candidate
+from reef.releases.chain import ARTIFACT_KINDS, Release, ReleaseConflict, read_folder
+from reef.releases.workflow import ReleaseWorkflow, engine_generate
+from reef.store import ExperienceStore
+
+app = typer.Typer(
+    help="Releases and candidates: list, show, diff, approve, roll back, publish.",
+    no_args_is_help=True,
+)
+
+ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+CONFLICT_EXIT = 3
+
+
+@contextmanager
+def _workflow(config_path: Path | None) -> Iterator[ReleaseWorkflow]:
+    try:
+        config = load_config(config_path)
+    except ConfigError as error:
+        fail(str(error), code=2)
+    store = ExperienceStore(config.experience_db, config.store.synchronous)
+    try:
+        yield ReleaseWorkflow(config, store)
+    except ReleaseConflict as conflict:
+        fail(conflict.message, code=CONFLICT_EXIT)
+    except ReefError as error:
+        fail(error.message, code=2 if error.status == 400 else 1)
+    finally:
+        store.close()
+
+
+def _print_json(data: Any) -> None:
+    console.print_json(data=data)
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _releases_table(releases: list[Release]) -> Table:
+    table = Table("release", "kind", "parent", "created", "candidate", "reason")
+    for release in releases:
+        table.add_row(
+            release.release_id,
+            release.kind,
+            release.parent_release_id or "-",
+            _when(release.created_at),
+            release.candidate_id or "-",
+            release.reason or "",
+        )
+    return table
+
+
+@app.command("list")
+def list_releases(
+    scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Each scenario's releases, newest first."""
+    with _workflow(config) as workflow:
+        scenarios = [scenario] if scenario else workflow.chain.scenarios()
+        releases = [r for name in scenarios for r in workflow.chain.releases(name)]
+    if as_json:
+        _print_json([r.to_json() for r in releases])
+    elif not releases:
+        console.print("no releases yet: `reef release publish DIR --scenario S --kind harness`")
+    else:
+        console.print(_releases_table(releases))
+
+
+@app.command()
+def show(release_id: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """One release: its manifest and files."""
+    with _workflow(config) as workflow:
+        release = workflow.chain.get(release_id)
+        files = workflow.chain.files(release_id)
+    if as_json:
+        _print_json({**release.to_json(), "files": {p: len(d) for p, d in files.items()}})
+        return
+    console.print(_releases_table([release]))
+    if release.evaluation:
+        summary = {k: v for k, v in release.evaluation.items() if k != "results"}
+        console.print(f"evaluation: {json.dumps(summary)}", highlight=False)
+    table = Table("file", "bytes")
+    for path, data in sorted(files.items()):
+        table.add_row(path, str(len(data)))
+    console.print(table)
+
+
+@app.command()
+def diff(a: str, b: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """File diffs between two harness releases; metric differences for weights."""
+    with _workflow(config) as workflow:
+        first, second = workflow.chain.get(a), workflow.chain.get(b)
+        files_a, files_b = workflow.chain.files(a), workflow.chain.files(b)
+    text_diffs = {}
+    changed = {}
+    for path in sorted(set(files_a) | set(files_b)):
+        old, new = files_a.get(path, b""), files_b.get(path, b"")
+        if old == new:
+            continue
+        if path.endswith((".gguf", ".safetensors", ".bin", ".pt")):
+            changed[path] = {"bytes": [len(old), len(new)]}
+        else:
+            text_diffs[path] = "".join(
+                difflib.unified_diff(
+                    old.decode(errors="replace").splitlines(True),
+                    new.decode(errors="replace").splitlines(True),
+                    f"{a}/{path}",
+                    f"{b}/{path}",
+                )
+            )
+    metrics = _metric_differences(first, second)
+    if as_json:
+        _print_json({"files": text_diffs, "weights": changed, "metrics": metrics})
+        return
+    for text in text_diffs.values():
+        console.print(Syntax(text, "diff", theme="ansi_dark"))
+    for path, sizes in changed.items():
+        console.print(f"{path}: {sizes['bytes'][0]} -> {sizes['bytes'][1]} bytes")
+    for name, (old, new) in metrics.items():
+        console.print(f"{name}: {old} -> {new}", highlight=False)
+    if not (text_diffs or changed):
+        console.print("same files")
+
+
+def _metric_differences(a: Release, b: Release) -> dict[str, tuple[Any, Any]]:
+    def means(release: Release) -> dict[str, Any]:
+        evaluation = release.evaluation or {}
+        return {
+            "candidate_mean": evaluation.get("candidate_mean"),
+            "records_consumed": release.records_consumed,
+            "content_hash": release.content_hash,
+        }
+
+    old, new = means(a), means(b)
+    return {k: (old[k], new[k]) for k in old if old[k] != new[k]}
+
+
+def _candidates_table(candidates: list[Candidate]) -> Table:
+    colour = {"released": "green", "rejected": "red", "held": "yellow"}
+    table = Table()
+    table.add_column("candidate", no_wrap=True)
+    for name in ("scenario", "kind", "state", "base", "decision"):
+        table.add_column(name)
+    for c in candidates:
+        state = f"[{colour.get(c.state, 'white')}]{c.state}[/]"
+        table.add_row(c.id, c.scenario, c.kind, state, c.base_release_id or "-", c.decision or "")
+    return table
+
+
+@app.command()
+def candidates(
+    scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="proposed, evaluating, released, rejected, held")
+    ] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Candidates, newest first, with the gate's decision."""
+    with _workflow(config) as workflow:
+        found = workflow.candidates.list(scenario, state)
+    if as_json:
+        _print_json([c.to_json() for c in found])
+    else:
+        console.print(_candidates_table(found))
+
+
+@app.command()
+def approve(
+    candidate_id: str,
+    reason: Annotated[str | None, typer.Option(help="Why, for the release's record.")] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Release a held candidate (exit 3 if the head moved since it was proposed)."""
+    with _workflow(config) as workflow:
+        candidate = workflow.approve(candidate_id, reason)
+    _report_candidate(candidate, as_json)
+
+
+@app.command()
+def reject(
+    candidate_id: str,
+    reason: Annotated[str, typer.Option(help="Why it is rejected.")],
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Reject a held or proposed candidate."""
+    with _workflow(config) as workflow:
+        candidate = workflow.reject(candidate_id, reason)
+    _report_candidate(candidate, as_json)
+
+
+@app.command()
+def rollback(
+    scenario: Annotated[str, typer.Option(help="The scenario to roll back.")] = "default",
+    to: Annotated[
+        str | None, typer.Option(help="Release to return to (default: the previous).")
+    ] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Publish a new release equal to an earlier one."""
+    with _workflow(config) as workflow:
+        release = workflow.chain.rollback(scenario, to)
+    _report_release(release, as_json)
+
+
+@app.command()
+def promote(
+    release_id: str,
+    scenario: Annotated[
+        str | None, typer.Option(help="Target scenario (default: its own).")
+    ] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Publish a new release equal to RELEASE_ID, in its scenario or another."""
+    with _workflow(config) as workflow:
+        release = workflow.chain.promote(release_id, scenario)
+    _report_release(release, as_json)
+
+
+@app.command()
+def publish(
+    folder: Annotated[Path, typer.Argument(help="The artifact folder.")],
+    kind: Annotated[str, typer.Option(help="harness or lora.")],
+    scenario: Annotated[str, typer.Option(help="The scenario it is for.")] = "default",
+    approve_now: Annotated[
+        bool, typer.Option("--approve", help="Release without the gate.")
+    ] = False,
+    reason: Annotated[str | None, typer.Option(help="Why this candidate.")] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Turn a folder into a candidate and run the gate (or release it with --approve)."""
+    if kind not in ARTIFACT_KINDS:
+        fail(f"--kind must be one of {', '.join(ARTIFACT_KINDS)}", code=2)
+    with _workflow(config) as workflow:
+        candidate = workflow.propose(scenario, kind, read_folder(folder), "cli", reason)
+        if approve_now:
+            candidate = workflow.approve(candidate.id, reason or "published with --approve")
+        else:
+            candidate = asyncio.run(_run_gate(workflow, candidate))
+    _report_candidate(candidate, as_json)
+    if candidate.state == "rejected":
+        raise typer.Exit(1)
+
+
+async def _run_gate(workflow: ReleaseWorkflow, candidate: Candidate) -> Candidate:
+    config: ReefConfig = workflow.config
+    if config.gate_for(candidate.scenario).policy == "always":
+        return await workflow.gate(candidate, _no_generation)
+    try:
+        total: int | None = len(load_tasks(tasks_path(config.evals_dir, candidate.scenario)))
+    except ReefError:
+        total = None  # the gate will reject it and say why
+    engine = build_engine(config.engine)
+    await engine.start()
+    try:
+        columns = (TextColumn("evaluating {task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=console, transient=True) as progress:
+            bar = progress.add_task(candidate.id, total=total)
+            generate = engine_generate(engine, workflow.eval_settings(candidate.scenario))
+            return await workflow.gate(candidate, generate, lambda _: progress.advance(bar))
+    finally:
+        await engine.close()
+
+
+async def _no_generation(*_: Any) -> str:
+    raise AssertionError("the `always` policy evaluates nothing")
+
+
+def _report_candidate(candidate: Candidate, as_json: bool) -> None:
+    if as_json:
+        _print_json(candidate.to_json())
+        return
+    colour = {"released": "green", "rejected": "red", "held": "yellow"}.get(
+        candidate.state, "white"
+    )
+    console.print(
+        f"candidate {candidate.id} ({candidate.kind}, {candidate.scenario}): "
+        f"[{colour}]{candidate.state}[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if candidate.decision:
+        console.print(f"  {candidate.decision}", highlight=False, soft_wrap=True)
+    if candidate.release_id:
+        console.print(f"  [green]released[/] as {candidate.release_id}", highlight=False)
+
+
+def _report_release(release: Release, as_json: bool) -> None:
+    if as_json:
+        _print_json(release.to_json())
+    else:
+        console.print(f"[green]released[/] {release.release_id} ({release.reason})")

@@ -1,0 +1,126 @@
+"""Release routes: scenarios, their releases and candidates; approve, reject, roll back (admin)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reef.errors import NotFound
+from reef.server.http import parse, read_json
+from reef.server.state import SCENARIO_NAME, ServerState
+
+
+class RejectBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str | None = None
+    reason: str | None = None
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.reef
+    return state
+
+
+def _scenario(request: Request) -> str:
+    scenario = str(request.path_params["scenario"])
+    if not SCENARIO_NAME.match(scenario):
+        raise NotFound(f"no scenario {scenario!r}")
+    return scenario
+
+
+async def _optional_json(request: Request, limit: int) -> dict[str, Any]:
+    if not (await request.body()):
+        return {}
+    return await read_json(request, limit)
+
+
+async def list_scenarios(request: Request) -> Response:
+    state = _state(request)
+
+    def collect() -> list[dict[str, Any]]:
+        counts = state.store.stats()["scenarios"]
+        names = sorted(set(counts) | set(state.workflow.chain.scenarios()))
+        result = []
+        for name in names:
+            head = state.workflow.chain.head(name)
+            held = state.workflow.candidates.list(scenario=name, state="held")
+            result.append(
+                {
+                    "scenario": name,
+                    "head": head.to_json() if head else None,
+                    "serving": state.bindings[name].release_id
+                    if name in state.bindings
+                    else "base",
+                    "records": counts.get(name, {}).get("records", 0),
+                    "held_candidates": len(held),
+                }
+            )
+        return result
+
+    return JSONResponse({"object": "list", "data": await run_in_threadpool(collect)})
+
+
+async def list_releases(request: Request) -> Response:
+    chain = _state(request).workflow.chain
+    releases = await run_in_threadpool(chain.releases, _scenario(request))
+    return JSONResponse({"object": "list", "data": [r.to_json() for r in releases]})
+
+
+async def list_candidates(request: Request) -> Response:
+    store = _state(request).workflow.candidates
+    state_filter = request.query_params.get("state")
+    found = await run_in_threadpool(store.list, _scenario(request), state_filter)
+    return JSONResponse({"object": "list", "data": [c.to_json() for c in found]})
+
+
+async def approve(request: Request) -> Response:
+    state, scenario = _state(request), _scenario(request)
+    body = await _optional_json(request, state.config.server.max_body_bytes)
+    candidate_id = request.path_params["candidate_id"]
+    _same_scenario(state, candidate_id, scenario)
+    reason = body.get("reason") if isinstance(body.get("reason"), str) else None
+    candidate = await run_in_threadpool(state.workflow.approve, candidate_id, reason)
+    return JSONResponse(candidate.to_json())
+
+
+async def reject(request: Request) -> Response:
+    state, scenario = _state(request), _scenario(request)
+    body = parse(RejectBody, await read_json(request, state.config.server.max_body_bytes))
+    candidate_id = request.path_params["candidate_id"]
+    _same_scenario(state, candidate_id, scenario)
+    candidate = await run_in_threadpool(state.workflow.reject, candidate_id, body.reason)
+    return JSONResponse(candidate.to_json())
+
+
+async def rollback(request: Request) -> Response:
+    state, scenario = _state(request), _scenario(request)
+    body = parse(RollbackBody, await _optional_json(request, state.config.server.max_body_bytes))
+    release = await run_in_threadpool(state.workflow.chain.rollback, scenario, body.to, body.reason)
+    return JSONResponse(release.to_json(), status_code=201)
+
+
+def _same_scenario(state: ServerState, candidate_id: str, scenario: str) -> None:
+    if state.workflow.candidates.get(candidate_id).scenario != scenario:
+        raise NotFound(f"candidate {candidate_id} is not in scenario {scenario!r}")
+
+
+routes = [
+    Route("/reef/scenarios", list_scenarios, methods=["GET"]),
+    Route("/reef/scenarios/{scenario}/releases", list_releases, methods=["GET"]),
+    Route("/reef/scenarios/{scenario}/candidates", list_candidates, methods=["GET"]),
+    Route(
+        "/reef/scenarios/{scenario}/candidates/{candidate_id}/approve", approve, methods=["POST"]
+    ),
+    Route("/reef/scenarios/{scenario}/candidates/{candidate_id}/reject", reject, methods=["POST"]),
+    Route("/reef/scenarios/{scenario}/rollback", rollback, methods=["POST"]),
+]

@@ -1,0 +1,96 @@
+"""`reef release …` on the stores directly, with no server running."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from reef.cli import app
+from tests.support.artifacts import harness
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reef.yaml").write_text(
+        "engine:\n  llamacpp:\n    n_ctx: 1024\n    n_threads: 2\ngate:\n  policy: review\n"
+    )
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals/default.jsonl").write_text(
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "scorer": {"type": "regex", "pattern": "."},
+            }
+        )
+        + "\n"
+    )
+    return tmp_path
+
+
+def reef(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def publish(folder: Path, *extra: str) -> dict:
+    code, output = reef("release", "publish", str(folder), "--kind", "harness", "--json", *extra)
+    assert code == 0, output
+    return json.loads(output)
+
+
+def test_publish_list_show_diff_rollback_promote(project: Path) -> None:
+    first = publish(harness(project / "a", "You are A.", rules={"tone": "Be calm.\n"}), "--approve")
+    assert first["state"] == "released" and first["release_id"] == "default@1"
+    publish(harness(project / "b", "You are B.", rules={"tone": "Be calm.\n"}), "--approve")
+
+    code, output = reef("release", "list", "--json")
+    releases = json.loads(output)
+    assert [r["release_id"] for r in releases] == ["default@2", "default@1"]
+    assert {"release_id", "parent_release_id", "scenario", "kind", "created_at"} <= set(releases[0])
+    assert releases[0]["parent_release_id"] == "default@1"
+
+    code, output = reef("release", "show", "default@2", "--json")
+    assert code == 0 and json.loads(output)["files"] == {"AGENTS.md": 11, "rules/tone.md": 9}
+
+    code, output = reef("release", "diff", "default@1", "default@2", "--json")
+    diffs = json.loads(output)["files"]
+    assert list(diffs) == ["AGENTS.md"]
+    assert "-You are A." in diffs["AGENTS.md"] and "+You are B." in diffs["AGENTS.md"]
+    code, output = reef("release", "diff", "default@1", "default@2")
+    assert code == 0 and "You are B." in output
+
+    code, output = reef("release", "rollback", "--json")
+    assert code == 0 and json.loads(output)["release_id"] == "default@3"
+    code, output = reef("release", "promote", "default@2", "--scenario", "staging", "--json")
+    assert code == 0 and json.loads(output)["release_id"] == "staging@1"
+    code, output = reef("release", "list")
+    assert code == 0 and "staging@1" in output and "default@3" in output
+
+
+def test_held_candidates_then_approve_conflict_exits_3(project: Path) -> None:
+    one = publish(harness(project / "a", "A.", {"max_tokens": 2}))
+    two = publish(harness(project / "b", "B.", {"max_tokens": 2}))
+    assert one["state"] == two["state"] == "held"
+    code, output = reef("release", "candidates", "--state", "held", "--json")
+    assert {c["id"] for c in json.loads(output)} == {one["id"], two["id"]}
+    code, output = reef("release", "approve", one["id"])
+    assert code == 0 and "default@1" in output
+    code, output = reef("release", "approve", two["id"])
+    assert code == 3 and "default@1" in output
+    code, output = reef("release", "reject", two["id"], "--reason", "superseded")
+    assert code == 0 and "rejected" in output
+
+
+def test_unknown_ids_and_bad_kinds_are_clear(project: Path) -> None:
+    code, output = reef("release", "show", "default@7")
+    assert code == 1 and "no release 'default@7'" in output
+    code, output = reef("release", "approve", "cand_nope")
+    assert code == 1 and "no candidate" in output
+    code, output = reef("release", "publish", str(project), "--kind", "prompt")
+    assert code == 2 and "--kind" in output

@@ -1,0 +1,213 @@
+"""A running server follows release heads that other processes move, without a restart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+from tests.conftest import SMALL_ENGINE, TOKEN, write_config
+from tests.support.artifacts import harness, random_lora
+
+ADMIN = "admin-token-31d"
+USER_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+HI = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3, "temperature": 0}
+
+
+def reef_cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`reef ...` as another process, acting on the stores directly."""
+    return subprocess.run(
+        [sys.executable, "-m", "reef", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    write_config(tmp_path, SMALL_ENGINE + "gate:\n  policy: review\n")
+    env = {"REEF_TOKEN": TOKEN, "REEF_ADMIN_TOKEN": ADMIN}
+    with reef_serve(tmp_path, free_port(), env=env).start() as running:
+        yield running
+
+
+def ask(server: ServerProcess, body: dict | None = None) -> httpx.Response:
+    response = httpx.post(
+        server.url + "/v1/chat/completions", json=body or HI, headers=USER_HEADERS, timeout=60
+    )
+    response.raise_for_status()
+    return response
+
+
+def test_approve_from_another_process_switches_under_traffic(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    # Two harnesses whose prompts differ in length: usage.prompt_tokens shows which one served.
+    short = harness(tmp_path / "short", "Be kind.")
+    long = harness(tmp_path / "long", "Be kind. " + "Always think before you answer. " * 12)
+    seen: dict[str, set[int]] = defaultdict(set)
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def traffic() -> None:
+        while not stop.is_set():
+            try:
+                response = ask(server)
+            except httpx.HTTPError as error:
+                errors.append(str(error))
+                continue
+            seen[response.headers["x-reef-release-id"]].add(
+                response.json()["usage"]["prompt_tokens"]
+            )
+
+    threads = [threading.Thread(target=traffic) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        for number, folder in enumerate([short, long, short], start=1):
+            result = reef_cli(
+                tmp_path, "release", "publish", str(folder), "--kind", "harness", "--approve"
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+            published = time.monotonic()
+            while ask(server).headers["x-reef-release-id"] != f"default@{number}":
+                assert time.monotonic() - published < 1.0, "the server did not switch in a second"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not errors
+    assert {"base", "default@1", "default@2", "default@3"} <= set(seen)
+    # Every release id names exactly one prompt: no response was stamped with another release.
+    assert all(len(tokens) == 1 for tokens in seen.values()), dict(seen)
+    assert seen["default@1"] == seen["default@3"] != seen["default@2"]
+    assert seen["base"] != seen["default@1"]
+
+
+def test_records_carry_the_release_that_served_them(server: ServerProcess, tmp_path: Path) -> None:
+    before = ask(server)
+    result = reef_cli(
+        tmp_path,
+        "release",
+        "publish",
+        str(harness(tmp_path / "h", "Be brief.")),
+        "--kind",
+        "harness",
+        "--approve",
+    )
+    assert result.returncode == 0, result.stderr
+    deadline = time.monotonic() + 2
+    while (after := ask(server)).headers["x-reef-release-id"] == "base":
+        assert time.monotonic() < deadline
+    for response, release in ((before, "base"), (after, "default@1")):
+        receipt = response.headers["x-reef-agent-record-id"]
+        record = httpx.get(f"{server.url}/reef/records/{receipt}", headers=USER_HEADERS).json()
+        assert record["release_id"] == release
+
+
+def test_release_routes_need_the_admin_token(server: ServerProcess, tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        result = reef_cli(
+            tmp_path,
+            "release",
+            "publish",
+            str(harness(tmp_path / name, name)),
+            "--kind",
+            "harness",
+            "--approve",
+        )
+        assert result.returncode == 0, result.stderr
+    releases = httpx.get(f"{server.url}/reef/scenarios/default/releases", headers=USER_HEADERS)
+    assert [r["release_id"] for r in releases.json()["data"]] == ["default@2", "default@1"]
+    scenarios = httpx.get(f"{server.url}/reef/scenarios", headers=USER_HEADERS).json()["data"]
+    assert (
+        scenarios[0]["scenario"] == "default" and scenarios[0]["head"]["release_id"] == "default@2"
+    )
+
+    rollback = f"{server.url}/reef/scenarios/default/rollback"
+    denied = httpx.post(rollback, json={}, headers=USER_HEADERS)
+    assert denied.status_code == 403 and "REEF_ADMIN_TOKEN" in denied.json()["error"]["message"]
+    done = httpx.post(rollback, json={}, headers=ADMIN_HEADERS)
+    assert done.status_code == 201 and done.json()["release_id"] == "default@3"
+    stale = httpx.post(rollback, json={"to": "default@9"}, headers=ADMIN_HEADERS)
+    assert stale.status_code == 404
+
+
+def test_held_candidate_approved_and_rejected_over_http(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "evals").mkdir()
+    task = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "scorer": {"type": "regex", "pattern": "."},
+    }
+    (tmp_path / "evals/default.jsonl").write_text(json.dumps(task) + "\n")
+    ids = []
+    for name in ("a", "b"):
+        result = reef_cli(
+            tmp_path,
+            "release",
+            "publish",
+            str(harness(tmp_path / name, name, {"max_tokens": 2})),
+            "--kind",
+            "harness",
+            "--json",
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        ids.append(json.loads(result.stdout)["id"])
+    base = f"{server.url}/reef/scenarios/default/candidates"
+    held = httpx.get(base, params={"state": "held"}, headers=USER_HEADERS).json()["data"]
+    assert {c["id"] for c in held} == set(ids)
+    assert httpx.post(f"{base}/{ids[0]}/approve", headers=USER_HEADERS).status_code == 403
+    approved = httpx.post(f"{base}/{ids[0]}/approve", headers=ADMIN_HEADERS)
+    assert approved.status_code == 200 and approved.json()["release_id"] == "default@1"
+    conflict = httpx.post(f"{base}/{ids[1]}/approve", headers=ADMIN_HEADERS)
+    assert conflict.status_code == 409 and "default@1" in conflict.json()["error"]["message"]
+    no_reason = httpx.post(f"{base}/{ids[1]}/reject", json={}, headers=ADMIN_HEADERS)
+    assert no_reason.status_code == 400
+    rejected = httpx.post(
+        f"{base}/{ids[1]}/reject", json={"reason": "stale"}, headers=ADMIN_HEADERS
+    )
+    assert rejected.status_code == 200 and rejected.json()["state"] == "rejected"
+
+
+def test_lora_release_is_loaded_into_the_running_model(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    body = {**HI, "max_tokens": 8, "seed": 1}
+    base = ask(server, body).json()["choices"][0]["message"]["content"]
+    adapter = random_lora(tmp_path / "lora")
+    result = reef_cli(tmp_path, "release", "publish", str(adapter), "--kind", "lora", "--approve")
+    assert result.returncode == 0, result.stdout + result.stderr
+    deadline = time.monotonic() + 2
+    while (response := ask(server, body)).headers["x-reef-release-id"] != "default@1":
+        assert time.monotonic() < deadline
+    assert response.json()["choices"][0]["message"]["content"] != base
+    rolled = reef_cli(tmp_path, "release", "rollback", "--scenario", "default")
+    assert rolled.returncode == 2 and "first release" in rolled.stderr
+    # Back to the base model by publishing a harness: the adapter is unset, answers as before.
+    reef_cli(
+        tmp_path,
+        "release",
+        "publish",
+        str(harness(tmp_path / "h", "")),
+        "--kind",
+        "harness",
+        "--approve",
+    )
+    deadline = time.monotonic() + 2
+    while (response := ask(server, body)).headers["x-reef-release-id"] != "default@2":
+        assert time.monotonic() < deadline
+    assert response.json()["choices"][0]["message"]["content"] == base

@@ -1,0 +1,181 @@
+"""Candidates through the gate, on the real llama.cpp engine, real SQLite and a real git chain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reef.config import ReefConfig, load_config
+from reef.engines.llamacpp import LlamaCppEngine
+from reef.errors import Conflict
+from reef.releases.chain import ReleaseConflict, read_folder
+from reef.releases.workflow import ReleaseWorkflow, engine_generate
+from reef.store import ExperienceStore
+from reef.testing.processes import ServerProcess, free_port
+from tests.support.artifacts import harness
+
+STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+SHORT = {"type": "python", "function": "tests.support.scorers:short"}
+# Short answers win: a harness whose settings cap max_tokens is "better" on these tasks.
+SHORT_TASKS = [{"id": f"t{n}", "messages": STORY, "scorer": SHORT} for n in range(2)]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaCppEngine]:
+    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2)
+    asyncio.run(loaded.start())
+    yield loaded
+    asyncio.run(loaded.close())
+
+
+def project(folder: Path, tasks: list[dict], gate: str = "") -> ReefConfig:
+    (folder / "evals").mkdir(parents=True, exist_ok=True)
+    (folder / "evals/default.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    text = f"state_dir: {folder}/.reef\nevals_dir: {folder}/evals\n"
+    text += "gate:\n  max_tokens: 48\n" + gate
+    (folder / "reef.yaml").write_text(text)
+    return load_config(folder / "reef.yaml", env={})
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ExperienceStore]:
+    with ExperienceStore(tmp_path / ".reef/experience.db") as opened:
+        yield opened
+
+
+def gate(workflow: ReleaseWorkflow, engine: LlamaCppEngine, folder: Path):  # type: ignore[no-untyped-def]
+    candidate = workflow.propose("default", "harness", read_folder(folder))
+    generate = engine_generate(engine, workflow.eval_settings("default"))
+    return asyncio.run(workflow.gate(candidate, generate))
+
+
+def test_better_candidate_is_released_and_worse_one_rejected(
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+) -> None:
+    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS), store)
+    better = harness(tmp_path / "short", "You answer briefly.", {"max_tokens": 3})
+    released = gate(workflow, engine, better)
+    assert released.state == "released", released.decision
+    assert released.release_id == "default@1"
+    head = workflow.chain.head("default")
+    assert head is not None and head.candidate_id == released.id
+    assert head.evaluation["candidate_mean"] == 1.0 and head.evaluation["current_mean"] == 0.0
+    assert head.evaluation["current_release_id"] == "base"
+
+    worse = harness(tmp_path / "long", "You answer at length.", {"max_tokens": 48})
+    rejected = gate(workflow, engine, worse)
+    assert rejected.state == "rejected"
+    assert "does not beat current" in (rejected.decision or "")
+    assert rejected.evaluation["current_release_id"] == "default@1"
+    assert workflow.chain.head("default").release_id == "default@1"  # type: ignore[union-attr]
+
+
+def test_a_crashing_evaluator_rejects(
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+) -> None:
+    tasks = [
+        {
+            "messages": STORY,
+            "scorer": {"type": "python", "function": "tests.support.scorers:explode"},
+        }
+    ]
+    workflow = ReleaseWorkflow(project(tmp_path, tasks), store)
+    candidate = gate(workflow, engine, harness(tmp_path / "h", "Hi.", {"max_tokens": 2}))
+    assert candidate.state == "rejected"
+    assert "evaluation failed" in candidate.decision and "always fails" in candidate.decision
+    assert workflow.chain.head("default") is None
+
+
+def test_missing_eval_tasks_reject(
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+) -> None:
+    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS), store)
+    (tmp_path / "evals/default.jsonl").unlink()
+    candidate = gate(workflow, engine, harness(tmp_path / "h", "Hi.", {"max_tokens": 2}))
+    assert candidate.state == "rejected" and "no eval tasks" in candidate.decision
+
+
+def test_review_holds_until_a_human_approves(
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+) -> None:
+    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
+    held = gate(workflow, engine, harness(tmp_path / "h", "Brief.", {"max_tokens": 3}))
+    assert held.state == "held" and workflow.chain.head("default") is None
+    assert held.evaluation and held.evaluation["candidate_mean"] == 1.0
+    approved = workflow.approve(held.id, "looks right")
+    assert approved.state == "released" and approved.release_id == "default@1"
+    with pytest.raises(Conflict, match="released"):
+        workflow.approve(held.id)
+
+
+def test_human_reject_and_approve_after_the_head_moved(
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+) -> None:
+    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
+    first = gate(workflow, engine, harness(tmp_path / "a", "A.", {"max_tokens": 3}))
+    second = gate(workflow, engine, harness(tmp_path / "b", "B.", {"max_tokens": 3}))
+    workflow.approve(first.id)
+    with pytest.raises(ReleaseConflict, match="default@1"):
+        workflow.approve(second.id)  # it was built on base; the head is now default@1
+    assert workflow.candidates.get(second.id).state == "held"
+    rejected = workflow.reject(second.id, "stale")
+    assert rejected.state == "rejected" and "stale" in rejected.decision
+
+
+def test_floor_and_always_policies(
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+) -> None:
+    workflow = ReleaseWorkflow(
+        project(tmp_path, SHORT_TASKS, "  policy: floor\n  floor: 1.0\n"), store
+    )
+    assert (
+        gate(workflow, engine, harness(tmp_path / "a", "A.", {"max_tokens": 48})).state
+        == "rejected"
+    )
+    assert (
+        gate(workflow, engine, harness(tmp_path / "b", "B.", {"max_tokens": 2})).state == "released"
+    )
+    always = ReleaseWorkflow(project(tmp_path, [], "  policy: always\n"), store)
+    assert gate(always, engine, harness(tmp_path / "c", "C.")).release_id == "default@2"
+
+
+def test_candidates_persist_across_restarts(tmp_path: Path, engine: LlamaCppEngine) -> None:
+    config = project(tmp_path, SHORT_TASKS, "  policy: review\n")
+    with ExperienceStore(config.experience_db) as store:
+        held = gate(ReleaseWorkflow(config, store), engine, harness(tmp_path / "h", "H.", {}))
+    with ExperienceStore(config.experience_db) as store:
+        again = ReleaseWorkflow(config, store).candidates.get(held.id)
+    assert again.state == "held" and again.evaluation == held.evaluation
+
+
+def test_judge_scorer_asks_an_openai_compatible_model(
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+) -> None:
+    port = free_port()
+    peer = ServerProcess(
+        [sys.executable, "-m", "reef.testing.openai_peer", "--port", str(port)],
+        port,
+        tmp_path,
+        health_path="/v1/models",
+    )
+    judge = {
+        "type": "judge",
+        "criterion": "is polite",
+        "url": f"{peer.url}/v1",
+        "model": "reply:0.75",
+    }
+    workflow = ReleaseWorkflow(
+        project(
+            tmp_path, [{"messages": STORY, "scorer": judge}], "  policy: floor\n  floor: 0.7\n"
+        ),
+        store,
+    )
+    with peer.start():
+        candidate = gate(workflow, engine, harness(tmp_path / "h", "Be polite.", {"max_tokens": 2}))
+    assert candidate.state == "released", candidate.decision
+    assert candidate.evaluation["candidate_mean"] == 0.75
