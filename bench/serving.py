@@ -6,8 +6,9 @@ header), so on/off is the cost of recording; baseline B is the stock server with
 and `logprobs` requested, the stock way to get every token's logprob that Reef always captures.
 
 Part `upstream`: the latency Reef adds as a recording proxy in front of an OpenAI-compatible
-server (the loopback peer in `reef.testing.openai_peer`), with the store fsyncing every commit
-(`store.synchronous: full`, the default) and not (`normal`).
+server (the loopback peer in `reef.testing.openai_peer`): with its defaults (the store fsyncs
+every commit, `store.synchronous: full`; `server.log_level: info`), with `synchronous: normal`
+(the cost of the fsync), and with `log_level: warning` (the cost of logging every call).
 
 All servers of a part run side by side on 127.0.0.1 (an idle one uses no CPU) and are measured in
 interleaved rounds, so a slow spell of the machine hits every setting alike; throughput is the
@@ -76,8 +77,9 @@ REEF_ON = "Reef, recording on"
 REEF_ON_LOGPROBS = "Reef, recording on, logprobs"
 REEF_ON_NO_SEED = "Reef, recording on, no seed"
 PEER_DIRECT = "peer, direct"
-REEF_FULL = "Reef -> peer, sync full"
+REEF_DEFAULTS = "Reef -> peer, defaults"
 REEF_NORMAL = "Reef -> peer, sync normal"
+REEF_QUIET_LOG = "Reef -> peer, log warning"
 
 console = Console(width=None if sys.stdout.isatty() else 100)
 
@@ -523,14 +525,20 @@ def stock_llama_server(folder: Path, logits_all: bool) -> ServerProcess:
     return ServerProcess(args, port, folder, health_path="/v1/models", log_name="llama.log")
 
 
-def write_reef_config(folder: Path, engine: dict[str, Any], synchronous: str) -> None:
-    config = {"engine": engine, "store": {"synchronous": synchronous}}
+def write_reef_config(
+    folder: Path, engine: dict[str, Any], synchronous: str = "full", log_level: str = "info"
+) -> None:
+    config = {
+        "engine": engine,
+        "store": {"synchronous": synchronous},
+        "server": {"log_level": log_level},
+    }
     (folder / "reef.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 def reef_llamacpp_server(folder: Path) -> ServerProcess:
     engine = {"kind": "llamacpp", "llamacpp": {"n_ctx": N_CTX, "n_threads": N_THREADS}}
-    write_reef_config(folder, engine, synchronous="full")
+    write_reef_config(folder, engine)
     return reef_serve(folder, free_port(), "--engine", "llamacpp")
 
 
@@ -540,8 +548,10 @@ def openai_peer(folder: Path) -> ServerProcess:
     return ServerProcess(args, port, folder, health_path="/v1/models", log_name="peer.log")
 
 
-def reef_upstream_server(folder: Path, peer_url: str, synchronous: str) -> ServerProcess:
-    write_reef_config(folder, {"kind": "upstream"}, synchronous=synchronous)
+def reef_upstream_server(
+    folder: Path, peer_url: str, synchronous: str = "full", log_level: str = "info"
+) -> ServerProcess:
+    write_reef_config(folder, {"kind": "upstream"}, synchronous, log_level)
     return reef_serve(
         folder, free_port(), "--engine", "upstream", "--upstream-url", f"{peer_url}/v1"
     )
@@ -605,15 +615,18 @@ def run_engine_part(options: Options) -> EngineRun:
         reef_folder = new_folder(tmp, "reef")
         reef = servers.enter_context(running(reef_llamacpp_server(reef_folder)))
         pids = pids_of(stock, stock_b, reef)
+        off = {"x-reef-capture": "false"}
+
+        def engine_load(setting: str, server: ServerProcess, body: dict[str, Any], headers=None):
+            return Load("engine", setting, server.url, body, headers or {}, server_pids=pids)
+
         loads = [
-            Load("engine", BASELINE_A, stock.url, plain, server_pids=pids),
-            Load(
-                "engine", REEF_OFF, reef.url, plain, {"x-reef-capture": "false"}, server_pids=pids
-            ),
-            Load("engine", REEF_ON, reef.url, plain, recorded, server_pids=pids),
-            Load("engine", REEF_ON_LOGPROBS, reef.url, with_logprobs, recorded, server_pids=pids),
-            Load("engine", REEF_ON_NO_SEED, reef.url, unseeded, recorded, server_pids=pids),
-            Load("engine", BASELINE_B, stock_b.url, with_logprobs, server_pids=pids),
+            engine_load(BASELINE_A, stock, plain),
+            engine_load(REEF_OFF, reef, plain, off),
+            engine_load(REEF_ON, reef, plain, recorded),
+            engine_load(REEF_ON_LOGPROBS, reef, with_logprobs, recorded),
+            engine_load(REEF_ON_NO_SEED, reef, unseeded, recorded),
+            engine_load(BASELINE_B, stock_b, with_logprobs),
         ]
         for load in loads:
             warm_up(load, options.engine_warmup)
@@ -678,22 +691,26 @@ def run_upstream_part(options: Options) -> list[Measurement]:
     console.rule("[bold]Part 2: upstream overhead (Reef as a recording proxy)")
     body = upstream_body()
     with tempfile.TemporaryDirectory(prefix="reef-bench-") as tmp, ExitStack() as servers:
-        console.print("starting the peer and two Reef servers in front of it ...")
+        console.print("starting the peer and three Reef servers in front of it ...")
         peer = servers.enter_context(running(openai_peer(Path(tmp))))
-        full = servers.enter_context(
-            running(reef_upstream_server(new_folder(tmp, "full"), peer.url, "full"))
+        defaults = servers.enter_context(
+            running(reef_upstream_server(new_folder(tmp, "defaults"), peer.url))
         )
         normal = servers.enter_context(
             running(reef_upstream_server(new_folder(tmp, "normal"), peer.url, "normal"))
         )
-        pids = pids_of(peer, full, normal)
+        quiet_log = servers.enter_context(
+            running(reef_upstream_server(new_folder(tmp, "warning"), peer.url, log_level="warning"))
+        )
+        pids = pids_of(peer, defaults, normal, quiet_log)
         direct = Load(
             "upstream", PEER_DIRECT, peer.url, body, timeout_s=UPSTREAM_TIMEOUT_S, server_pids=pids
         )
         loads = [
             direct,
-            replace(direct, setting=REEF_FULL, url=full.url),
+            replace(direct, setting=REEF_DEFAULTS, url=defaults.url),
             replace(direct, setting=REEF_NORMAL, url=normal.url),
+            replace(direct, setting=REEF_QUIET_LOG, url=quiet_log.url),
         ]
         for load in loads:
             warm_up(load, options.upstream_warmup)
@@ -784,7 +801,9 @@ def upstream_table(measurements: list[Measurement], options: Options) -> Table:
     table = Table(
         title=f"Upstream overhead: chat requests to the loopback peer; req/s is the median of "
         f"{options.rounds} rounds; +p50, +p95 and ratio of req/s vs {PEER_DIRECT!r}",
-        caption="sync: the Reef store's store.synchronous (full, the default, fsyncs each commit)",
+        caption="Reef's defaults: store.synchronous full (an fsync per commit) and "
+        "server.log_level info; 'sync normal' changes only the first, 'log warning' only the "
+        "second.",
         title_justify="left",
         caption_justify="left",
     )
@@ -840,7 +859,7 @@ def engine_targets(measurements: list[Measurement]) -> list[Target]:
 def upstream_targets(measurements: list[Measurement]) -> list[Target]:
     targets = []
     direct = find(measurements, PEER_DIRECT, 1)
-    for setting in (REEF_FULL, REEF_NORMAL):
+    for setting in (REEF_DEFAULTS, REEF_NORMAL, REEF_QUIET_LOG):
         reef = find(measurements, setting, 1)
         if direct and reef:
             added = reef.latency_ms(50) - direct.latency_ms(50)

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from reef.cli import app
-from tests.support.artifacts import harness
+from reef.testing.artifacts import harness
 
 runner = CliRunner()
 

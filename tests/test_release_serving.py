@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reef.testing.artifacts import harness, random_lora
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, TOKEN, write_config
-from tests.support.artifacts import harness, random_lora
 
 ADMIN = "admin-token-31d"
 USER_HEADERS = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,8 +16,8 @@ from reef.errors import Conflict
 from reef.releases.chain import ReleaseConflict, read_folder
 from reef.releases.workflow import ReleaseWorkflow, engine_generate
 from reef.store import ExperienceStore
+from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess, free_port
-from tests.support.artifacts import harness
 
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 SHORT = {"type": "python", "function": "tests.support.scorers:short"}

@@ -1,1 +1,1 @@
-"""Code the tests load by name (python scorers) or share (GGUF adapters, harness folders)."""
+"""Code the tests load by name, such as python scorers."""
