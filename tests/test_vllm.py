@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from reef.engines.base import ChatRequest
@@ -96,6 +97,14 @@ def test_child_is_started_with_lora_enabled_served_and_stopped(tmp_path: Path) -
                 {"messages": [{"role": "user", "content": "ping"}]}
             )
             completion = await engine.complete(request)
+            # A LoRA release: loaded once through /v1/load_lora_adapter, then requested by name.
+            adapter = tmp_path / "lora"
+            adapter.mkdir()
+            for _ in range(2):
+                with_lora = await engine.complete(request, adapter=adapter)
+            loaded = httpx.get(f"http://127.0.0.1:{port}/peer/adapters").json()
+            assert list(loaded.values()) == [str(adapter)]
+            assert with_lora.response["model"] == next(iter(loaded))
             items = [
                 item async for item in engine.stream(request.model_copy(update={"stream": True}))
             ]

@@ -1,7 +1,8 @@
 """A minimal OpenAI-compatible server for tests and benchmarks of the upstream engine.
 
 It answers `POST /v1/chat/completions` by echoing the last user message (`echo: <text>`), whole
-or streamed, `GET /v1/models`, and `GET /health` as vLLM does. Special models drive edge cases:
+or streamed, `GET /v1/models`, and, as vLLM does, `GET /health` and
+`POST /v1/load_lora_adapter`. Special models drive edge cases:
 `fail-<status>` answers with that HTTP status and an OpenAI error body; `tool-call` answers with a
 call to the first tool in the request; `reply:<text>` answers with that text. `GET /peer/last`
 returns the last request it saw, with its Authorization header, so tests can check what was
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 _last: dict[str, Any] = {}
+_adapters: dict[str, str] = {}
 
 
 def _echo(body: dict[str, Any]) -> str:
@@ -133,12 +135,25 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
+async def load_lora_adapter(request: Request) -> Response:
+    """vLLM's dynamic LoRA route: remembers the adapter so later calls can name it."""
+    body = await request.json()
+    _adapters[body["lora_name"]] = body["lora_path"]
+    return Response("Success", status_code=200)
+
+
+async def adapters(request: Request) -> Response:
+    return JSONResponse(_adapters)
+
+
 app = Starlette(
     routes=[
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/peer/last", last, methods=["GET"]),
         Route("/health", health, methods=["GET"]),  # as vLLM's server has
+        Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"]),  # as vLLM's has
+        Route("/peer/adapters", adapters, methods=["GET"]),
     ]
 )
 
