@@ -111,6 +111,10 @@ def test_records_carry_the_release_that_served_them(server: ServerProcess, tmp_p
     deadline = time.monotonic() + 2
     while (after := ask(server)).headers["x-reef-release-id"] == "base":
         assert time.monotonic() < deadline
+    status = httpx.get(f"{server.url}/reef/status", headers=USER_HEADERS).json()
+    assert status["serving"] == {"default": "default@1"}
+    status = httpx.get(f"{server.url}/reef/status", headers=USER_HEADERS).json()
+    assert status["serving"] == {"default": "default@1"}
     for response, release in ((before, "base"), (after, "default@1")):
         receipt = response.headers["x-reef-agent-record-id"]
         record = httpx.get(f"{server.url}/reef/records/{receipt}", headers=USER_HEADERS).json()

@@ -71,9 +71,13 @@ def status(
         f"({data['store']['size_bytes'] / 1e6:.1f} MB)",
         highlight=False,
     )
-    table = Table("scenario", "records", "reports")
-    for name, counts in sorted(data["store"]["scenarios"].items()):
-        table.add_row(name, str(counts["records"]), str(counts["reports"]))
+    table = Table("scenario", "serving", "records", "reports")
+    serving = data.get("serving", {})
+    for name in sorted(set(data["store"]["scenarios"]) | set(serving)):
+        counts = data["store"]["scenarios"].get(name, {"records": 0, "reports": 0})
+        table.add_row(
+            name, serving.get(name, "base"), str(counts["records"]), str(counts["reports"])
+        )
     console.print(table)
 
 

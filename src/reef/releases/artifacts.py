@@ -1,11 +1,14 @@
 """What a release means to serving: a `Binding` applied to every request of its scenario.
 
 A harness artifact is a folder: `AGENTS.md` (the system prompt), `rules/*.md`,
-`skills/<name>/SKILL.md`, and `settings.json` (default sampling settings such as temperature or
-max_tokens). Its binding puts the composed system prompt in front of the request's messages and
-fills in the settings the request leaves unset. A LoRA artifact holds a llama.cpp GGUF adapter
-(`*.gguf`) and/or a PEFT adapter (`adapter_config.json` and weights); its binding names the folder
-the engine loads it from.
+`skills/<name>/SKILL.md`, `examples.jsonl` (worked exchanges, `{"user": ..., "assistant": ...}` per
+line) and `settings.json` (default sampling settings such as temperature or max_tokens). Its
+binding puts the composed system prompt and then the examples in front of the request's messages,
+and fills in the settings the request leaves unset. Small models follow examples far better than
+instructions, so examples are often what makes a harness change visible.
+
+A LoRA artifact holds a llama.cpp GGUF adapter (`*.gguf`) and/or a PEFT adapter
+(`adapter_config.json` and weights); its binding names the folder the engine loads it from.
 """
 
 from __future__ import annotations
@@ -40,27 +43,46 @@ class Binding:
     kind: str = "base"
     system_prompt: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    examples: tuple[tuple[str, str], ...] = ()  # (user, assistant) exchanges shown before the call
     adapter: Path | None = None  # a LoRA artifact's folder, for the engine to load
 
     def apply(self, request: ChatRequest) -> ChatRequest:
         """The request as the engine should see it under this release."""
-        if not self.system_prompt and not self.settings:
+        if not self.system_prompt and not self.settings and not self.examples:
             return request
         update: dict[str, Any] = {
             name: value
             for name, value in self.settings.items()
             if name in SETTINGS_FIELDS and getattr(request, name) is None
         }
+        messages = list(request.messages)
+        if self.examples:
+            messages = _with_examples(messages, self.examples)
         if self.system_prompt:
-            update["messages"] = _with_system_prompt(request, self.system_prompt)
+            messages = _with_system_prompt(messages, self.system_prompt)
+        update["messages"] = messages
         return request.model_copy(update=update)
 
 
 BASE_BINDING = Binding()
 
 
-def _with_system_prompt(request: ChatRequest, prompt: str) -> list[Any]:
-    messages = list(request.messages)
+def _with_examples(messages: list[Any], examples: tuple[tuple[str, str], ...]) -> list[Any]:
+    """The examples as user/assistant turns, after the leading system messages."""
+    message_type = type(messages[0])
+    start = 0
+    while start < len(messages) and messages[start].role in ("system", "developer"):
+        start += 1
+    shown = [
+        message_type(role=role, content=text)
+        for user, assistant in examples
+        for role, text in (("user", user), ("assistant", assistant))
+    ]
+    return [*messages[:start], *shown, *messages[start:]]
+
+
+def _with_system_prompt(messages: list[Any], prompt: str) -> list[Any]:
+    messages = list(messages)
     first = messages[0]
     if first.role in ("system", "developer"):
         content = first.content
@@ -113,6 +135,25 @@ def load_settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
+def load_examples(folder: Path) -> tuple[tuple[str, str], ...]:
+    path = folder / "examples.jsonl"
+    if not path.is_file():
+        return ()
+    examples = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            examples.append((str(item["user"]), str(item["assistant"])))
+        except (ValueError, KeyError, TypeError):
+            raise ReefError(
+                f'{path}:{number}: each line must be {{"user": "...", "assistant": "..."}}',
+                status=400,
+            ) from None
+    return tuple(examples)
+
+
 def check_adapter_folder(folder: Path) -> Path:
     """A LoRA artifact needs a llama.cpp GGUF adapter or a PEFT folder (adapter_config.json)."""
     if not any(folder.rglob("*.gguf")) and not (folder / "adapter_config.json").is_file():
@@ -132,6 +173,7 @@ def binding_for(release_id: str, kind: str, folder: Path) -> Binding:
             kind=kind,
             system_prompt=compose_system_prompt(folder) or None,
             settings=load_settings(folder),
+            examples=load_examples(folder),
         )
     if kind == "lora":
         return Binding(release_id=release_id, kind=kind, adapter=check_adapter_folder(folder))

@@ -32,13 +32,13 @@ from git.index.typ import BaseIndexEntry
 from git.objects import Commit
 
 from reef.errors import Conflict, NotFound, ReefError
+from reef.scenario import check_scenario
 
 ArtifactKind = Literal["harness", "lora", "checkpoint"]
 ARTIFACT_KINDS: tuple[str, ...] = ("harness", "lora", "checkpoint")
 MANIFEST = "reef-release.json"
 ATTRIBUTES = ".gitattributes"
 LFS_PATTERNS = ("*.gguf", "*.safetensors", "*.bin", "*.pt")
-BASE_RELEASE = "base"
 _AUTHOR = git.Actor("reef", "reef@localhost")
 _NO_COMMIT = "0" * 40
 T = TypeVar("T")
@@ -258,6 +258,7 @@ class ReleaseChain:
     ) -> Release:
         """Append a release to `scenario` if its head is still `expected_parent` (a release id,
         or None for a scenario without releases); raise `ReleaseConflict` otherwise."""
+        check_scenario(scenario)
         if kind not in ARTIFACT_KINDS:
             raise ReefError(
                 f"kind must be one of {', '.join(ARTIFACT_KINDS)}, not {kind!r}", status=400

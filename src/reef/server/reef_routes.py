@@ -112,6 +112,7 @@ async def status(request: Request) -> Response:
                 "logprobs": engine.capabilities.logprobs,
             },
             "uptime_s": round(time.time() - state.started_at, 3),
+            "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
             "store": state.store.stats(),
         }
     )

@@ -11,8 +11,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.errors import NotFound
+from reef.scenario import SCENARIO_NAME
 from reef.server.http import parse, read_json
-from reef.server.state import SCENARIO_NAME, ServerState
+from reef.server.state import ServerState
 
 
 class RejectBody(BaseModel):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,10 +12,8 @@ from reef.engines.base import Engine
 from reef.errors import BadRequest
 from reef.releases.artifacts import BASE_BINDING, Binding
 from reef.releases.workflow import ReleaseWorkflow
+from reef.scenario import DEFAULT_SCENARIO, check_scenario
 from reef.store import ExperienceStore
-
-DEFAULT_SCENARIO = "default"
-SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -53,10 +50,7 @@ class ServerState:
 
 
 def scenario_from(headers: Mapping[str, str]) -> str:
-    scenario = headers.get("x-reef-scenario") or DEFAULT_SCENARIO
-    if not SCENARIO_NAME.match(scenario):
-        raise BadRequest(
-            f"x-reef-scenario {scenario!r} is not a valid scenario name: use letters, digits, "
-            "'_', '.' and '-', starting with a letter or digit, at most 64 characters"
-        )
-    return scenario
+    try:
+        return check_scenario(headers.get("x-reef-scenario") or DEFAULT_SCENARIO)
+    except BadRequest as error:
+        raise BadRequest(f"x-reef-scenario: {error.message}") from None
