@@ -91,6 +91,28 @@ class GateConfig(_Section):
     max_tokens: int = Field(256, ge=1)
 
 
+class LearningConfig(BaseModel):
+    """The learning loop. Keys other than these are the recipe's own settings."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    # A built-in short name (harness_evolve) or package.module:Class; none: no learning.
+    recipe: str | None = None
+    # auto: steps when the recipe says a batch is ready; manual: only for `reef train`
+    # instructions; hybrid: both.
+    mode: Literal["auto", "manual", "hybrid"] = "auto"
+    scenarios: list[str] = Field(default_factory=lambda: ["default"])
+    interval_s: float = Field(2.0, gt=0)
+    # The model a recipe's proposer asks: an OpenAI-compatible base URL with /v1, or none for
+    # the served model itself (loaded in the learning worker).
+    proposer_url: str | None = None
+    proposer_model: str | None = None
+    proposer_api_key_env: str | None = None
+
+    def recipe_settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class ScenarioConfig(_Section):
     gate: GateConfig | None = None
 
@@ -103,6 +125,7 @@ class ReefConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
+    learning: LearningConfig = Field(default_factory=LearningConfig)
     scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
 
     @field_validator("state_dir")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from reef.cli import client_commands, init_command, release_commands, serve_command
+from reef.cli import (
+    client_commands,
+    init_command,
+    learning_commands,
+    release_commands,
+    serve_command,
+)
 
 app = typer.Typer(
     name="reef",
@@ -19,7 +25,10 @@ app.command("status")(client_commands.status)
 app.command("records")(client_commands.records)
 app.command("report")(client_commands.report)
 app.command("export")(client_commands.export)
+app.command("learn")(learning_commands.learn)
+app.command("train")(learning_commands.train)
 app.add_typer(release_commands.app, name="release")
+app.add_typer(learning_commands.recipe_app, name="recipe")
 
 
 def main() -> None:

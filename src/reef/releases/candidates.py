@@ -56,8 +56,25 @@ class CandidateStore:
         row = candidate.to_json()
         for name in _JSON_FIELDS:
             row[name] = json.dumps(row[name])
-        self.store.write(lambda db: db.table("candidates").insert(row)).result()
+
+        def insert(db: sqlite_utils.Database) -> None:
+            db.table("candidates").insert(row)
+            # Which records it consumed, queryable: they are never trained on again.
+            db.table("candidate_records").insert_all(
+                {"candidate_id": candidate.id, "record_id": r}
+                for r in dict.fromkeys(candidate.consumed_record_ids)
+            )
+
+        self.store.write(insert).result()
         return candidate
+
+    def consumed_record_ids(self, scenario: str) -> set[str]:
+        rows = self.store.query(
+            "SELECT cr.record_id FROM candidate_records cr "
+            "JOIN candidates c ON c.id = cr.candidate_id WHERE c.scenario = ?",
+            [scenario],
+        )
+        return {row["record_id"] for row in rows}
 
     def get(self, candidate_id: str) -> Candidate:
         rows = self.store.query("SELECT * FROM candidates WHERE id = ?", [candidate_id])

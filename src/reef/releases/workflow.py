@@ -14,7 +14,7 @@ from reef.config import ReefConfig
 from reef.engines.base import ChatRequest, Engine
 from reef.errors import Conflict
 from reef.evaluation.runner import EvalSettings, Generate, TaskResult, run_paired
-from reef.evaluation.tasks import load_tasks, tasks_path
+from reef.evaluation.tasks import EvalTask, load_tasks, tasks_path
 from reef.releases.artifacts import BASE_BINDING, Binding, binding_for
 from reef.releases.candidates import Candidate, CandidateStore
 from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, read_folder
@@ -80,14 +80,16 @@ class ReleaseWorkflow:
         candidate: Candidate,
         generate: Generate,
         on_task: Callable[[TaskResult], None] | None = None,
+        extra_tasks: list[EvalTask] | None = None,
     ) -> Candidate:
-        """Evaluate against the current release and decide. Any error rejects (fail closed)."""
+        """Evaluate against the current release on the scenario's eval tasks (plus `extra_tasks`)
+        and decide. Any error rejects (fail closed)."""
         gate = self.config.gate_for(candidate.scenario)
         self.candidates.move(candidate.id, ("proposed",), "evaluating")
         report = None
         try:
             if gate.policy != "always":
-                tasks = load_tasks(tasks_path(self.config.evals_dir, candidate.scenario))
+                tasks = self._tasks(candidate.scenario, extra_tasks or [])
                 current = self.binding(self._base_release(candidate))
                 proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
                 settings = self.eval_settings(candidate.scenario)
@@ -108,6 +110,12 @@ class ReleaseWorkflow:
         return self.candidates.move(
             candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
         )
+
+    def _tasks(self, scenario: str, extra: list[EvalTask]) -> list[EvalTask]:
+        path = tasks_path(self.config.evals_dir, scenario)
+        if extra and not path.exists():
+            return extra
+        return [*load_tasks(path), *extra]
 
     def eval_settings(self, scenario: str) -> EvalSettings:
         gate = self.config.gate_for(scenario)
@@ -158,7 +166,7 @@ class ReleaseWorkflow:
                 candidate_id=candidate.id,
                 evaluation=evaluation,
                 records_consumed=len(candidate.consumed_record_ids),
-                reason=why,
+                reason=f"{candidate.reason} (gate: {why})" if candidate.reason else why,
             )
         except ReleaseConflict as conflict:
             if on_conflict == "raise":

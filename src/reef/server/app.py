@@ -66,6 +66,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/reef/records", reef_routes.list_records, methods=["GET"]),
         Route("/reef/records/{record_id}", reef_routes.get_record, methods=["GET"]),
         Route("/reef/status", reef_routes.status, methods=["GET"]),
+        Route("/reef/train", reef_routes.train, methods=["POST"]),
         *release_routes.routes,
     ]
     app = Starlette(

@@ -7,10 +7,13 @@ import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from reef.errors import BadRequest, Conflict, NotFound
+from reef.learning.worker import learning_status, queue_instruction
+from reef.scenario import check_scenario
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
 from reef.store import Report, ReportConflict, UnknownRecords
@@ -114,8 +117,38 @@ async def status(request: Request) -> Response:
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
             "store": state.store.stats(),
+            "learning": {
+                "recipe": state.config.learning.recipe,
+                "mode": state.config.learning.mode,
+                "scenarios": learning_status(state.store),
+            },
         }
     )
+
+
+class TrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: str = "default"
+    instruction: str = Field(min_length=1, max_length=4000)
+
+
+async def train(request: Request) -> Response:
+    """Queue an instruction for the learning worker (manual and hybrid modes act on it)."""
+    state: ServerState = request.app.state.reef
+    body = parse(TrainRequest, await read_json(request, state.config.server.max_body_bytes))
+    scenario = check_scenario(body.scenario)
+    learning = state.config.learning
+    if not learning.recipe:
+        raise Conflict(
+            "no learning recipe is configured: set learning.recipe in reef.yaml", code="no_recipe"
+        )
+    if learning.mode == "auto":
+        raise Conflict(
+            "learning.mode is auto: instructions need mode manual or hybrid", code="wrong_mode"
+        )
+    request_id = await run_in_threadpool(queue_instruction, state.store, scenario, body.instruction)
+    return JSONResponse({"id": request_id, "scenario": scenario}, status_code=202)
 
 
 async def healthz(request: Request) -> Response:

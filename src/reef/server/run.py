@@ -8,6 +8,7 @@ import logging
 import uvicorn
 
 from reef.errors import ConfigurationRefused
+from reef.learning.process import start_worker, stop_worker
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
 from reef.server.follower import follow_heads, load_heads
@@ -29,6 +30,7 @@ async def serve(state: ServerState, on_ready: str = "") -> None:
     """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close."""
     server_config = state.config.server
     follower = None
+    learner = start_worker(state.config) if state.config.learning.recipe else None
     try:
         await state.engine.start()
         known: dict[str, str] = {}
@@ -51,6 +53,8 @@ async def serve(state: ServerState, on_ready: str = "") -> None:
     finally:
         if follower is not None:
             follower.cancel()
+        if learner is not None:
+            await asyncio.to_thread(stop_worker, learner)
         state.store.close()
 
 

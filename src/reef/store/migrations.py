@@ -83,6 +83,47 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX candidates_scenario_state ON candidates (scenario, state);
         """,
     ),
+    (
+        "0003_learning",
+        """
+        CREATE TABLE candidate_records (
+            candidate_id TEXT NOT NULL REFERENCES candidates (id),
+            record_id TEXT NOT NULL REFERENCES records (id),
+            PRIMARY KEY (candidate_id, record_id)
+        );
+        CREATE INDEX candidate_records_record ON candidate_records (record_id);
+
+        CREATE TABLE learning_steps (
+            seq INTEGER PRIMARY KEY,
+            scenario TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            outcome TEXT,
+            error TEXT,
+            candidate_id TEXT,
+            batch_size INTEGER,
+            instruction TEXT
+        );
+        CREATE INDEX learning_steps_scenario ON learning_steps (scenario, seq);
+
+        CREATE TABLE learning_status (
+            scenario TEXT PRIMARY KEY,
+            waiting INTEGER NOT NULL DEFAULT 0,
+            consumed INTEGER NOT NULL DEFAULT 0,
+            stale_skipped INTEGER NOT NULL DEFAULT 0,
+            updated_at REAL
+        );
+
+        CREATE TABLE train_requests (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            scenario TEXT NOT NULL,
+            instruction TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            taken_at REAL
+        );
+        """,
+    ),
 ]
 
 

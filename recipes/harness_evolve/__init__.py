@@ -1,0 +1,1 @@
+"""harness_evolve: Cordis-style harness evolution from low-scored traffic and its feedback."""

@@ -1,0 +1,87 @@
+"""harness_evolve: improve a scenario's harness from the calls its users scored low.
+
+A step takes the window of failing turns (score below `threshold`, or feedback without a score),
+asks a proposer to reflect on them and propose one mutation (create, update or remove a rule,
+skill, example set or the prompt), and applies it to a copy of the current tree. The worker
+then gates the candidate: paired episodes of current and candidate on the scenario's eval tasks,
+plus the failing prompts when a `scorer` is set. Winners are released with their reason; losers
+stay as rejected candidates, and their reasons are shown to the proposer next time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from recipes.harness_evolve.mutations import MutationRefused, apply
+from recipes.harness_evolve.proposers import ModelProposer, RuleProposer
+
+from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.learning.experience import ExperienceView, Trajectory, Turn
+from reef.learning.recipe import Proposal, Recipe, RecipeError, RecipeSettings, StepContext
+
+
+class HarnessEvolveSettings(RecipeSettings):
+    batch_size: int = 2
+    threshold: float = 0.5
+    # llm: a model reflects and proposes (learning.proposer_*); rule: deterministic, from feedback
+    proposer: Literal["llm", "rule"] = "llm"
+    max_examples: int = 4
+    # Scores the failing prompts as extra gate tasks; without it only evals/<scenario>.jsonl runs.
+    scorer: ScorerSpec | None = None
+
+
+class HarnessEvolve(Recipe):
+    name = "harness_evolve"
+    signal = "scores below a threshold and feedback text"
+    experience = "reactive, from live traffic"
+    target = "harness"
+    Settings = HarnessEvolveSettings
+    settings: HarnessEvolveSettings
+
+    def failing(self, turn: Turn) -> bool:
+        score = turn.score
+        return score < self.settings.threshold if score is not None else bool(turn.feedback)
+
+    def failing_turns(self, trajectories: list[Trajectory]) -> list[Turn]:
+        return [turn for t in trajectories for turn in t.turns if self.failing(turn)]
+
+    def ready(self, view: ExperienceView) -> bool:
+        return len(self.failing_turns(view.trajectories)) >= self.settings.batch_size
+
+    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
+        batch: list[Trajectory] = []
+        for trajectory in view.trajectories:
+            if any(self.failing(turn) for turn in trajectory.turns):
+                batch.append(trajectory)
+            if len(self.failing_turns(batch)) >= self.settings.batch_size:
+                break
+        return batch
+
+    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
+        failures = self.failing_turns(batch)
+        if self.settings.proposer == "rule":
+            proposal = RuleProposer(self.settings.max_examples).propose(failures, context)
+        else:
+            if context.ask is None:
+                raise RecipeError("the llm proposer needs a model: the worker gives none")
+            proposal = ModelProposer(context.ask).propose(failures, context)
+        if isinstance(proposal, str):
+            raise MutationRefused(proposal)
+        files = apply(context.files, proposal)
+        return Proposal(
+            kind="harness",
+            files=files,
+            reason=f"{proposal.op} {proposal.path}: {proposal.reason}",
+            consumed_record_ids=[r for t in batch for r in t.record_ids],
+            eval_tasks=self._failing_prompts(failures),
+        )
+
+    def _failing_prompts(self, failures: list[Turn]) -> list[EvalTask]:
+        if self.settings.scorer is None:
+            return []
+        return [
+            EvalTask(
+                id=f"failing:{turn.record_id}", messages=turn.messages, scorer=self.settings.scorer
+            )
+            for turn in failures
+        ]

@@ -1,0 +1,134 @@
+"""`reef learn`, `reef train`, `reef recipe list|new`: the learning loop from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import keyword
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from reef.cli.client_commands import DEFAULT_URL, UrlOption, _call, _client
+from reef.cli.output import console, fail
+from reef.config import ConfigError, ReefConfig, load_config
+from reef.engines import build_engine
+from reef.errors import ReefError
+from reef.learning.recipe import BUILTIN_RECIPES, load_recipe, recipe_class
+from reef.learning.worker import LearningWorker
+from reef.store import ExperienceStore
+from reef.templates import environment
+
+recipe_app = typer.Typer(
+    help="Learning recipes: list the built-ins, scaffold a new one.", no_args_is_help=True
+)
+ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
+
+
+def _config(path: Path | None) -> ReefConfig:
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        fail(str(error), code=2)
+    if not config.learning.recipe:
+        fail("no recipe configured: set learning.recipe in reef.yaml (e.g. harness_evolve)", code=2)
+    return config
+
+
+def learn(
+    once: Annotated[bool, typer.Option("--once", help="One step now, then exit.")] = False,
+    scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Run the learning worker in the foreground (`--once`: one step, for debugging)."""
+    resolved = _config(config)
+    if scenario:
+        resolved.learning.scenarios = [scenario]
+    try:
+        asyncio.run(_learn(resolved, once))
+    except ReefError as error:
+        fail(error.message, code=2 if error.status == 400 else 1)
+    except KeyboardInterrupt:
+        pass
+
+
+async def _learn(config: ReefConfig, once: bool) -> None:
+    assert config.learning.recipe is not None
+    recipe = load_recipe(config.learning.recipe, config.learning.recipe_settings())
+    store = ExperienceStore(config.experience_db, config.store.synchronous)
+    engine = build_engine(config.engine)
+    try:
+        with console.status(f"loading {engine.name}…"):
+            await engine.start()
+        worker = LearningWorker(config, store, recipe, engine)
+        if not once:
+            await worker.run(asyncio.Event())
+            return
+        for name in config.learning.scenarios:
+            with console.status(f"{recipe.name}: one step on {name}…"):
+                result = await worker.step(name, force=True)
+            colour = {"released": "green", "rejected": "red", "error": "red"}.get(
+                result.outcome, "yellow"
+            )
+            console.print(
+                f"{name}: [{colour}]{result.outcome}[/] {result.detail}",
+                highlight=False,
+                soft_wrap=True,
+            )
+    finally:
+        await engine.close()
+        store.close()
+
+
+def train(
+    instruction: Annotated[str, typer.Argument(help="What the next learning step should aim for.")],
+    scenario: Annotated[str, typer.Option(help="The scenario.")] = "default",
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Queue a training instruction for the running server's learning worker."""
+    with _client(url) as client:
+        queued = _call(
+            client, "POST", "/reef/train", json={"scenario": scenario, "instruction": instruction}
+        )
+    console.print(f"[green]queued[/] {queued['id']} for {scenario}")
+
+
+@recipe_app.command("list")
+def list_recipes() -> None:
+    """The built-in recipes: what signal they learn from, how, and what they change."""
+    table = Table("recipe", "signal", "experience", "target")
+    for name in BUILTIN_RECIPES:
+        cls = recipe_class(name)
+        table.add_row(name, cls.signal, cls.experience, cls.target)
+    console.print(table)
+
+
+@recipe_app.command("new")
+def new_recipe(
+    name: Annotated[str, typer.Argument(help="Python identifier, e.g. polite_answers.")],
+    directory: Annotated[Path, typer.Option(help="Where recipes/ is.")] = Path("."),
+) -> None:
+    """Scaffold recipes/NAME/ with a recipe and a test that passes as generated."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
+        fail(f"{name!r} is not a lowercase Python identifier", code=2)
+    folder = directory / "recipes" / name
+    if folder.exists():
+        fail(f"{folder} already exists; nothing was written")
+    class_name = "".join(part.capitalize() for part in name.split("_"))
+    env = environment()
+    folder.mkdir(parents=True)  # recipes/ itself stays a namespace package: no __init__.py
+    for template, target in (
+        ("__init__.py.j2", "__init__.py"),
+        ("recipe.py.j2", "recipe.py"),
+        ("test_recipe.py.j2", "test_recipe.py"),
+    ):
+        text = env.get_template(f"recipe/{template}").render(name=name, class_name=class_name)
+        (folder / target).write_text(text)
+        console.print(f"[green]wrote[/] {folder / target}")
+    console.print(
+        f"Use it with `learning: {{recipe: recipes.{name}.recipe:{class_name}}}`; "
+        f"test it with `pytest {folder}`",
+        highlight=False,
+    )

@@ -1,0 +1,188 @@
+"""The experience a recipe sees: trajectories built from records, fresh and not yet consumed.
+
+Every recipe gets the same processing:
+
+- **sessions**: calls that share an `x-reef-session`, or whose messages extend an earlier call's
+  messages and answer, are one trajectory; feedback on any call stays on that turn;
+- **next state**: each turn knows what came after it in its trajectory (the next user message
+  or tool results), the signal OpenClaw-style recipes learn from;
+- **deduplication**: identical retries (same scenario and request) count once, with the
+  feedback of every copy;
+- **consumption**: a record a candidate was built from is never offered again (persisted);
+- **staleness**: with `max_staleness: N`, records served more than N releases before the
+  current head are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from reef.store import ExperienceStore
+
+PAGE = 1000
+
+
+@dataclass
+class Turn:
+    record_id: str
+    messages: list[dict[str, Any]]
+    answer: dict[str, Any]
+    release_id: str
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    next_state: list[dict[str, Any]] | None = None  # what the next call added, if any
+
+    @property
+    def score(self) -> float | None:
+        scores = [r["score"] for r in self.reports if r.get("score") is not None]
+        return statistics.fmean(scores) if scores else None
+
+    @property
+    def feedback(self) -> list[Any]:
+        return [r["feedback"] for r in self.reports if r.get("feedback") is not None]
+
+    @property
+    def prompt(self) -> str:
+        """The last user message's text."""
+        for message in reversed(self.messages):
+            if message.get("role") == "user":
+                return _text(message.get("content"))
+        return ""
+
+    @property
+    def answer_text(self) -> str:
+        return _text(self.answer.get("content"))
+
+
+@dataclass
+class Trajectory:
+    id: str
+    turns: list[Turn]
+
+    @property
+    def record_ids(self) -> list[str]:
+        return [turn.record_id for turn in self.turns]
+
+
+@dataclass
+class ExperienceCounts:
+    waiting: int = 0
+    consumed: int = 0
+    stale_skipped: int = 0
+
+
+class ExperienceView:
+    """A read-only view of one scenario's usable experience, computed once when built."""
+
+    def __init__(
+        self,
+        store: ExperienceStore,
+        scenario: str,
+        consumed: set[str],
+        head_number: int = 0,
+        max_staleness: int | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.counts = ExperienceCounts()
+        records = _deduplicated(_all_records(store, scenario))
+        fresh = []
+        for record in records:
+            if record["id"] in consumed:
+                self.counts.consumed += 1
+            elif (
+                max_staleness is not None
+                and head_number - _number(record["release_id"]) > max_staleness
+            ):
+                self.counts.stale_skipped += 1
+            else:
+                fresh.append(record)
+        self.counts.waiting = len(fresh)
+        self.trajectories = merge_sessions(fresh)
+
+    def turns(self) -> list[Turn]:
+        return [turn for trajectory in self.trajectories for turn in trajectory.turns]
+
+
+def _all_records(store: ExperienceStore, scenario: str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = store.list_records(scenario=scenario, after=after, limit=PAGE)
+        records.extend(page)
+        if len(page) < PAGE:
+            return records
+        after = page[-1]["id"]
+
+
+def _deduplicated(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per content hash: the latest copy, carrying the reports of every copy."""
+    latest: dict[str, dict[str, Any]] = {}
+    reports: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        latest[record["content_hash"]] = record
+        reports.setdefault(record["content_hash"], []).extend(record.get("reports", []))
+    kept = sorted(latest.values(), key=lambda r: r["created_at"])
+    return [{**record, "reports": reports[record["content_hash"]]} for record in kept]
+
+
+def _number(release_id: str) -> int:
+    _, _, number = release_id.rpartition("@")
+    return int(number) if number.isdigit() else 0
+
+
+def merge_sessions(records: list[dict[str, Any]]) -> list[Trajectory]:
+    """Records (oldest first) grouped into trajectories, each turn knowing its next state."""
+    trajectories: list[Trajectory] = []
+    by_session: dict[str, Trajectory] = {}
+    for record in records:
+        turn = _turn(record)
+        session = record.get("session")
+        trajectory = by_session.get(session) if session else _extended(trajectories, turn)
+        if trajectory is None:
+            trajectory = Trajectory(id=session or record["id"], turns=[])
+            trajectories.append(trajectory)
+            if session:
+                by_session[session] = trajectory
+        if trajectory.turns:
+            previous = trajectory.turns[-1]
+            seen = len(previous.messages) + 1
+            previous.next_state = turn.messages[seen:] if _extends(turn, previous) else None
+        trajectory.turns.append(turn)
+    return trajectories
+
+
+def _turn(record: dict[str, Any]) -> Turn:
+    choices = record["response"].get("choices") or [{}]
+    return Turn(
+        record_id=record["id"],
+        messages=list(record["request"].get("messages", [])),
+        answer=dict(choices[0].get("message") or {}),
+        release_id=record["release_id"],
+        reports=list(record.get("reports", [])),
+    )
+
+
+def _extends(turn: Turn, previous: Turn) -> bool:
+    """True when `turn`'s messages start with `previous`'s messages and answer."""
+    before = [*previous.messages, previous.answer]
+    if len(turn.messages) <= len(before):
+        return False
+    return all(_same(a, b) for a, b in zip(turn.messages, before, strict=False))
+
+
+def _extended(trajectories: list[Trajectory], turn: Turn) -> Trajectory | None:
+    for trajectory in reversed(trajectories):
+        if trajectory.turns and _extends(turn, trajectory.turns[-1]):
+            return trajectory
+    return None
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.get("role") == b.get("role") and _text(a.get("content")) == _text(b.get("content"))
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)

@@ -1,0 +1,68 @@
+"""The learning worker as a separate process, started and stopped by `reef serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import signal
+from multiprocessing.process import BaseProcess
+
+from reef.config import ReefConfig
+from reef.engines import build_engine
+from reef.learning.recipe import load_recipe
+from reef.learning.worker import LearningWorker
+from reef.store import ExperienceStore
+
+log = logging.getLogger("reef.learning")
+
+
+def start_worker(config: ReefConfig) -> BaseProcess:
+    """A fresh interpreter (spawn), so nothing of the server's threads or model is inherited."""
+    process = multiprocessing.get_context("spawn").Process(
+        target=worker_main, args=(config,), name="reef-learning", daemon=True
+    )
+    process.start()
+    return process
+
+
+def stop_worker(process: BaseProcess, timeout: float = 30.0) -> None:
+    if process.is_alive():
+        process.terminate()  # SIGTERM: the worker finishes its await point and exits
+        process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+def worker_main(config: ReefConfig) -> None:
+    logging.basicConfig(
+        level=config.server.log_level.upper(),
+        format="%(asctime)s learning %(levelname)s %(message)s",
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_worker(config))
+
+
+async def run_worker(config: ReefConfig) -> None:
+    assert config.learning.recipe is not None
+    recipe = load_recipe(config.learning.recipe, config.learning.recipe_settings())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = ExperienceStore(config.experience_db, config.store.synchronous)
+    engine = build_engine(config.engine)
+    try:
+        await engine.start()
+        log.info(
+            "recipe %s learning on %s (%s mode)",
+            recipe.name,
+            ", ".join(config.learning.scenarios),
+            config.learning.mode,
+        )
+        await LearningWorker(config, store, recipe, engine).run(stop)
+    finally:
+        await engine.close()
+        store.close()

@@ -1,0 +1,265 @@
+"""The learning worker: asks the recipe for candidates and puts each through the gate.
+
+`reef serve` runs it in a separate process, so learning never blocks serving (it only competes
+for CPU). A step: build the scenario's experience view, ask the recipe for a batch and a proposal,
+store the proposal as a candidate that records what it consumed, gate it, and record the step's
+outcome. A recipe or gate error is logged, counted, and retried after a growing pause; it never
+stops the worker or the server.
+
+Modes: `auto` steps whenever the recipe says a batch is ready; `manual` steps only for
+instructions queued with `reef train` (`POST /reef/train`); `hybrid` does both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import sqlite_utils
+
+from reef.config import ReefConfig
+from reef.engines.base import ChatRequest, Engine
+from reef.learning.experience import ExperienceView
+from reef.learning.recipe import Recipe, StepContext
+from reef.releases.workflow import ReleaseWorkflow, engine_generate
+from reef.store import ExperienceStore, new_id
+
+log = logging.getLogger("reef.learning")
+MAX_BACKOFF_S = 300.0
+
+
+@dataclass
+class StepResult:
+    scenario: str
+    outcome: str  # waiting, no proposal, released, rejected, held, error
+    detail: str = ""
+    candidate_id: str | None = None
+
+
+class LearningWorker:
+    def __init__(
+        self,
+        config: ReefConfig,
+        store: ExperienceStore,
+        recipe: Recipe,
+        engine: Engine,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.recipe = recipe
+        self.engine = engine
+        self.workflow = ReleaseWorkflow(config, store)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def view(self, scenario: str) -> ExperienceView:
+        head = self.workflow.chain.head(scenario)
+        view = ExperienceView(
+            self.store,
+            scenario,
+            consumed=self.workflow.candidates.consumed_record_ids(scenario),
+            head_number=head.number if head else 0,
+            max_staleness=self.recipe.settings.max_staleness,
+        )
+        self._save_counts(view)
+        return view
+
+    async def step(
+        self, scenario: str, instruction: str | None = None, force: bool = False
+    ) -> StepResult:
+        """One step; without an instruction (or `force`) only when the recipe says it is ready."""
+        self._loop = asyncio.get_running_loop()
+        view = await asyncio.to_thread(self.view, scenario)
+        if instruction is None and not force and not self.recipe.ready(view):
+            return StepResult(scenario, "waiting", f"{view.counts.waiting} record(s) waiting")
+        started = time.time()
+        try:
+            result = await self._propose_and_gate(scenario, view, instruction)
+        except Exception as error:
+            result = StepResult(scenario, "error", f"{type(error).__name__}: {error}")
+            log.warning("learning step for %s failed: %s", scenario, result.detail)
+        self._save_step(result, started, instruction)
+        return result
+
+    async def _propose_and_gate(
+        self, scenario: str, view: ExperienceView, instruction: str | None
+    ) -> StepResult:
+        batch = self.recipe.build_batch(view)
+        context = await asyncio.to_thread(self._context, scenario, instruction)
+        proposal = await asyncio.to_thread(self.recipe.propose, batch, context)
+        if proposal is None:
+            return StepResult(scenario, "no proposal", "the recipe proposed nothing")
+        candidate = self.workflow.propose(
+            scenario,
+            proposal.kind,
+            proposal.files,
+            source=self.recipe.name,
+            reason=proposal.reason,
+            consumed_record_ids=proposal.consumed_record_ids,
+        )
+        generate = engine_generate(self.engine, self.workflow.eval_settings(scenario))
+        gated = await self.workflow.gate(candidate, generate, extra_tasks=proposal.eval_tasks)
+        log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
+        return StepResult(scenario, gated.state, gated.decision or "", gated.id)
+
+    def _context(self, scenario: str, instruction: str | None) -> StepContext:
+        head = self.workflow.chain.head(scenario)
+        files = self.workflow.chain.files(head.release_id) if head else {}
+        rejected = self.workflow.candidates.list(scenario, "rejected")[:5]
+        return StepContext(
+            scenario=scenario,
+            release_id=head.release_id if head else "base",
+            files=files,
+            recent_rejections=[f"{c.reason}: {c.decision}" for c in rejected],
+            instruction=instruction,
+            ask=self.ask,
+        )
+
+    def ask(self, messages: list[dict[str, str]]) -> str:
+        """The proposer model's reply (called from the recipe's thread)."""
+        learning = self.config.learning
+        if learning.proposer_url:
+            return _ask_endpoint(
+                learning.proposer_url,
+                learning.proposer_model,
+                learning.proposer_api_key_env,
+                messages,
+            )
+        assert self._loop is not None
+        request = ChatRequest.model_validate(
+            {"messages": messages, "temperature": 0.7, "max_tokens": 400}
+        )
+        running = asyncio.run_coroutine_threadsafe(self.engine.complete(request), self._loop)
+        return str(running.result().response["choices"][0]["message"].get("content") or "")
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Step every scenario each interval until `stop`; a failing scenario waits longer."""
+        interval = self.config.learning.interval_s
+        backoff: dict[str, float] = {}  # scenario -> current pause after errors
+        retry_at: dict[str, float] = {}
+        while not stop.is_set():
+            for scenario in self.config.learning.scenarios:
+                if time.monotonic() < retry_at.get(scenario, 0.0):
+                    continue
+                result = await self._next_step(scenario)
+                if result is not None and result.outcome == "error":
+                    backoff[scenario] = min(MAX_BACKOFF_S, 2 * backoff.get(scenario, interval))
+                    retry_at[scenario] = time.monotonic() + backoff[scenario]
+                else:
+                    backoff.pop(scenario, None)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    async def _next_step(self, scenario: str) -> StepResult | None:
+        mode = self.config.learning.mode
+        if mode in ("manual", "hybrid"):
+            instruction = self._take_instruction(scenario)
+            if instruction is not None:
+                return await self.step(scenario, instruction)
+        if mode in ("auto", "hybrid"):
+            return await self.step(scenario)
+        return None
+
+    # -- bookkeeping in experience.db ----------------------------------------------------------
+
+    def _take_instruction(self, scenario: str) -> str | None:
+        def take(db: sqlite_utils.Database) -> str | None:
+            row = db.execute(
+                "SELECT seq, instruction FROM train_requests "
+                "WHERE scenario = ? AND taken_at IS NULL ORDER BY seq LIMIT 1",
+                [scenario],
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute(
+                "UPDATE train_requests SET taken_at = ? WHERE seq = ?", [time.time(), row[0]]
+            )
+            return str(row[1])
+
+        return self.store.write(take).result()
+
+    def _save_counts(self, view: ExperienceView) -> None:
+        counts = view.counts
+        row = {
+            "scenario": view.scenario,
+            "waiting": counts.waiting,
+            "consumed": counts.consumed,
+            "stale_skipped": counts.stale_skipped,
+            "updated_at": time.time(),
+        }
+        self.store.write(lambda db: db.table("learning_status").upsert(row, pk="scenario")).result()
+
+    def _save_step(self, result: StepResult, started: float, instruction: str | None) -> None:
+        row = {
+            "scenario": result.scenario,
+            "started_at": started,
+            "finished_at": time.time(),
+            "outcome": result.outcome,
+            "error": result.detail if result.outcome == "error" else None,
+            "candidate_id": result.candidate_id,
+            "instruction": instruction,
+        }
+        self.store.write(lambda db: db.table("learning_steps").insert(row)).result()
+
+
+def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -> str:
+    """Queue a `reef train` instruction for the worker; returns its id."""
+    request_id = new_id("train")
+    row = {
+        "id": request_id,
+        "scenario": scenario,
+        "instruction": instruction,
+        "created_at": time.time(),
+    }
+    store.write(lambda db: db.table("train_requests").insert(row)).result()
+    return request_id
+
+
+def learning_status(store: ExperienceStore) -> dict[str, Any]:
+    """Per scenario: records waiting, consumed, stale skipped, batches built, the last step."""
+    status: dict[str, Any] = {}
+    for row in store.query("SELECT * FROM learning_status"):
+        status[row["scenario"]] = {k: row[k] for k in ("waiting", "consumed", "stale_skipped")}
+    for row in store.query(
+        "SELECT scenario, COUNT(*) AS steps FROM learning_steps GROUP BY scenario"
+    ):
+        status.setdefault(row["scenario"], {})["batches_built"] = row["steps"]
+    for row in store.query(
+        "SELECT * FROM learning_steps "
+        "WHERE seq IN (SELECT MAX(seq) FROM learning_steps GROUP BY scenario)"
+    ):
+        status.setdefault(row["scenario"], {})["last_step"] = {
+            "outcome": row["outcome"],
+            "error": row["error"],
+            "candidate_id": row["candidate_id"],
+            "finished_at": row["finished_at"],
+        }
+    return status
+
+
+def _ask_endpoint(
+    url: str, model: str | None, key_env: str | None, messages: list[dict[str, str]]
+) -> str:
+    headers = {"x-reef-capture": "false"}
+    if key_env and os.environ.get(key_env):
+        headers["Authorization"] = f"Bearer {os.environ[key_env]}"
+    body = {
+        "model": model or "default",
+        "messages": messages,
+        "temperature": 0.7,
+        "max_tokens": 400,
+    }
+    response = httpx.post(
+        f"{url.rstrip('/')}/chat/completions", json=body, headers=headers, timeout=300
+    )
+    response.raise_for_status()
+    return str(response.json()["choices"][0]["message"].get("content") or "")

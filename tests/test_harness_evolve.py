@@ -1,0 +1,147 @@
+"""The harness_evolve recipe: mutations, proposers, and garbage that never becomes a candidate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from recipes.harness_evolve.mutations import Mutation, MutationRefused, apply, parse_mutation
+from recipes.harness_evolve.proposers import RuleProposer
+from recipes.harness_evolve.recipe import HarnessEvolve
+
+from reef.learning.experience import Trajectory, Turn
+from reef.learning.recipe import RecipeError, StepContext, load_recipe
+
+SIGN_OFF = "End every answer with the line: Cheers, Reef"
+
+
+def turn(
+    record_id: str,
+    prompt: str,
+    answer: str,
+    score: float | None = 0.0,
+    feedback: str | None = SIGN_OFF,
+) -> Turn:
+    reports = [{"score": score, "feedback": feedback}]
+    return Turn(
+        record_id,
+        [{"role": "user", "content": prompt}],
+        {"role": "assistant", "content": answer},
+        "base",
+        reports,
+    )
+
+
+def context(
+    files: dict[str, bytes] | None = None, reply: str | None = None, asked: list | None = None
+) -> StepContext:
+    def ask(messages: list[dict[str, str]]) -> str:
+        if asked is not None:
+            asked.append(messages)
+        return reply or ""
+
+    return StepContext("default", "base", files or {}, recent_rejections=["rule x: worse"], ask=ask)
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        ("I think the harness is fine.", "no JSON object"),
+        ('{"op": "rename", "path": "rules/a.md", "content": "x"}', "op must be"),
+        ('{"op": "create", "path": "../../etc/passwd", "content": "x"}', "outside the harness"),
+        ('{"op": "create", "path": "/abs.md", "content": "x"}', "outside the harness"),
+        ('{"op": "create", "path": "rules/a.md", "content": "  "}', "empty content"),
+        ('{"op": "create", "path": "rules/a.md", "content": "' + "x" * 9000 + '"}', "over 8000"),
+        (
+            '{"op": "create", "path": "examples.jsonl", "content": "not json"}',
+            "examples.jsonl lines",
+        ),
+        ('{"op": "create", "path": "rules/a.md", "content": 5}', "must be strings"),
+    ],
+)
+def test_garbage_proposals_are_refused_with_a_reason(reply: str, says: str) -> None:
+    with pytest.raises(MutationRefused, match=says):
+        parse_mutation(reply, max_bytes=8000)
+
+
+def test_a_mutation_is_found_inside_chatter_and_applied_to_a_copy() -> None:
+    reply = (
+        'Sure! {"op": "create", "path": "rules/tone.md", "content": "Be kind.", "reason": "rude"}'
+    )
+    mutation = parse_mutation(reply, max_bytes=8000)
+    files = {"AGENTS.md": b"You help."}
+    changed = apply(files, mutation)
+    assert changed == {"AGENTS.md": b"You help.", "rules/tone.md": b"Be kind."}
+    assert files == {"AGENTS.md": b"You help."}
+    with pytest.raises(MutationRefused, match="already exists"):
+        apply(changed, mutation)
+    with pytest.raises(MutationRefused, match="does not exist"):
+        apply(files, Mutation("remove", "rules/none.md", "", "x"))
+
+
+def test_rule_proposer_turns_a_sign_off_request_into_examples() -> None:
+    failures = [
+        turn("r1", "What is 2+2?", "The answer is 4. It is simple."),
+        turn("r2", "Name a fruit.", "An apple."),
+    ]
+    mutation = RuleProposer(max_examples=4).propose(failures, context())
+    assert isinstance(mutation, Mutation) and mutation.path == "examples.jsonl"
+    examples = [json.loads(line) for line in mutation.content.splitlines()]
+    assert examples == [
+        {"user": "What is 2+2?", "assistant": "The answer is 4.\nCheers, Reef"},
+        {"user": "Name a fruit.", "assistant": "An apple.\nCheers, Reef"},
+    ]
+
+
+def test_rule_proposer_keeps_other_feedback_as_a_rule() -> None:
+    failures = [turn("r1", "Hi", "Yo.", feedback="Please greet me formally.")]
+    mutation = RuleProposer().propose(failures, context())
+    assert isinstance(mutation, Mutation)
+    assert (mutation.op, mutation.path, mutation.content) == (
+        "create",
+        "rules/feedback.md",
+        "- Please greet me formally.\n",
+    )
+
+
+def test_recipe_batches_failing_turns_and_proposes_with_the_rule_proposer() -> None:
+    recipe = load_recipe(
+        "harness_evolve",
+        {
+            "proposer": "rule",
+            "batch_size": 2,
+            "scorer": {"type": "regex", "pattern": "Cheers, Reef$"},
+        },
+    )
+    assert isinstance(recipe, HarnessEvolve)
+    good = Trajectory("g", [turn("g", "Hello", "Hi.\nCheers, Reef", score=1.0, feedback=None)])
+    bad = [Trajectory(f"b{n}", [turn(f"b{n}", f"Question {n}?", "An answer.")]) for n in range(2)]
+    proposal = recipe.propose([good, *bad], context({"AGENTS.md": b"You help."}))
+    assert proposal is not None and proposal.kind == "harness"
+    assert set(proposal.files) == {"AGENTS.md", "examples.jsonl"}
+    assert proposal.consumed_record_ids == ["g", "b0", "b1"]
+    assert [t.id for t in proposal.eval_tasks] == ["failing:b0", "failing:b1"]
+
+
+def test_llm_proposer_sees_failures_and_rejections_and_garbage_is_refused() -> None:
+    recipe = load_recipe("harness_evolve", {"proposer": "llm", "batch_size": 1})
+    batch = [Trajectory("b", [turn("b", "What is 2+2?", "Five.")])]
+    asked: list = []
+    with pytest.raises(MutationRefused, match="no JSON object"):
+        recipe.propose(batch, context(reply="I cannot help with that.", asked=asked))
+    prompt = asked[0][0]["content"]
+    assert "What is 2+2?" in prompt and SIGN_OFF in prompt and "rule x: worse" in prompt
+    good = '{"op": "create", "path": "rules/math.md", "content": "Check sums.", "reason": "wrong"}'
+    proposal = recipe.propose(batch, context(reply=good))
+    assert proposal is not None and proposal.files["rules/math.md"] == b"Check sums."
+
+
+def test_bad_recipe_references_and_settings_are_named() -> None:
+    with pytest.raises(RecipeError, match="neither a built-in"):
+        load_recipe("nope", {})
+    with pytest.raises(RecipeError, match="cannot import recipe module 'no_such_module'"):
+        load_recipe("no_such_module:Recipe", {})
+    with pytest.raises(RecipeError, match="not a Recipe subclass"):
+        load_recipe("reef.config:ReefConfig", {})
+    with pytest.raises(RecipeError, match="threshhold: unknown key"):
+        load_recipe("harness_evolve", {"threshhold": 0.2})
