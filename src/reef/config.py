@@ -63,6 +63,9 @@ class LlamaCppConfig(_Section):
     n_ctx: int = Field(8192, ge=256)
     n_threads: int | None = Field(None, ge=1)
     n_batch: int = Field(512, ge=1)
+    # A request that sets no max_tokens generates at most this many (small models can ramble
+    # until the context is full, minutes on a CPU).
+    default_max_tokens: int = Field(1024, ge=1)
 
 
 class EngineConfig(_Section):

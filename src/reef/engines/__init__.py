@@ -34,6 +34,7 @@ def build_engine(config: EngineConfig) -> Engine:
             n_ctx=llama.n_ctx,
             n_threads=llama.n_threads,
             n_batch=llama.n_batch,
+            default_max_tokens=llama.default_max_tokens,
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine

@@ -101,6 +101,7 @@ class LlamaCppEngine:
         n_ctx: int = 8192,
         n_threads: int | None = None,
         n_batch: int = 512,
+        default_max_tokens: int = 1024,
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -108,6 +109,7 @@ class LlamaCppEngine:
         self.n_ctx = n_ctx
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.n_batch = n_batch
+        self.default_max_tokens = default_max_tokens
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reef-llamacpp")
         self._llm: Any = None
         self._formatter: Any = None
@@ -301,9 +303,9 @@ class LlamaCppEngine:
                 f"the prompt is {prompt_length} tokens and the engine's context window is "
                 f"{self.n_ctx}: shorten the messages or raise engine.llamacpp.n_ctx"
             )
-        wanted = request.token_limit()
+        wanted = request.token_limit() or self.default_max_tokens
         return _Sampling(
-            max_tokens=min(wanted, room) if wanted else room,
+            max_tokens=min(wanted, room),
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             stops=request.stop_sequences(),

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.errors import ReefError
-from reef.server import openai_routes, reef_routes, release_routes
+from reef.server import harness_routes, openai_routes, reef_routes, release_routes
 from reef.server.auth import BearerAuth
 from reef.server.state import ServerState
 
@@ -68,6 +68,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/reef/status", reef_routes.status, methods=["GET"]),
         Route("/reef/train", reef_routes.train, methods=["POST"]),
         *release_routes.routes,
+        *harness_routes.routes,
     ]
     app = Starlette(
         routes=routes,

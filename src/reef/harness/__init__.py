@@ -1,0 +1,1 @@
+"""The harness side: rendering a scenario's harness for coding agents, and install scripts."""

@@ -1,0 +1,119 @@
+"""Harness adapters: one folder per client under `harness_adapters/` (adapter.json plus an
+`install.sh.j2` template) that renders a scenario's current harness into a POSIX install script.
+
+Every value placed in a script is checked against a strict pattern first (the base URL comes
+from the request's Host header), and file contents go into quoted heredocs whose delimiter is
+chosen so that no content line can end them. Scripts never contain a token: they read
+REEF_TOKEN when they run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import jinja2
+
+from reef.errors import BadRequest, NotFound
+
+ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:@/+-]{1,200}$")
+SAFE_PATH = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_./-]{0,200}$")
+HOST = re.compile(r"^[A-Za-z0-9.:-]+$")  # a name, an IPv4 or an (unbracketed) IPv6 address
+PI_VERSION = "0.73"
+
+
+def adapters_dir() -> Path:
+    installed = Path(__file__).resolve().parents[1] / "_harness_adapters"
+    if installed.is_dir():
+        return installed
+    source_tree = Path(__file__).resolve().parents[3] / "harness_adapters"
+    if source_tree.is_dir():
+        return source_tree
+    raise FileNotFoundError("Reef's harness adapters are missing: reinstall reef")
+
+
+def list_adapters() -> list[dict[str, Any]]:
+    found = []
+    for descriptor in sorted(adapters_dir().glob("*/adapter.json")):
+        found.append(json.loads(descriptor.read_text()))
+    return found
+
+
+def _adapter_folder(name: str) -> Path:
+    known = [a["name"] for a in list_adapters()]
+    if not ADAPTER_NAME.match(name) or name not in known:
+        raise NotFound(
+            f"no harness adapter {name!r}; adapters: {', '.join(known)}", code="unknown_adapter"
+        )
+    return adapters_dir() / name
+
+
+def safe_base_url(url: str) -> str:
+    """scheme://host[:port] of the URL the request reached, refusing anything else."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not HOST.match(
+        host if ":" not in host else f"[{host}]"
+    ):
+        raise BadRequest(f"cannot build an install script for the address {url!r}")
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{netloc}" + (f":{parts.port}" if parts.port else "")
+
+
+def _checked(name: str, value: str) -> str:
+    if not SAFE_VALUE.match(value):
+        raise BadRequest(f"{name} {value!r} cannot be written into an install script")
+    return value
+
+
+def _delimiter(text: str) -> str:
+    tag = "REEF_" + hashlib.sha256(text.encode()).hexdigest()[:16].upper()
+    assert tag not in text.splitlines()
+    return tag
+
+
+def render_install(
+    adapter: str,
+    *,
+    base_url: str,
+    scenario: str,
+    release_id: str,
+    model: str,
+    files: dict[str, bytes],
+    system_prompt: str,
+    context_window: int,
+    max_tokens: int = 1024,
+) -> str:
+    folder = _adapter_folder(adapter)
+    text_files = {}
+    for path, data in sorted(files.items()):
+        if not SAFE_PATH.match(path) or ".." in path.split("/"):
+            continue
+        try:
+            text = data.decode().rstrip("\n")
+        except UnicodeDecodeError:
+            continue  # weights and other binaries are not part of a harness tree
+        text_files[path] = (text, _delimiter(text))
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder),
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )
+    return env.get_template("install.sh.j2").render(
+        base_url=safe_base_url(base_url),
+        scenario=_checked("scenario", scenario),
+        release_id=_checked("release id", release_id),
+        model=_checked("model", model),
+        files=text_files,
+        system_prompt=system_prompt.rstrip("\n"),
+        delimiter=_delimiter(system_prompt),
+        context_window=int(context_window),
+        max_tokens=int(max_tokens),
+        pi_version=PI_VERSION,
+    )

@@ -1,0 +1,195 @@
+"""Harness adapters and their install scripts, run for real in a temporary HOME.
+
+The pi test runs the real pi coding agent (npm @mariozechner/pi-coding-agent, installed by the
+script when missing; .ci/run installs it beforehand) against Reef serving the embedded model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reef.testing.artifacts import harness
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+from tests.conftest import TOKEN
+
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def publish(folder: Path, project: Path) -> None:
+    result = subprocess.run(
+        [
+            "python",
+            "-m",
+            "reef",
+            "release",
+            "publish",
+            str(folder),
+            "--kind",
+            "harness",
+            "--approve",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("harness-project")
+    (folder / "reef.yaml").write_text("engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2}\n")
+    tree = harness(folder / "h1", "You are a coding agent. Answer briefly.", {"max_tokens": 24})
+    (tree / "skills/search").mkdir(parents=True)
+    (tree / "skills/search/SKILL.md").write_text(
+        "---\ndescription: search the code\n---\nUse grep.\n"
+    )
+    publish(tree, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(project: Path) -> Iterator[ServerProcess]:
+    with reef_serve(project, free_port(), env={"REEF_TOKEN": TOKEN}).start() as running:
+        yield running
+
+
+def script(server: ServerProcess, adapter: str) -> str:
+    response = httpx.get(
+        f"{server.url}/reef/harness/install", params={"adapter": adapter}, headers=HEADERS
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/x-shellscript")
+    return response.text
+
+
+def run_script(text: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HOME": str(home), "REEF_TOKEN": TOKEN, **env},
+    )
+
+
+@pytest.mark.parametrize("adapter", ["pi", "openai-env"])
+def test_install_scripts_are_valid_sh_and_hold_no_token(
+    server: ServerProcess, adapter: str
+) -> None:
+    text = script(server, adapter)
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    assert TOKEN not in text
+    assert server.url in text and "default@1" in text
+
+
+def test_adapters_are_listed_and_unknown_ones_are_404(server: ServerProcess) -> None:
+    listed = httpx.get(f"{server.url}/reef/harness/adapters", headers=HEADERS).json()["data"]
+    assert {a["name"] for a in listed} == {"pi", "openai-env"}
+    for name in ("vim", "../pi", "pi/../../etc", "PI"):
+        response = httpx.get(
+            f"{server.url}/reef/harness/install", params={"adapter": name}, headers=HEADERS
+        )
+        assert response.status_code == 404
+        assert "openai-env" in response.json()["error"]["message"]
+
+
+def test_a_hostile_host_header_cannot_reach_the_script(server: ServerProcess) -> None:
+    for host in ("evil$(id)", "x';rm -rf ~;'", "a`b`"):
+        response = httpx.get(
+            f"{server.url}/reef/harness/install",
+            params={"adapter": "pi"},
+            headers={**HEADERS, "host": host},
+        )
+        # Refused, or a script with the server's own address: never with the header's text.
+        if response.status_code == 200:
+            assert host not in response.text and f"REEF_URL='{server.url}'" in response.text
+        else:
+            assert response.status_code == 400
+
+
+def test_current_harness_is_served(server: ServerProcess) -> None:
+    current = httpx.get(f"{server.url}/reef/harness", headers=HEADERS).json()
+    assert current["release_id"] == "default@1"
+    assert current["files"]["skills/search/SKILL.md"].startswith("---")
+    assert "- search: search the code" in current["system_prompt"]
+
+
+def test_openai_env_installs_an_environment_file(server: ServerProcess, tmp_path: Path) -> None:
+    result = run_script(script(server, "openai-env"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    env_file = tmp_path / ".reef/harness/openai-env/default/env"
+    sourced = subprocess.run(
+        ["sh", "-c", f". {env_file} && echo $OPENAI_BASE_URL $OPENAI_API_KEY"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "REEF_TOKEN": TOKEN},
+    )
+    assert sourced.stdout.split() == [f"{server.url}/v1", TOKEN]
+    assert TOKEN not in env_file.read_text()
+    prompt = (tmp_path / ".reef/harness/openai-env/default/system_prompt.md").read_text()
+    assert prompt.startswith("You are a coding agent.")
+
+
+@pytest.mark.skipif(
+    shutil.which("pi") is None and shutil.which("npm") is None,
+    reason="needs pi or npm (CI installs pi)",
+)
+def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Path) -> None:
+    result = run_script(script(server, "pi"), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / ".pi/agent/skills/search/SKILL.md").exists()
+    bin_dir = tmp_path / ".local/bin"
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "REEF_TOKEN": TOKEN,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+
+    def reef_pi(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["reef-pi", *args], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
+        )
+
+    ran = reef_pi("-p", "Say hello.")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.strip()
+    session = (tmp_path / ".reef/harness/pi/default/last-session").read_text().strip()
+    records = httpx.get(
+        f"{server.url}/reef/records", params={"order": "desc", "limit": 50}, headers=HEADERS
+    ).json()["data"]
+    mine = [r for r in records if r["session"] == session]
+    assert mine, "pi's calls should be recorded under the reef-pi session"
+    assert all(r["release_id"] == "default@1" for r in mine)
+    assert any(r["request"].get("tools") for r in mine), "pi sends its tools"
+
+    reported = reef_pi("report", "--score", "1", "--feedback", "good")
+    assert reported.returncode == 0, reported.stderr
+    report_id = reported.stdout.strip()
+    newest = mine[0]["id"]  # reef-pi report scores the session's last call
+    record = httpx.get(f"{server.url}/reef/records/{newest}", headers=HEADERS).json()
+    assert [r["id"] for r in record["reports"]] == [report_id]
+
+    publish(harness(project / "h2", "You are a careful coding agent.", {"max_tokens": 24}), project)
+    deadline = time.monotonic() + 5
+    while (
+        httpx.get(f"{server.url}/reef/harness", headers=HEADERS).json()["release_id"] != "default@2"
+    ):
+        assert time.monotonic() < deadline
+    again = reef_pi("-p", "Say hi.")
+    assert "a new harness version is available (default@1 → default@2)" in again.stderr
+    updated = reef_pi("update")
+    assert updated.returncode == 0, updated.stderr
+    assert (tmp_path / ".reef/harness/pi/default/release").read_text().strip() == "default@2"
