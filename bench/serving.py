@@ -463,7 +463,11 @@ def warm_up(load: Load, count: int) -> None:
 def measure_rounds(
     loads: list[Load], counts: list[tuple[int, int]], options: Options
 ) -> list[Measurement]:
-    """Each load at each (concurrency, total requests), interleaved over `options.rounds`."""
+    """Each load at each (concurrency, total requests), interleaved over `options.rounds`.
+
+    Odd rounds take the loads in order, even rounds in reverse, so no setting always runs
+    first or last.
+    """
     results = {
         (load.setting, concurrency): Measurement(load.part, load.setting, concurrency)
         for concurrency, _ in counts
@@ -473,7 +477,7 @@ def measure_rounds(
         console.print(f" round {number} of {options.rounds}", highlight=False)
         for concurrency, total in counts:
             per_round = math.ceil(total / options.rounds)
-            for load in loads:
+            for load in loads if number % 2 else reversed(loads):
                 block = measure_block(load, concurrency, per_round, options)
                 results[load.setting, concurrency].blocks.append(block)
     return list(results.values())
@@ -617,7 +621,12 @@ def run_engine_part(options: Options) -> EngineRun:
         pids = pids_of(stock, stock_b, reef)
         off = {"x-reef-capture": "false"}
 
-        def engine_load(setting: str, server: ServerProcess, body: dict[str, Any], headers=None):
+        def engine_load(
+            setting: str,
+            server: ServerProcess,
+            body: dict[str, Any],
+            headers: dict[str, str] | None = None,
+        ) -> Load:
             return Load("engine", setting, server.url, body, headers or {}, server_pids=pids)
 
         loads = [
@@ -754,10 +763,20 @@ def find(measurements: list[Measurement], setting: str, concurrency: int) -> Mea
     return None
 
 
-def ratio(value: float, baseline: float) -> str:
-    if not baseline or math.isnan(baseline) or math.isnan(value):
-        return "-"
-    return f"{value / baseline:.2f}x"
+def paired_ratio(m: Measurement, baseline: Measurement, rate: str) -> float:
+    """Median over rounds of m's rate / the baseline's rate in the same round.
+
+    Rounds where other processes took the CPUs (flagged noisy) are left out, unless all were.
+    """
+    pairs = list(zip(m.blocks, baseline.blocks, strict=True))
+    clean = [(a, b) for a, b in pairs if max(a.other_cores, b.other_cores) <= NOISY_CORES]
+    ratios = [getattr(a, rate) / getattr(b, rate) for a, b in clean or pairs if getattr(b, rate)]
+    return median(ratios)
+
+
+def ratio_cell(m: Measurement, baseline: Measurement | None, rate: str) -> str:
+    value = paired_ratio(m, baseline, rate) if baseline else math.nan
+    return "-" if math.isnan(value) else f"{value:.2f}x"
 
 
 def ms(value: float) -> str:
@@ -771,8 +790,8 @@ def spread(values: list[float]) -> str:
 def engine_table(measurements: list[Measurement], options: Options) -> Table:
     table = Table(
         title=f"Engine throughput: SmolLM2-135M Q4_1, greedy, max_tokens {options.max_tokens}, "
-        f"n_ctx {N_CTX}, {N_THREADS} threads; tok/s is the median of {options.rounds} rounds, "
-        f"ratio is tok/s vs {BASELINE_A!r}",
+        f"n_ctx {N_CTX}, {N_THREADS} threads; tok/s: median of {options.rounds} rounds; "
+        f"ratio: median of the rounds' tok/s vs {BASELINE_A!r} in the same round",
         caption="A: stock server, --logits_all false.  B: stock server, --logits_all true, "
         "requests ask logprobs (top_logprobs 1), as does 'Reef, recording on, logprobs'.  "
         f"All requests send seed {SEED} but 'no seed'.",
@@ -792,15 +811,16 @@ def engine_table(measurements: list[Measurement], options: Options) -> Table:
             spread([block.tokens_per_s for block in m.blocks]),
             ms(m.latency_ms(50)),
             ms(m.latency_ms(95)),
-            ratio(m.tokens_per_s, baseline.tokens_per_s) if baseline else "-",
+            ratio_cell(m, baseline, "tokens_per_s"),
         )
     return table
 
 
 def upstream_table(measurements: list[Measurement], options: Options) -> Table:
     table = Table(
-        title=f"Upstream overhead: chat requests to the loopback peer; req/s is the median of "
-        f"{options.rounds} rounds; +p50, +p95 and ratio of req/s vs {PEER_DIRECT!r}",
+        title=f"Upstream overhead: chat requests to the loopback peer; req/s: median of "
+        f"{options.rounds} rounds; +p50, +p95 vs {PEER_DIRECT!r}; ratio: median of the rounds' "
+        "req/s vs it in the same round",
         caption="Reef's defaults: store.synchronous full (an fsync per commit) and "
         "server.log_level info; 'sync normal' changes only the first, 'log warning' only the "
         "second.",
@@ -812,7 +832,11 @@ def upstream_table(measurements: list[Measurement], options: Options) -> Table:
         table.add_column(name, justify="left" if name == "setting" else "right")
     for m in sorted(measurements, key=lambda m: m.concurrency):
         direct = find(measurements, PEER_DIRECT, m.concurrency)
-        through_reef = direct is not None and m.setting != PEER_DIRECT
+        added = (
+            [m.latency_ms(q) - direct.latency_ms(q) for q in (50, 95)]
+            if direct is not None and m.setting != PEER_DIRECT
+            else []
+        )
         table.add_row(
             m.setting,
             str(m.concurrency),
@@ -820,9 +844,8 @@ def upstream_table(measurements: list[Measurement], options: Options) -> Table:
             f"{m.requests_per_s:.0f}",
             ms(m.latency_ms(50)),
             ms(m.latency_ms(95)),
-            ms(m.latency_ms(50) - direct.latency_ms(50)) if through_reef else "",
-            ms(m.latency_ms(95) - direct.latency_ms(95)) if through_reef else "",
-            ratio(m.requests_per_s, direct.requests_per_s) if direct else "-",
+            *([ms(value) for value in added] if added else ["", ""]),
+            ratio_cell(m, direct, "requests_per_s"),
         )
     return table
 
@@ -836,7 +859,7 @@ def requests_cell(m: Measurement) -> str:
 
 def noise_notes(measurements: list[Measurement]) -> list[str]:
     return [
-        f"[yellow]noisy:[/] {m.setting}, c={m.concurrency}, round {number}: other processes "
+        f"noisy: {m.setting}, c={m.concurrency}, round {number}: other processes "
         f"used {block.other_cores:.2f} cores meanwhile"
         for m in measurements
         for number, block in enumerate(m.blocks, start=1)
@@ -849,8 +872,8 @@ def engine_targets(measurements: list[Measurement]) -> list[Target]:
     for concurrency in ENGINE_CONCURRENCY:
         on = find(measurements, REEF_ON, concurrency)
         off = find(measurements, REEF_OFF, concurrency)
-        if on and off and off.tokens_per_s:
-            cost = 1 - on.tokens_per_s / off.tokens_per_s
+        if on and off:
+            cost = 1 - paired_ratio(on, off, "tokens_per_s")
             name = f"cost of recording (1 - on/off tok/s), c={concurrency}"
             targets.append(Target(name, cost * 100, MAX_RECORDING_COST * 100, "%"))
     return targets
@@ -936,6 +959,12 @@ def main(argv: list[str] | None = None) -> int:
             "n_threads": N_THREADS,
         },
     }
+    (e1, e4), (u1, u32) = options.engine_requests, options.upstream_requests
+    console.print(
+        f"Settings: {options.rounds} rounds; engine: {e1} requests at c=1, {e4} at c=4, "
+        f"max_tokens {options.max_tokens}; upstream: {u1} requests at c=1, {u32} at c=32",
+        highlight=False,
+    )
     started = time.perf_counter()
     targets: list[Target] = []
     tables: list[Table] = []
@@ -957,6 +986,7 @@ def main(argv: list[str] | None = None) -> int:
         notes += noise_notes(upstream)
         report["upstream"] = {"baseline": PEER_DIRECT, "rows": [m.to_json() for m in upstream]}
     report["targets"] = [t.to_json() for t in targets]
+    report["notes"] = notes
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
 
     console.rule("[bold]Results")

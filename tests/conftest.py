@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from reef.engines.llamacpp import LlamaCppEngine
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 TOKEN = "test-token-4f1c"
@@ -43,3 +45,12 @@ def http(llama_server: ServerProcess) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=llama_server.url, headers=headers, timeout=60) as session:
         yield session
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaCppEngine]:
+    """The embedded model in process, for tests of the engine and of evaluation."""
+    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2)
+    asyncio.run(loaded.start())
+    yield loaded
+    asyncio.run(loaded.close())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,14 +11,6 @@ import pytest
 from reef.engines.base import ChatRequest, Completion
 from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path
 from reef.errors import BadRequest, Unsupported
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LlamaCppEngine]:
-    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2)
-    asyncio.run(loaded.start())
-    yield loaded
-    asyncio.run(loaded.close())
 
 
 def chat(**fields: Any) -> ChatRequest:

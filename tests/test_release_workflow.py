@@ -25,14 +25,6 @@ SHORT = {"type": "python", "function": "tests.support.scorers:short"}
 SHORT_TASKS = [{"id": f"t{n}", "messages": STORY, "scorer": SHORT} for n in range(2)]
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LlamaCppEngine]:
-    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2)
-    asyncio.run(loaded.start())
-    yield loaded
-    asyncio.run(loaded.close())
-
-
 def project(folder: Path, tasks: list[dict], gate: str = "") -> ReefConfig:
     (folder / "evals").mkdir(parents=True, exist_ok=True)
     (folder / "evals/default.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from reef.learning.recipe import ProposalRefused
+
 OPS = ("create", "update", "remove")
 EDITABLE = re.compile(
     r"^(AGENTS\.md|examples\.jsonl|rules/[a-z0-9_-]+\.md|skills/[a-z0-9_-]+/SKILL\.md)$"
 )
 
 
-class MutationRefused(ValueError):
+class MutationRefused(ProposalRefused):
     """The proposal is not a usable mutation; the message says why."""
 
 

@@ -70,12 +70,11 @@ class RuleProposer:
         existing = context.files.get("examples.jsonl", b"").decode().splitlines()
         shown = [json.loads(e) for e in existing if e.strip()]
         for turn in failures:
-            if len(shown) >= self.max_examples:
-                break
             first_sentence = re.split(r"(?<=[.!?])\s", turn.answer_text.strip(), maxsplit=1)[0]
             answer = (first_sentence[:160] or "Here you are.") + f"\n{line}"
             if turn.prompt and all(e["user"] != turn.prompt for e in shown):
                 shown.append({"user": turn.prompt, "assistant": answer})
+        shown = shown[-self.max_examples :]  # the newest failures replace the oldest examples
         content = "".join(json.dumps(e) + "\n" for e in shown)
         op = "update" if "examples.jsonl" in context.files else "create"
         return Mutation(

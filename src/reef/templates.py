@@ -7,14 +7,19 @@ from pathlib import Path
 import jinja2
 
 
-def templates_dir() -> Path:
-    installed = Path(__file__).parent / "_templates"
+def shipped_dir(name: str) -> Path:
+    """A folder shipped beside the package: `reef/_<name>` in a wheel, `<name>/` in the source."""
+    installed = Path(__file__).parent / f"_{name}"
     if installed.is_dir():
         return installed
-    source_tree = Path(__file__).resolve().parents[2] / "templates"
+    source_tree = Path(__file__).resolve().parents[2] / name
     if source_tree.is_dir():
         return source_tree
-    raise FileNotFoundError("Reef's templates are missing: reinstall reef")
+    raise FileNotFoundError(f"Reef's {name} folder is missing: reinstall reef")
+
+
+def templates_dir() -> Path:
+    return shipped_dir("templates")
 
 
 def environment() -> jinja2.Environment:

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import jinja2
 
 from reef.errors import BadRequest, NotFound
+from reef.templates import shipped_dir
 
 ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:@/+-]{1,200}$")
@@ -28,13 +29,7 @@ PI_VERSION = "0.73"
 
 
 def adapters_dir() -> Path:
-    installed = Path(__file__).resolve().parents[1] / "_harness_adapters"
-    if installed.is_dir():
-        return installed
-    source_tree = Path(__file__).resolve().parents[3] / "harness_adapters"
-    if source_tree.is_dir():
-        return source_tree
-    raise FileNotFoundError("Reef's harness adapters are missing: reinstall reef")
+    return shipped_dir("harness_adapters")
 
 
 def list_adapters() -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 from multiprocessing.process import BaseProcess
 
@@ -52,6 +53,7 @@ async def run_worker(config: ReefConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(_stop_when_orphaned(stop))
     store = ExperienceStore(config.experience_db, config.store.synchronous)
     engine = build_engine(config.engine)
     try:
@@ -64,5 +66,16 @@ async def run_worker(config: ReefConfig) -> None:
         )
         await LearningWorker(config, store, recipe, engine).run(stop)
     finally:
+        watcher.cancel()
         await engine.close()
         store.close()
+
+
+async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+    """A server killed with -9 cannot stop its worker: the worker notices and stops itself."""
+    parent = os.getppid()
+    while not stop.is_set():
+        if os.getppid() != parent:
+            log.warning("the server is gone: the learning worker stops")
+            stop.set()
+        await asyncio.sleep(1)

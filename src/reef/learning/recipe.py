@@ -44,6 +44,11 @@ class RecipeError(ReefError):
     code = "bad_recipe"
 
 
+class ProposalRefused(Exception):
+    """A recipe's proposer produced nothing usable this step (garbage, or no change): the step
+    ends with no candidate and this message in the log and the status, never with a crash."""
+
+
 class RecipeSettings(BaseModel):
     """Settings every recipe has; a recipe's own `Settings` subclass adds its keys."""
 
@@ -95,7 +100,8 @@ class Recipe:
         return view.trajectories[: self.settings.batch_size]
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        """A candidate artifact built from the batch, or None to propose nothing this step."""
+        """A candidate artifact built from the batch, or None to propose nothing this step
+        (raise ProposalRefused to say why)."""
         raise NotImplementedError
 
 

@@ -26,7 +26,7 @@ import sqlite_utils
 from reef.config import ReefConfig
 from reef.engines.base import ChatRequest, Engine
 from reef.learning.experience import ExperienceView
-from reef.learning.recipe import Recipe, StepContext
+from reef.learning.recipe import ProposalRefused, Recipe, StepContext
 from reef.releases.workflow import ReleaseWorkflow, engine_generate
 from reef.store import ExperienceStore, new_id
 
@@ -82,6 +82,9 @@ class LearningWorker:
         started = time.time()
         try:
             result = await self._propose_and_gate(scenario, view, instruction)
+        except ProposalRefused as refused:
+            result = StepResult(scenario, "no proposal", str(refused))
+            log.info("learning step for %s proposed nothing: %s", scenario, refused)
         except Exception as error:
             result = StepResult(scenario, "error", f"{type(error).__name__}: {error}")
             log.warning("learning step for %s failed: %s", scenario, result.detail)

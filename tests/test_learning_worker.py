@@ -1,0 +1,100 @@
+"""The learning worker's steps on real stores, with a real proposer model over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reef.config import load_config
+from reef.engines.llamacpp import LlamaCppEngine
+from reef.learning.recipe import load_recipe
+from reef.learning.worker import LearningWorker, learning_status, queue_instruction
+from reef.store import ExperienceStore, Record, Report
+from reef.testing.processes import ServerProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    port = free_port()
+    args = [sys.executable, "-m", "reef.testing.openai_peer", "--port", str(port)]
+    server = ServerProcess(args, port, tmp_path_factory.mktemp("peer"), health_path="/v1/models")
+    with server.start():
+        yield server
+
+
+def worker(
+    tmp_path: Path, engine: LlamaCppEngine, reply: str, peer: ServerProcess, mode: str = "auto"
+) -> LearningWorker:
+    (tmp_path / "reef.yaml").write_text(
+        f"state_dir: {tmp_path}/.reef\nlearning:\n  recipe: harness_evolve\n  mode: {mode}\n"
+        f"  proposer: llm\n  batch_size: 1\n  proposer_url: {peer.url}/v1\n"
+        f"  proposer_model: 'reply:{reply}'\n"
+    )
+    config = load_config(tmp_path / "reef.yaml", env={})
+    store = ExperienceStore(config.experience_db)
+    recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
+    return LearningWorker(config, store, recipe, engine)
+
+
+def failing_call(store: ExperienceStore) -> str:
+    record = Record(
+        scenario="default",
+        request={"messages": [{"role": "user", "content": "Hi"}]},
+        response={"choices": [{"message": {"role": "assistant", "content": "Yo"}}]},
+        engine="test",
+        release_id="base",
+    )
+    record_id = store.add_record(record).result()
+    store.add_report(
+        Report("default", [record_id], score=0.0, feedback="greet me formally")
+    ).result()
+    return record_id
+
+
+def test_a_garbage_proposal_makes_no_candidate_and_says_why(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+) -> None:
+    learner = worker(tmp_path, engine, "I would rather not.", peer)
+    assert asyncio.run(learner.step("default")).outcome == "waiting"
+    failing_call(learner.store)
+    result = asyncio.run(learner.step("default"))
+    assert result.outcome == "no proposal" and "no JSON object" in result.detail
+    assert learner.workflow.candidates.list("default") == []
+    status = learning_status(learner.store)["default"]
+    assert status["waiting"] == 1 and status["last_step"]["outcome"] == "no proposal"
+    learner.store.close()
+
+
+def test_a_model_proposal_becomes_a_gated_candidate(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+) -> None:
+    mutation = (
+        '{"op": "create", "path": "rules/greeting.md", "content": "Greet formally.", "reason": "r"}'
+    )
+    learner = worker(tmp_path, engine, mutation, peer)
+    record_id = failing_call(learner.store)
+    result = asyncio.run(learner.step("default"))
+    # No eval tasks exist, and the recipe has no scorer: the gate fails closed.
+    assert result.outcome == "rejected" and "no eval tasks" in result.detail
+    candidate = learner.workflow.candidates.get(result.candidate_id or "")
+    assert candidate.consumed_record_ids == [record_id]
+    assert (Path(candidate.files_path) / "rules/greeting.md").read_text() == "Greet formally."
+    assert asyncio.run(learner.step("default")).outcome == "waiting"  # consumed: not offered again
+    learner.store.close()
+
+
+def test_manual_mode_steps_only_for_instructions(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+) -> None:
+    learner = worker(tmp_path, engine, "nothing useful", peer, mode="manual")
+    failing_call(learner.store)
+    assert asyncio.run(learner._next_step("default")) is None
+    queue_instruction(learner.store, "default", "be more formal")
+    result = asyncio.run(learner._next_step("default"))
+    assert result is not None and result.outcome == "no proposal"
+    assert asyncio.run(learner._next_step("default")) is None  # the instruction was taken
+    learner.store.close()
