@@ -228,16 +228,21 @@ class ReleaseChain:
 
     @_locked
     def checkout(self, release_id: str, destination: Path) -> Path:
-        """Write the artifact's files into `destination` (created; replaced if present)."""
+        """Write the artifact's files into `destination`. A release never changes, so a folder
+        already there (another process checked it out first) is kept as it is."""
         files = self.files(release_id)
+        destination.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=".checkout-"))
         for path, data in files.items():
             target = staging / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        if destination.exists():
-            shutil.rmtree(destination)
-        staging.rename(destination)
+        try:
+            staging.rename(destination)  # atomic: readers see no folder or a whole one
+        except OSError:
+            shutil.rmtree(staging)
+            if not destination.is_dir():
+                raise
         return destination
 
     # -- publishing ---------------------------------------------------------------------------

@@ -41,9 +41,6 @@ class ReleaseWorkflow:
             self.chain.checkout(release.release_id, folder)
         return binding_for(release.release_id, release.kind, folder)
 
-    def current_binding(self, scenario: str) -> Binding:
-        return self.binding(self.chain.head(scenario))
-
     # -- candidates ---------------------------------------------------------------------------
 
     def propose(
