@@ -68,6 +68,14 @@ def test_logprobs_match_llama_cpp_full_logits_path(engine: LlamaCppEngine) -> No
         assert got == pytest.approx(want, abs=2e-3)
 
 
+def test_logprobs_without_top_logprobs_give_one_entry_per_token(engine: LlamaCppEngine) -> None:
+    result = complete(engine, chat(max_tokens=4, temperature=0, logprobs=True))
+    content = result.response["choices"][0]["logprobs"]["content"]
+    assert [entry["logprob"] for entry in content] == result.token_logprobs[: len(content)]
+    assert len(content) == result.response["usage"]["completion_tokens"]
+    assert all(entry["top_logprobs"] == [] for entry in content)
+
+
 def test_top_logprobs_are_returned_when_asked(engine: LlamaCppEngine) -> None:
     result = complete(engine, chat(max_tokens=5, temperature=0, logprobs=True, top_logprobs=3))
     content = result.response["choices"][0]["logprobs"]["content"]

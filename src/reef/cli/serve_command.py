@@ -62,6 +62,10 @@ def serve(
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
+    if resolved.server.log_level != "debug":
+        # httpx logs every upstream call at info: a line per request on the serving loop.
+        for noisy in ("httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         check_bind(
             resolved.server.host, bool(resolved.server.tokens or resolved.server.admin_tokens)

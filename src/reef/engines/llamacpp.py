@@ -309,7 +309,7 @@ class LlamaCppEngine:
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             stops=request.stop_sequences(),
-            top_logprobs=request.top_logprobs if request.logprobs else None,
+            top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
             seed=random.getrandbits(32) if request.seed is None else request.seed & 0xFFFFFFFF,
