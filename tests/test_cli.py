@@ -227,3 +227,26 @@ def test_ctrl_c_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
     assert code == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/healthz")
+
+
+def test_recipe_new_scaffolds_a_recipe_whose_test_passes(tmp_path: Path) -> None:
+    code, output = reef("recipe", "new", "polite_answers", "--directory", str(tmp_path))
+    assert code == 0, output
+    folder = tmp_path / "recipes/polite_answers"
+    assert {p.name for p in folder.iterdir()} >= {"__init__.py", "recipe.py", "test_recipe.py"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+    code, output = reef("recipe", "new", "polite_answers", "--directory", str(tmp_path))
+    assert code == 1 and "already exists" in output
+
+
+def test_recipe_list_names_the_built_ins() -> None:
+    code, output = reef("recipe", "list")
+    assert code == 0 and "harness_evolve" in output and "harness" in output

@@ -145,3 +145,24 @@ def test_bad_recipe_references_and_settings_are_named() -> None:
         load_recipe("reef.config:ReefConfig", {})
     with pytest.raises(RecipeError, match="threshhold: unknown key"):
         load_recipe("harness_evolve", {"threshhold": 0.2})
+
+
+def test_pareto_selection_mutates_a_tree_from_the_pareto_set() -> None:
+    from recipes.harness_evolve.recipe import pareto_front
+
+    from reef.learning.recipe import Evaluated
+
+    a = Evaluated("a", {"AGENTS.md": b"A"}, {"t1": 1.0, "t2": 0.0})
+    b = Evaluated("b", {"AGENTS.md": b"B"}, {"t1": 0.0, "t2": 1.0})
+    c = Evaluated("c", {"AGENTS.md": b"C"}, {"t1": 0.5, "t2": 0.0})  # a beats it everywhere
+    assert pareto_front([a, b, c]) == [a, b]
+
+    recipe = load_recipe(
+        "harness_evolve", {"proposer": "rule", "batch_size": 1, "selection": "pareto"}
+    )
+    batch = [Trajectory("x", [turn("x", "Hi", "Yo.", feedback="Please greet me formally.")])]
+    step = StepContext("default", "default@1", {"AGENTS.md": b"current"}, evaluated=[a, b, c])
+    proposal = recipe.propose(batch, step)
+    assert proposal is not None
+    assert proposal.files["AGENTS.md"] == b"B"  # 3 evaluated, front of 2: the second in turn
+    assert b"formally" in proposal.files["rules/feedback.md"]

@@ -17,7 +17,14 @@ from recipes.harness_evolve.proposers import ModelProposer, RuleProposer
 
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.learning.experience import ExperienceView, Trajectory, Turn
-from reef.learning.recipe import Proposal, Recipe, RecipeError, RecipeSettings, StepContext
+from reef.learning.recipe import (
+    Evaluated,
+    Proposal,
+    Recipe,
+    RecipeError,
+    RecipeSettings,
+    StepContext,
+)
 
 
 class HarnessEvolveSettings(RecipeSettings):
@@ -28,6 +35,9 @@ class HarnessEvolveSettings(RecipeSettings):
     max_examples: int = 4
     # Scores the failing prompts as extra gate tasks; without it only evals/<scenario>.jsonl runs.
     scorer: ScorerSpec | None = None
+    # incumbent: mutate the current release; pareto: mutate a tree from the Pareto set of earlier
+    # candidates across tasks (GEPA-style), so strengths on different tasks are all explored.
+    selection: Literal["incumbent", "pareto"] = "incumbent"
 
 
 class HarnessEvolve(Recipe):
@@ -67,7 +77,7 @@ class HarnessEvolve(Recipe):
             proposal = ModelProposer(context.ask).propose(failures, context)
         if isinstance(proposal, str):
             raise MutationRefused(proposal)
-        files = apply(context.files, proposal)
+        files = apply(self.parent(context), proposal)
         return Proposal(
             kind="harness",
             files=files,
@@ -75,6 +85,15 @@ class HarnessEvolve(Recipe):
             consumed_record_ids=[r for t in batch for r in t.record_ids],
             eval_tasks=self._failing_prompts(failures),
         )
+
+    def parent(self, context: StepContext) -> dict[str, bytes]:
+        """The tree to mutate: the current one, or one from the Pareto set, in turn."""
+        if self.settings.selection == "incumbent":
+            return context.files
+        front = pareto_front(context.evaluated)
+        if not front:
+            return context.files
+        return front[len(context.evaluated) % len(front)].files
 
     def _failing_prompts(self, failures: list[Turn]) -> list[EvalTask]:
         if self.settings.scorer is None:
@@ -85,3 +104,17 @@ class HarnessEvolve(Recipe):
             )
             for turn in failures
         ]
+
+
+def pareto_front(evaluated: list[Evaluated]) -> list[Evaluated]:
+    """Candidates no other candidate beats on every task it shares with them (ties kept)."""
+
+    def dominates(a: Evaluated, b: Evaluated) -> bool:
+        shared = a.scores.keys() & b.scores.keys()
+        return (
+            bool(shared)
+            and all(a.scores[t] >= b.scores[t] for t in shared)
+            and any(a.scores[t] > b.scores[t] for t in shared)
+        )
+
+    return [c for c in evaluated if not any(dominates(o, c) for o in evaluated if o is not c)]

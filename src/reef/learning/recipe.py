@@ -60,6 +60,15 @@ class RecipeSettings(BaseModel):
 
 
 @dataclass
+class Evaluated:
+    """An earlier candidate of the scenario: its files and its gate score on each task."""
+
+    candidate_id: str
+    files: dict[str, bytes]
+    scores: dict[str, float]
+
+
+@dataclass
 class StepContext:
     """What a recipe may know besides the batch when it proposes."""
 
@@ -71,6 +80,8 @@ class StepContext:
     # Sends chat messages to the proposer model (learning.proposer_*; default: the served
     # model) and returns its reply: recipes reach models through this, never HTTP directly.
     ask: Callable[[list[dict[str, str]]], str] | None = None
+    # Earlier candidates with their per-task scores, newest first (for population-based recipes).
+    evaluated: list[Evaluated] = field(default_factory=list)
 
 
 @dataclass

@@ -26,7 +26,9 @@ import sqlite_utils
 from reef.config import ReefConfig
 from reef.engines.base import ChatRequest, Engine
 from reef.learning.experience import ExperienceView
-from reef.learning.recipe import ProposalRefused, Recipe, StepContext
+from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
+from reef.releases.candidates import Candidate
+from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow, engine_generate
 from reef.store import ExperienceStore, new_id
 
@@ -115,7 +117,8 @@ class LearningWorker:
     def _context(self, scenario: str, instruction: str | None) -> StepContext:
         head = self.workflow.chain.head(scenario)
         files = self.workflow.chain.files(head.release_id) if head else {}
-        rejected = self.workflow.candidates.list(scenario, "rejected")[:5]
+        candidates = self.workflow.candidates.list(scenario)
+        rejected = [c for c in candidates if c.state == "rejected"][:5]
         return StepContext(
             scenario=scenario,
             release_id=head.release_id if head else "base",
@@ -123,6 +126,7 @@ class LearningWorker:
             recent_rejections=[f"{c.reason}: {c.decision}" for c in rejected],
             instruction=instruction,
             ask=self.ask,
+            evaluated=[e for c in candidates[:20] if (e := _evaluated(c)) is not None],
         )
 
     def ask(self, messages: list[dict[str, str]]) -> str:
@@ -212,6 +216,17 @@ class LearningWorker:
             "instruction": instruction,
         }
         self.store.write(lambda db: db.table("learning_steps").insert(row)).result()
+
+
+def _evaluated(candidate: Candidate) -> Evaluated | None:
+    results = (candidate.evaluation or {}).get("results")
+    if not results or not candidate.folder.is_dir():
+        return None
+    return Evaluated(
+        candidate_id=candidate.id,
+        files=read_folder(candidate.folder),
+        scores={r["task_id"]: float(r["candidate_score"]) for r in results},
+    )
 
 
 def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -> str:
