@@ -114,6 +114,7 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
             f"{server.url}/reef/scenarios/default/releases", headers=HEADERS
         ).json()
         assert "examples.jsonl" in releases["data"][0]["reason"]
+        assert f"{SIGN_OFF}" in releases["data"][0]["diff"]  # released with its diff
     assert after > before, (before, after)
     assert after >= 0.5
     for pid in worker_pids:  # Ctrl-C stopped the worker too

@@ -48,6 +48,9 @@ def test_ids_increase_and_the_chain_is_linear(chain: ReleaseChain) -> None:
     chain.publish("default", "harness", PROMPT_A, None)
     second = chain.publish("default", "harness", PROMPT_B, "default@1")
     assert second.release_id == "default@2" and second.parent_release_id == "default@1"
+    assert "-You are helpful." in (second.diff or "")
+    assert "+You are very helpful." in (second.diff or "")
+    assert "rules/style.md" not in (second.diff or "")  # unchanged files are not in the diff
     assert [r.release_id for r in chain.releases("default")] == ["default@2", "default@1"]
     other = chain.publish("other", "harness", PROMPT_A, None)
     assert other.release_id == "other@1"

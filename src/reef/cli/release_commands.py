@@ -115,6 +115,8 @@ def show(release_id: str, config: ConfigOption = None, as_json: JsonOption = Fal
     for path, data in sorted(files.items()):
         table.add_row(path, str(len(data)))
     console.print(table)
+    if release.diff:
+        console.print(Syntax(release.diff, "diff", theme="ansi_dark"))
 
 
 @app.command()

@@ -13,6 +13,7 @@ objects hold LFS pointers, the bytes live in the repository's LFS store and come
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import functools
 import hashlib
@@ -81,6 +82,7 @@ class Release:
     records_consumed: int = 0
     reason: str | None = None
     origin: dict[str, Any] | None = None  # for rollback and promote: what it copies
+    diff: str | None = None  # unified diff of text files against the parent release
     commit: str = field(default="", compare=False)
 
     @property
@@ -93,6 +95,32 @@ class Release:
     def manifest_bytes(self) -> bytes:
         data = {k: v for k, v in asdict(self).items() if k != "commit"}
         return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+def text_diff(
+    old: dict[str, bytes], new: dict[str, bytes], old_name: str, new_name: str, limit: int = 20_000
+) -> str:
+    """A unified diff of the text files that changed (weights are named, not diffed)."""
+    parts = []
+    for path in sorted(set(old) | set(new)):
+        before, after = old.get(path, b""), new.get(path, b"")
+        if before == after:
+            continue
+        if is_weight_file(path):
+            parts.append(f"binary {path}: {len(before)} -> {len(after)} bytes\n")
+            continue
+        parts.append(
+            "".join(
+                difflib.unified_diff(
+                    before.decode(errors="replace").splitlines(True),
+                    after.decode(errors="replace").splitlines(True),
+                    f"{old_name}/{path}",
+                    f"{new_name}/{path}",
+                )
+            )
+        )
+    text = "".join(parts)
+    return text if len(text) <= limit else text[:limit] + "\n… (diff cut)\n"
 
 
 def scenario_of(release_id: str) -> str:
@@ -286,6 +314,9 @@ class ReleaseChain:
             records_consumed=records_consumed,
             reason=reason,
             origin=origin,
+            diff=text_diff(
+                self.files(parent.release_id) if parent else {}, files, parent_id or "empty", "new"
+            ),
         )
         commit = self._commit(files, release, parent)
         try:
