@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,14 @@ TOKEN = "test-token-4f1c"
 ROTATED_TOKEN = "test-token-next-9a2e"  # a second valid token, as during a rotation
 SMALL_ENGINE = "engine:\n  llamacpp:\n    n_ctx: 2048\n    n_threads: 2\n"
 BODY_LIMIT = 256 * 1024
+
+
+def needs_git_lfs() -> None:
+    """Skip where git-lfs is missing (a fresh machine), but fail in CI, which installs it."""
+    if shutil.which("git-lfs") is None:
+        if os.environ.get("CI"):
+            pytest.fail("git-lfs is missing: .ci/run should have installed it")
+        pytest.skip("git-lfs is not installed (apt-get install git-lfs); .ci/run installs it")
 
 
 def write_config(folder: Path, text: str = SMALL_ENGINE) -> Path:

@@ -18,6 +18,7 @@ from reef.releases.chain import (
     UnknownRelease,
     read_folder,
 )
+from tests.conftest import needs_git_lfs
 
 PROMPT_A = {"AGENTS.md": b"You are helpful.\n", "rules/style.md": b"Be brief.\n"}
 PROMPT_B = {"AGENTS.md": b"You are very helpful.\n", "rules/style.md": b"Be brief.\n"}
@@ -136,6 +137,7 @@ def test_rollback_to_a_named_release(chain: ReleaseChain) -> None:
 
 
 def test_weight_files_are_lfs_pointers_in_git_and_come_back_intact(chain: ReleaseChain) -> None:
+    needs_git_lfs()
     weights = os.urandom(300_000)
     files = {"adapter.gguf": weights, "adapter.json": b'{"rank": 4}'}
     release = chain.publish("default", "lora", files, None)
@@ -150,6 +152,7 @@ def test_weight_files_are_lfs_pointers_in_git_and_come_back_intact(chain: Releas
 def test_publishing_weights_without_git_lfs_says_how_to_install_it(
     chain: ReleaseChain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    needs_git_lfs()
     assert shutil.which("git-lfs"), "git-lfs must be installed for the tests (.ci/run installs it)"
     only_git = chain.path.parent / "bin"
     only_git.mkdir()

@@ -16,7 +16,7 @@ import pytest
 
 from reef.testing.artifacts import harness, random_lora
 from reef.testing.processes import ServerProcess, free_port, reef_serve
-from tests.conftest import SMALL_ENGINE, TOKEN, write_config
+from tests.conftest import SMALL_ENGINE, TOKEN, needs_git_lfs, write_config
 
 ADMIN = "admin-token-31d"
 USER_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -190,6 +190,7 @@ def test_held_candidate_approved_and_rejected_over_http(
 def test_lora_release_is_loaded_into_the_running_model(
     server: ServerProcess, tmp_path: Path
 ) -> None:
+    needs_git_lfs()
     body = {**HI, "max_tokens": 8, "seed": 1}
     base = ask(server, body).json()["choices"][0]["message"]["content"]
     adapter = random_lora(tmp_path / "lora")
