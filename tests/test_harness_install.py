@@ -48,7 +48,10 @@ def publish(folder: Path, project: Path) -> None:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("harness-project")
-    (folder / "reef.yaml").write_text("engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2}\n")
+    # pi asks for thousands of tokens for its session title: cap them, or the test runs minutes.
+    (folder / "reef.yaml").write_text(
+        "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 48}\n"
+    )
     tree = harness(folder / "h1", "You are a coding agent. Answer briefly.", {"max_tokens": 24})
     (tree / "skills/search").mkdir(parents=True)
     (tree / "skills/search/SKILL.md").write_text(

@@ -102,6 +102,15 @@ def test_max_tokens_and_max_completion_tokens_limit_length(engine: LlamaCppEngin
         assert result.response["choices"][0]["finish_reason"] == "length"
 
 
+def test_max_tokens_cap_bounds_every_request(engine: LlamaCppEngine) -> None:
+    engine.max_tokens_cap = 2
+    try:
+        result = complete(engine, chat(max_tokens=50, temperature=0))
+    finally:
+        engine.max_tokens_cap = None
+    assert len(result.token_ids or []) == 2
+
+
 def test_stop_sequence_cuts_the_text(engine: LlamaCppEngine) -> None:
     request = chat(
         messages=[{"role": "user", "content": "Count from 1 to 20, separated by commas."}],

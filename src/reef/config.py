@@ -66,6 +66,9 @@ class LlamaCppConfig(_Section):
     # A request that sets no max_tokens generates at most this many (small models can ramble
     # until the context is full, minutes on a CPU).
     default_max_tokens: int = Field(1024, ge=1)
+    # A ceiling on every request's max_tokens, when set (a CPU serving agents that ask for many
+    # thousands of tokens for a title).
+    max_tokens_cap: int | None = Field(None, ge=1)
 
 
 class EngineConfig(_Section):

@@ -35,6 +35,7 @@ def build_engine(config: EngineConfig) -> Engine:
             n_threads=llama.n_threads,
             n_batch=llama.n_batch,
             default_max_tokens=llama.default_max_tokens,
+            max_tokens_cap=llama.max_tokens_cap,
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine

@@ -102,6 +102,7 @@ class LlamaCppEngine:
         n_threads: int | None = None,
         n_batch: int = 512,
         default_max_tokens: int = 1024,
+        max_tokens_cap: int | None = None,
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -110,6 +111,7 @@ class LlamaCppEngine:
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.n_batch = n_batch
         self.default_max_tokens = default_max_tokens
+        self.max_tokens_cap = max_tokens_cap
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reef-llamacpp")
         self._llm: Any = None
         self._formatter: Any = None
@@ -304,6 +306,8 @@ class LlamaCppEngine:
                 f"{self.n_ctx}: shorten the messages or raise engine.llamacpp.n_ctx"
             )
         wanted = request.token_limit() or self.default_max_tokens
+        if self.max_tokens_cap is not None:
+            wanted = min(wanted, self.max_tokens_cap)
         return _Sampling(
             max_tokens=min(wanted, room),
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
