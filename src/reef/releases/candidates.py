@@ -15,11 +15,10 @@ from typing import Any
 
 import sqlite_utils
 
-from reef.errors import Conflict, NotFound
+from reef.errors import BadRequest, Conflict, NotFound
 from reef.store import ExperienceStore, new_id
 
 STATES = ("proposed", "evaluating", "released", "rejected", "held")
-FINAL_STATES = ("released", "rejected")
 _JSON_FIELDS = ("evaluation", "consumed_record_ids")
 
 
@@ -91,6 +90,8 @@ class CandidateStore:
             where.append("scenario = ?")
             params.append(scenario)
         if state:
+            if state not in STATES:
+                raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state!r}")
             where.append("state = ?")
             params.append(state)
         clause = f"WHERE {' AND '.join(where)}" if where else ""

@@ -332,13 +332,6 @@ class ExperienceStore:
             record["reports"] = by_record[record["id"]]
         return records
 
-    def get_report(self, report_id: str) -> dict[str, Any] | None:
-        with self._read_lock:
-            exists = self._read_db.execute("SELECT 1 FROM reports WHERE id = ?", [report_id])
-            if exists.fetchone() is None:
-                return None
-            return _read_report(self._read_db, report_id)
-
     def stats(self) -> dict[str, Any]:
         scenarios: dict[str, dict[str, int]] = {}
         for row in self._query("SELECT scenario, COUNT(*) AS n FROM records GROUP BY scenario"):
