@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,3 +65,16 @@ def engine() -> Iterator[LlamaCppEngine]:
     asyncio.run(loaded.start())
     yield loaded
     asyncio.run(loaded.close())
+
+
+def peer_process(folder: Path) -> ServerProcess:
+    """The loopback OpenAI-compatible peer (`reef.testing.openai_peer`), not started yet."""
+    port = free_port()
+    args = [sys.executable, "-m", "reef.testing.openai_peer", "--port", str(port)]
+    return ServerProcess(args, port, folder, health_path="/v1/models")
+
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with peer_process(tmp_path_factory.mktemp("peer")).start() as server:
+        yield server

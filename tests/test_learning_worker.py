@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from reef.config import load_config
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker, learning_status, queue_instruction
 from reef.store import ExperienceStore, Record, Report
-from reef.testing.processes import ServerProcess, free_port
-
-
-@pytest.fixture(scope="module")
-def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    port = free_port()
-    args = [sys.executable, "-m", "reef.testing.openai_peer", "--port", str(port)]
-    server = ServerProcess(args, port, tmp_path_factory.mktemp("peer"), health_path="/v1/models")
-    with server.start():
-        yield server
+from reef.testing.processes import ServerProcess
 
 
 def worker(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from reef.releases.chain import ReleaseConflict, read_folder
 from reef.releases.workflow import ReleaseWorkflow, engine_generate
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
-from reef.testing.processes import ServerProcess, free_port
+from reef.testing.processes import ServerProcess
 
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 SHORT = {"type": "python", "function": "tests.support.scorers:short"}
@@ -146,15 +145,8 @@ def test_candidates_persist_across_restarts(tmp_path: Path, engine: LlamaCppEngi
 
 
 def test_judge_scorer_asks_an_openai_compatible_model(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine, peer: ServerProcess
 ) -> None:
-    port = free_port()
-    peer = ServerProcess(
-        [sys.executable, "-m", "reef.testing.openai_peer", "--port", str(port)],
-        port,
-        tmp_path,
-        health_path="/v1/models",
-    )
     judge = {
         "type": "judge",
         "criterion": "is polite",
@@ -167,7 +159,6 @@ def test_judge_scorer_asks_an_openai_compatible_model(
         ),
         store,
     )
-    with peer.start():
-        candidate = gate(workflow, engine, harness(tmp_path / "h", "Be polite.", {"max_tokens": 2}))
+    candidate = gate(workflow, engine, harness(tmp_path / "h", "Be polite.", {"max_tokens": 2}))
     assert candidate.state == "released", candidate.decision
     assert candidate.evaluation["candidate_mean"] == 0.75

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,15 +16,6 @@ from tests.conftest import TOKEN
 UPSTREAM_KEY = "sk-upstream-secret-77"
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
 HI = [{"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    port = free_port()
-    args = [sys.executable, "-m", "reef.testing.openai_peer", "--port", str(port)]
-    server = ServerProcess(args, port, tmp_path_factory.mktemp("peer"), health_path="/v1/models")
-    with server.start():
-        yield server
 
 
 @pytest.fixture(scope="module")
