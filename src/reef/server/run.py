@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import uvicorn
 
@@ -13,8 +12,6 @@ from reef.server.app import create_app
 from reef.server.auth import is_loopback
 from reef.server.follower import follow_heads, load_heads
 from reef.server.state import ServerState
-
-log = logging.getLogger("reef.server")
 
 
 def check_bind(host: str, has_tokens: bool) -> None:
@@ -26,7 +23,7 @@ def check_bind(host: str, has_tokens: bool) -> None:
         )
 
 
-async def serve(state: ServerState, on_ready: str = "") -> None:
+async def serve(state: ServerState) -> None:
     """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close."""
     server_config = state.config.server
     follower = None
@@ -45,8 +42,6 @@ async def serve(state: ServerState, on_ready: str = "") -> None:
                 timeout_graceful_shutdown=60,
                 lifespan="off",
             )
-            if on_ready:
-                log.info(on_ready)
             await uvicorn.Server(config).serve()
         finally:
             await state.engine.close()
@@ -58,5 +53,5 @@ async def serve(state: ServerState, on_ready: str = "") -> None:
         state.store.close()
 
 
-def run(state: ServerState, on_ready: str = "") -> None:
-    asyncio.run(serve(state, on_ready))
+def run(state: ServerState) -> None:
+    asyncio.run(serve(state))
