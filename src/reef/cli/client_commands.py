@@ -27,14 +27,14 @@ DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
 @contextmanager
-def _client(url: str) -> Iterator[httpx.Client]:
+def api_client(url: str) -> Iterator[httpx.Client]:
     token = os.environ.get("REEF_TOKEN", "").split(",")[0].strip()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
         yield client
 
 
-def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+def api_call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
     try:
         response = client.request(method, path, **kwargs)
     except httpx.ConnectError:
@@ -57,8 +57,8 @@ def status(
     url: UrlOption = DEFAULT_URL, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
     """The server's engine, uptime and experience counts per scenario."""
-    with _client(url) as client:
-        data = _call(client, "GET", "/reef/status")
+    with api_client(url) as client:
+        data = api_call(client, "GET", "/reef/status")
     if as_json:
         console.print_json(data=data)
         return
@@ -88,7 +88,7 @@ def records(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """The most recent records with their feedback."""
-    with _client(url) as client:
+    with api_client(url) as client:
         rows = _latest(client, scenario, limit)
     if as_json:
         console.print_json(data=rows)
@@ -113,7 +113,7 @@ def _latest(client: httpx.Client, scenario: str | None, limit: int) -> list[dict
     params: dict[str, Any] = {"limit": limit, "order": "desc"}
     if scenario:
         params["scenario"] = scenario
-    return list(_call(client, "GET", "/reef/records", params=params)["data"])
+    return list(api_call(client, "GET", "/reef/records", params=params)["data"])
 
 
 def _all_records(client: httpx.Client, scenario: str | None) -> Iterator[dict[str, Any]]:
@@ -125,7 +125,7 @@ def _all_records(client: httpx.Client, scenario: str | None) -> Iterator[dict[st
             params["scenario"] = scenario
         if after:
             params["after"] = after
-        page = _call(client, "GET", "/reef/records", params=params)
+        page = api_call(client, "GET", "/reef/records", params=params)
         yield from page["data"]
         if not page["has_more"] or not page["data"]:
             return
@@ -147,8 +147,8 @@ def report(
     for key, value in (("score", score), ("feedback", feedback), ("report_id", report_id)):
         if value is not None:
             body[key] = value
-    with _client(url) as client:
-        stored = _call(
+    with api_client(url) as client:
+        stored = api_call(
             client, "POST", "/reef/report", json=body, headers={"x-reef-scenario": scenario}
         )
     console.print(f"[green]reported[/] {stored['id']} on {len(stored['references'])} record(s)")
@@ -162,7 +162,7 @@ def export(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Write trajectories as JSONL in OpenAI's chat fine-tuning shape, with their feedback."""
-    with _client(url) as client:
+    with api_client(url) as client:
         rows = list(_all_records(client, scenario))
     lines = [json.dumps(t, ensure_ascii=False) for t in trajectories(rows)]
     text = "".join(line + "\n" for line in lines)

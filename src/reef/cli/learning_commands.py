@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from reef.cli.client_commands import DEFAULT_URL, UrlOption, _call, _client
+from reef.cli.client_commands import DEFAULT_URL, UrlOption, api_call, api_client
 from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
 from reef.engines import build_engine
@@ -88,8 +88,8 @@ def train(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Queue a training instruction for the running server's learning worker."""
-    with _client(url) as client:
-        queued = _call(
+    with api_client(url) as client:
+        queued = api_call(
             client, "POST", "/reef/train", json={"scenario": scenario, "instruction": instruction}
         )
     console.print(f"[green]queued[/] {queued['id']} for {scenario}")
