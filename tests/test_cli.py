@@ -250,3 +250,9 @@ def test_recipe_new_scaffolds_a_recipe_whose_test_passes(tmp_path: Path) -> None
 def test_recipe_list_names_the_built_ins() -> None:
     code, output = reef("recipe", "list")
     assert code == 0 and "harness_evolve" in output and "harness" in output
+
+
+def test_train_needs_a_recipe_in_manual_or_hybrid_mode(llama_server: ServerProcess) -> None:
+    env = {"REEF_URL": llama_server.url, "REEF_TOKEN": TOKEN}
+    code, output = reef("train", "answer more formally", env=env)
+    assert code == 1 and "HTTP 409" in output and "learning.recipe" in output
