@@ -126,7 +126,9 @@ def test_scenario_and_session_headers_are_recorded(client: OpenAI, http: httpx.C
     assert receipt in {r["id"] for r in in_scenario}
     # Feedback must name the scenario its records belong to.
     wrong = http.post("/reef/report", json={"references": [receipt], "score": 1})
-    assert wrong.status_code == 404 and "support" not in wrong.json()["error"]["message"]
+    assert wrong.status_code == 404
+    assert receipt in wrong.json()["error"]["message"]
+    assert "scenario 'default'" in wrong.json()["error"]["message"]
     right = http.post(
         "/reef/report",
         json={"references": [receipt], "score": 1},
