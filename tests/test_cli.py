@@ -17,7 +17,7 @@ from openai import OpenAI
 from typer.testing import CliRunner
 
 from reef.cli import app
-from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
 from tests.conftest import SMALL_ENGINE, TOKEN, write_config
 
 runner = CliRunner()
@@ -82,36 +82,16 @@ def test_invalid_config_exits_2_and_names_the_key(tmp_path: Path) -> None:
 
 
 def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "reef", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-    )
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no REEF_TOKEN
+    result = run_reef(tmp_path, "serve", "--host", "0.0.0.0", "--port", str(free_port()), env=bare)
     assert result.returncode == 2
     assert "REEF_TOKEN" in result.stderr and "127.0.0.1" in result.stderr
 
 
 def test_missing_model_file_is_a_clear_error(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reef",
-            "serve",
-            "--engine",
-            "llamacpp",
-            "--model",
-            str(tmp_path / "absent.gguf"),
-            "--port",
-            str(free_port()),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    absent = str(tmp_path / "absent.gguf")
+    result = run_reef(
+        tmp_path, "serve", "--engine", "llamacpp", "--model", absent, "--port", str(free_port())
     )
     assert result.returncode == 1
     assert "absent.gguf does not exist" in result.stderr

@@ -17,31 +17,14 @@ import httpx
 import pytest
 
 from reef.testing.artifacts import harness
-from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
 from tests.conftest import TOKEN
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def publish(folder: Path, project: Path) -> None:
-    result = subprocess.run(
-        [
-            "python",
-            "-m",
-            "reef",
-            "release",
-            "publish",
-            str(folder),
-            "--kind",
-            "harness",
-            "--approve",
-        ],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"},
-    )
+    result = run_reef(project, "release", "publish", str(folder), "--kind", "harness", "--approve")
     assert result.returncode == 0, result.stderr
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -15,24 +13,13 @@ import httpx
 import pytest
 
 from reef.testing.artifacts import harness, random_lora
-from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
 from tests.conftest import SMALL_ENGINE, TOKEN, needs_git_lfs, write_config
 
 ADMIN = "admin-token-31d"
 USER_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 HI = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3, "temperature": 0}
-
-
-def reef_cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`reef ...` as another process, acting on the stores directly."""
-    return subprocess.run(
-        [sys.executable, "-m", "reef", *args],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture
@@ -77,7 +64,7 @@ def test_approve_from_another_process_switches_under_traffic(
         thread.start()
     try:
         for number, folder in enumerate([short, long, short], start=1):
-            result = reef_cli(
+            result = run_reef(
                 tmp_path, "release", "publish", str(folder), "--kind", "harness", "--approve"
             )
             assert result.returncode == 0, result.stdout + result.stderr
@@ -98,7 +85,7 @@ def test_approve_from_another_process_switches_under_traffic(
 
 def test_records_carry_the_release_that_served_them(server: ServerProcess, tmp_path: Path) -> None:
     before = ask(server)
-    result = reef_cli(
+    result = run_reef(
         tmp_path,
         "release",
         "publish",
@@ -123,7 +110,7 @@ def test_records_carry_the_release_that_served_them(server: ServerProcess, tmp_p
 
 def test_release_routes_need_the_admin_token(server: ServerProcess, tmp_path: Path) -> None:
     for name in ("a", "b"):
-        result = reef_cli(
+        result = run_reef(
             tmp_path,
             "release",
             "publish",
@@ -160,7 +147,7 @@ def test_held_candidate_approved_and_rejected_over_http(
     (tmp_path / "evals/default.jsonl").write_text(json.dumps(task) + "\n")
     ids = []
     for name in ("a", "b"):
-        result = reef_cli(
+        result = run_reef(
             tmp_path,
             "release",
             "publish",
@@ -194,16 +181,16 @@ def test_lora_release_is_loaded_into_the_running_model(
     body = {**HI, "max_tokens": 8, "seed": 1}
     base = ask(server, body).json()["choices"][0]["message"]["content"]
     adapter = random_lora(tmp_path / "lora")
-    result = reef_cli(tmp_path, "release", "publish", str(adapter), "--kind", "lora", "--approve")
+    result = run_reef(tmp_path, "release", "publish", str(adapter), "--kind", "lora", "--approve")
     assert result.returncode == 0, result.stdout + result.stderr
     deadline = time.monotonic() + 2
     while (response := ask(server, body)).headers["x-reef-release-id"] != "default@1":
         assert time.monotonic() < deadline
     assert response.json()["choices"][0]["message"]["content"] != base
-    rolled = reef_cli(tmp_path, "release", "rollback", "--scenario", "default")
+    rolled = run_reef(tmp_path, "release", "rollback", "--scenario", "default")
     assert rolled.returncode == 2 and "first release" in rolled.stderr
     # Back to the base model by publishing a harness: the adapter is unset, answers as before.
-    reef_cli(
+    run_reef(
         tmp_path,
         "release",
         "publish",

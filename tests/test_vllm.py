@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 from reef.engines.base import ChatRequest
 from reef.engines.vllm import VLLMEngine, cuda_available
 from reef.errors import EngineUnavailable
-from reef.testing.processes import free_port
+from reef.testing.processes import free_port, run_reef
 
 STAND_IN = """#!{python}
 import json, sys
@@ -57,23 +56,8 @@ def test_without_cuda_start_fails_before_spawning(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has CUDA")
 def test_reef_serve_engine_vllm_says_cuda_is_missing(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reef",
-            "serve",
-            "--engine",
-            "vllm",
-            "--model",
-            "some/model",
-            "--port",
-            str(free_port()),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_reef(
+        tmp_path, "serve", "--engine", "vllm", "--model", "some/model", "--port", str(free_port())
     )
     assert result.returncode == 1
     assert "needs a CUDA GPU" in result.stderr

@@ -95,6 +95,20 @@ class ServerProcess:
         self.stop()
 
 
+def run_reef(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`reef ARGS…` run to the end in `cwd` as its own process; `env` replaces the environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "reef", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
 def reef_serve(
     cwd: Path, port: int, *extra: str, env: dict[str, str] | None = None
 ) -> ServerProcess:
