@@ -141,12 +141,17 @@ def test_weight_files_are_lfs_pointers_in_git_and_come_back_intact(chain: Releas
     weights = os.urandom(300_000)
     files = {"adapter.gguf": weights, "adapter.json": b'{"rank": 4}'}
     release = chain.publish("default", "lora", files, None)
-    pointer = chain.raw_blob(release.release_id, "adapter.gguf")
+    pointer = chain.stored_files(release.release_id)["adapter.gguf"]
     assert pointer.startswith(b"version https://git-lfs.github.com/spec/v1")
     assert len(pointer) < 200
     assert chain.files(release.release_id)["adapter.gguf"] == weights
     checked_out = chain.checkout(release.release_id, chain.path.parent / "out")
     assert (checked_out / "adapter.gguf").read_bytes() == weights
+    # The next release's diff names changed weights without reading them back from LFS.
+    same = chain.publish("default", "lora", {**files, "adapter.json": b'{"rank": 8}'}, "default@1")
+    assert "adapter.json" in (same.diff or "") and "weights" not in (same.diff or "")
+    other = chain.publish("default", "lora", {**files, "adapter.gguf": b"new"}, "default@2")
+    assert "weights adapter.gguf changed: 3 bytes" in (other.diff or "")
 
 
 def test_publishing_weights_without_git_lfs_says_how_to_install_it(

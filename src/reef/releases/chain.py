@@ -18,6 +18,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -100,14 +101,18 @@ class Release:
 def text_diff(
     old: dict[str, bytes], new: dict[str, bytes], old_name: str, new_name: str, limit: int = 20_000
 ) -> str:
-    """A unified diff of the text files that changed (weights are named, not diffed)."""
+    """A unified diff of the text files that changed. Weight files are only named: `old` holds
+    them as git stores them (LFS pointers), so they are compared by content hash, never read."""
     parts = []
     for path in sorted(set(old) | set(new)):
         before, after = old.get(path, b""), new.get(path, b"")
-        if before == after:
-            continue
         if is_weight_file(path):
-            parts.append(f"binary {path}: {len(before)} -> {len(after)} bytes\n")
+            now = hashlib.sha256(after).hexdigest() if path in new else None
+            if _lfs_oid(before) != now:
+                state = f"{len(after)} bytes" if path in new else "removed"
+                parts.append(f"weights {path} changed: {state}\n")
+            continue
+        if before == after:
             continue
         parts.append(
             "".join(
@@ -121,6 +126,11 @@ def text_diff(
         )
     text = "".join(parts)
     return text if len(text) <= limit else text[:limit] + "\n… (diff cut)\n"
+
+
+def _lfs_oid(pointer: bytes) -> str | None:
+    found = re.search(rb"^oid sha256:([0-9a-f]{64})$", pointer, re.MULTILINE)
+    return found.group(1).decode() if found else None
 
 
 def scenario_of(release_id: str) -> str:
@@ -239,20 +249,21 @@ class ReleaseChain:
     @_locked
     def files(self, release_id: str) -> dict[str, bytes]:
         """The artifact's files, weight files read back from LFS."""
-        commit = self.repo.commit(self.get(release_id).commit)
-        files: dict[str, bytes] = {}
-        for item in commit.tree.traverse():
-            if not isinstance(item, git.Blob) or item.path in (MANIFEST, ATTRIBUTES):
-                continue
-            path, data = str(item.path), bytes(item.data_stream.read())
-            files[path] = self._lfs_smudge(path, data) if is_weight_file(path) else data
-        return files
+        stored = self.stored_files(release_id)
+        return {
+            path: self._lfs_smudge(path, data) if is_weight_file(path) else data
+            for path, data in stored.items()
+        }
 
     @_locked
-    def raw_blob(self, release_id: str, path: str) -> bytes:
-        """A file as git stores it (an LFS pointer for weight files)."""
+    def stored_files(self, release_id: str) -> dict[str, bytes]:
+        """The artifact's files as git holds them: LFS pointers for weight files (cheap)."""
         commit = self.repo.commit(self.get(release_id).commit)
-        return bytes(commit.tree[path].data_stream.read())
+        return {
+            str(item.path): bytes(item.data_stream.read())
+            for item in commit.tree.traverse()
+            if isinstance(item, git.Blob) and item.path not in (MANIFEST, ATTRIBUTES)
+        }
 
     @_locked
     def checkout(self, release_id: str, destination: Path) -> Path:
@@ -315,7 +326,10 @@ class ReleaseChain:
             reason=reason,
             origin=origin,
             diff=text_diff(
-                self.files(parent.release_id) if parent else {}, files, parent_id or "empty", "new"
+                self.stored_files(parent.release_id) if parent else {},
+                files,
+                parent_id or "empty",
+                "new",
             ),
         )
         commit = self._commit(files, release, parent)
