@@ -58,6 +58,17 @@ def test_ids_increase_and_the_chain_is_linear(chain: ReleaseChain) -> None:
     assert chain.scenarios() == ["default", "other"]
 
 
+def test_heads_are_read_from_loose_and_packed_refs(chain: ReleaseChain) -> None:
+    chain.publish("default", "harness", PROMPT_A, None)
+    chain.publish("other", "harness", PROMPT_A, None)
+    loose = chain.head_commits()
+    subprocess.run(["git", "pack-refs", "--all"], cwd=chain.path, check=True)
+    assert not (chain.path / "refs/reef/default/head").exists()
+    assert chain.head_commits() == loose
+    chain.publish("default", "harness", PROMPT_B, "default@1")  # loose again, over the packed one
+    assert chain.head("default").release_id == "default@2"  # type: ignore[union-attr]
+
+
 def test_stale_publisher_gets_a_conflict_naming_the_head(chain: ReleaseChain) -> None:
     chain.publish("default", "harness", PROMPT_A, None)
     chain.publish("default", "harness", PROMPT_B, "default@1")

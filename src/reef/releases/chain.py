@@ -201,16 +201,25 @@ class ReleaseChain:
     def head_ref(scenario: str) -> str:
         return f"refs/reef/{scenario}/head"
 
-    @_locked
     def head_commits(self) -> dict[str, str]:
-        """Each scenario's head commit sha, read straight from the refs (cheap enough to poll)."""
-        output = self.repo.git.for_each_ref("--format=%(objectname) %(refname)", "refs/reef/")
-        heads = {}
-        for line in output.splitlines():
-            sha, ref = line.split(" ", 1)
-            parts = ref.split("/")
-            if len(parts) == 4 and parts[3] == "head":
-                heads[parts[2]] = sha
+        """Each scenario's head commit sha, read from the ref files as git resolves them (loose
+        refs over `packed-refs`), without spawning git: the server polls this several times a
+        second. `git update-ref` replaces a ref file atomically, so a read sees old or new."""
+        heads: dict[str, str] = {}
+        packed = self.path / "packed-refs"
+        if packed.exists():
+            for line in packed.read_text().splitlines():
+                sha, _, ref = line.partition(" ")
+                parts = ref.split("/")
+                if len(parts) == 4 and parts[:2] == ["refs", "reef"] and parts[3] == "head":
+                    heads[parts[2]] = sha
+        for loose in (self.path / "refs" / "reef").glob("*/head"):
+            try:
+                sha = loose.read_text().strip()
+            except FileNotFoundError:  # packed away between the listing and the read
+                continue
+            if len(sha) == 40:
+                heads[loose.parent.name] = sha
         return heads
 
     def scenarios(self) -> list[str]:
