@@ -51,6 +51,11 @@ def test_a_garbage_proposal_makes_no_candidate_and_says_why(
     result = asyncio.run(learner.step("default"))
     assert result.outcome == "no proposal" and "no JSON object" in result.detail
     assert learner.workflow.candidates.list("default") == []
+    # Asked again with nothing new, the proposer is not bothered a second time.
+    again = asyncio.run(learner.step("default"))
+    assert (again.outcome, again.detail) == ("waiting", "no new experience")
+    failing_call(learner.store)  # a retry (deduplicated) with new feedback: asked again
+    assert asyncio.run(learner.step("default")).outcome == "no proposal"
     status = learning_status(learner.store)["default"]
     assert status["waiting"] == 1 and status["last_step"]["outcome"] == "no proposal"
     learner.store.close()

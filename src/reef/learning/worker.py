@@ -58,6 +58,7 @@ class LearningWorker:
         self.engine = engine
         self.workflow = ReleaseWorkflow(config, store)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: dict[str, tuple[Any, ...]] = {}  # scenario -> experience when it last idled
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -78,9 +79,17 @@ class LearningWorker:
     ) -> StepResult:
         """One step; without an instruction (or `force`) only when the recipe says it is ready."""
         self._loop = asyncio.get_running_loop()
+        automatic = instruction is None and not force
+        seen = await asyncio.to_thread(self._fingerprint, scenario)
+        if automatic and self._idle.get(scenario) == seen:
+            # Nothing new since the recipe last waited or proposed nothing: don't rebuild the
+            # view (it reads every record) or ask the proposer the same question again.
+            return StepResult(scenario, "waiting", "no new experience")
         view = await asyncio.to_thread(self.view, scenario)
-        if instruction is None and not force and not self.recipe.ready(view):
+        if automatic and not self.recipe.ready(view):
+            self._idle[scenario] = seen
             return StepResult(scenario, "waiting", f"{view.counts.waiting} record(s) waiting")
+        self._idle.pop(scenario, None)
         started = time.time()
         try:
             result = await self._propose_and_gate(scenario, view, instruction)
@@ -90,8 +99,25 @@ class LearningWorker:
         except Exception as error:
             result = StepResult(scenario, "error", f"{type(error).__name__}: {error}")
             log.warning("learning step for %s failed: %s", scenario, result.detail)
+        if automatic and result.outcome == "no proposal":
+            self._idle[scenario] = seen
         self._save_step(result, started, instruction)
         return result
+
+    def _fingerprint(self, scenario: str) -> tuple[Any, ...]:
+        """Changes whenever the scenario gets a record, a report, a candidate or a release."""
+        (row,) = self.store.query(
+            "SELECT (SELECT MAX(seq) FROM records WHERE scenario = ?) AS records, "
+            "(SELECT MAX(seq) FROM reports WHERE scenario = ?) AS reports, "
+            "(SELECT MAX(seq) FROM candidates WHERE scenario = ?) AS candidates",
+            [scenario] * 3,
+        )
+        return (
+            row["records"],
+            row["reports"],
+            row["candidates"],
+            self.workflow.chain.head_commits().get(scenario),
+        )
 
     async def _propose_and_gate(
         self, scenario: str, view: ExperienceView, instruction: str | None
