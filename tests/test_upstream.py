@@ -57,6 +57,7 @@ def test_whole_response_is_forwarded_and_recorded(
     assert stored["engine"] == "upstream"
     assert stored["response"]["choices"][0]["message"]["content"] == "echo: hello there"
     assert stored["completion_token_ids"] is None
+    assert stored["ttft_ms"] is None and stored["latency_ms"] > 0
 
 
 def test_stream_is_forwarded_and_assembled(client: OpenAI, reef: ServerProcess) -> None:

@@ -77,7 +77,6 @@ class UpstreamEngine:
     async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
         model = await self._model_for(adapter)
         url = f"{self.base_url}/chat/completions"
-        started = time.perf_counter()
         try:
             response = await self._http.post(url, json=self._body(request, False, model))
         except httpx.HTTPError as error:
@@ -88,8 +87,8 @@ class UpstreamEngine:
             data = response.json()
         except ValueError:
             raise UpstreamFailure(f"upstream at {url} answered with invalid JSON") from None
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        return Completion(response=data, model=data.get("model") or self.model, ttft_ms=elapsed_ms)
+        # A whole response has no first token to time: the record's latency_ms says it all.
+        return Completion(response=data, model=data.get("model") or self.model)
 
     async def stream(
         self, request: ChatRequest, adapter: Path | None = None
