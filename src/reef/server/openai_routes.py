@@ -12,6 +12,7 @@ before `data: [DONE]`. A failed call is never stored.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +25,8 @@ from reef.errors import ReefError
 from reef.server.http import parse, read_json, sse
 from reef.server.state import CallContext, ServerState
 from reef.store import Record
+
+log = logging.getLogger("reef.server")
 
 
 async def chat_completions(request: Request) -> Response:
@@ -67,7 +70,7 @@ async def _streamed(
             yield sse("[DONE]")
         except ReefError as error:
             # Headers are gone: say it in the stream, as OpenAI does, and store nothing.
-            state.log.warning("stream failed: %s", error.message)
+            log.warning("stream failed: %s", error.message)
             yield sse(error.to_json())
         finally:
             await _close(items)

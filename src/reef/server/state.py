@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ class ServerState:
     # What each scenario serves now; replaced whole (never mutated) when a head moves.
     bindings: dict[str, Binding] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
-    log: logging.Logger = field(default_factory=lambda: logging.getLogger("reef.server"))
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:
         scenario = scenario_from(headers)
