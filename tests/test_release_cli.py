@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from reef.cli import app
 from reef.testing.artifacts import harness
+from tests.conftest import needs_git_lfs
 
 runner = CliRunner()
 
@@ -94,3 +95,19 @@ def test_unknown_ids_and_bad_kinds_are_clear(project: Path) -> None:
     assert code == 1 and "no candidate" in output
     code, output = reef("release", "publish", str(project), "--kind", "prompt")
     assert code == 2 and "--kind" in output
+
+
+def test_diff_of_weight_releases_gives_sizes_without_reading_the_weights(project: Path) -> None:
+    needs_git_lfs()
+    for name, size in (("a", 1000), ("b", 2000)):
+        folder = project / name
+        folder.mkdir()
+        (folder / "adapter.gguf").write_bytes(b"w" * size)
+        (folder / "adapter.json").write_text(f'{{"size": {size}}}\n')
+        code, output = reef("release", "publish", str(folder), "--kind", "lora", "--approve")
+        assert code == 0, output
+    code, output = reef("release", "diff", "default@1", "default@2", "--json")
+    assert code == 0, output
+    diff = json.loads(output)
+    assert diff["weights"] == {"adapter.gguf": {"bytes": [1000, 2000]}}
+    assert '-{"size": 1000}' in diff["files"]["adapter.json"]

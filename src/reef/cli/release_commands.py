@@ -8,7 +8,6 @@ server is running; a running server follows the heads they move. Exit codes: 0 d
 from __future__ import annotations
 
 import asyncio
-import difflib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,15 @@ from reef.engines import build_engine
 from reef.errors import ReefError
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.releases.candidates import Candidate
-from reef.releases.chain import ARTIFACT_KINDS, Release, ReleaseConflict, read_folder
+from reef.releases.chain import (
+    ARTIFACT_KINDS,
+    Release,
+    ReleaseConflict,
+    is_weight_file,
+    lfs_size,
+    read_folder,
+    text_diff,
+)
 from reef.releases.workflow import ReleaseWorkflow, engine_generate
 from reef.store import ExperienceStore
 
@@ -121,27 +128,22 @@ def show(release_id: str, config: ConfigOption = None, as_json: JsonOption = Fal
 
 @app.command()
 def diff(a: str, b: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """File diffs between two harness releases; metric differences for weights."""
+    """File diffs between two harness releases; size and metric differences for weights."""
     with _workflow(config) as workflow:
         first, second = workflow.chain.get(a), workflow.chain.get(b)
-        files_a, files_b = workflow.chain.files(a), workflow.chain.files(b)
-    text_diffs = {}
-    changed = {}
-    for path in sorted(set(files_a) | set(files_b)):
-        old, new = files_a.get(path, b""), files_b.get(path, b"")
+        # As git stores them: weights stay LFS pointers, compared and sized without reading them.
+        stored_a, stored_b = workflow.chain.stored_files(a), workflow.chain.stored_files(b)
+    text_diffs: dict[str, str] = {}
+    changed: dict[str, dict[str, list[int]]] = {}
+    for path in sorted(set(stored_a) | set(stored_b)):
+        old, new = stored_a.get(path), stored_b.get(path)
         if old == new:
             continue
-        if path.endswith((".gguf", ".safetensors", ".bin", ".pt")):
-            changed[path] = {"bytes": [len(old), len(new)]}
+        if is_weight_file(path):
+            changed[path] = {"bytes": [lfs_size(old), lfs_size(new)]}
         else:
-            text_diffs[path] = "".join(
-                difflib.unified_diff(
-                    old.decode(errors="replace").splitlines(True),
-                    new.decode(errors="replace").splitlines(True),
-                    f"{a}/{path}",
-                    f"{b}/{path}",
-                )
-            )
+            only = ({path: old} if old is not None else {}, {path: new} if new is not None else {})
+            text_diffs[path] = text_diff(*only, a, b)
     metrics = _metric_differences(first, second)
     if as_json:
         _print_json({"files": text_diffs, "weights": changed, "metrics": metrics})
@@ -150,8 +152,8 @@ def diff(a: str, b: str, config: ConfigOption = None, as_json: JsonOption = Fals
         console.print(Syntax(text, "diff", theme="ansi_dark"))
     for path, sizes in changed.items():
         console.print(f"{path}: {sizes['bytes'][0]} -> {sizes['bytes'][1]} bytes")
-    for name, (old, new) in metrics.items():
-        console.print(f"{name}: {old} -> {new}", highlight=False)
+    for name, (old_value, new_value) in metrics.items():
+        console.print(f"{name}: {old_value} -> {new_value}", highlight=False)
     if not (text_diffs or changed):
         console.print("same files")
 

@@ -128,6 +128,12 @@ def text_diff(
     return text if len(text) <= limit else text[:limit] + "\n… (diff cut)\n"
 
 
+def lfs_size(pointer: bytes | None) -> int:
+    """The size an LFS pointer records (0 for no file)."""
+    found = re.search(rb"^size (\d+)$", pointer or b"", re.MULTILINE)
+    return int(found.group(1)) if found else len(pointer or b"")
+
+
 def _lfs_oid(pointer: bytes) -> str | None:
     found = re.search(rb"^oid sha256:([0-9a-f]{64})$", pointer, re.MULTILINE)
     return found.group(1).decode() if found else None
