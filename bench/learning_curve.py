@@ -30,6 +30,7 @@ from rich.table import Table
 
 from reef.config import load_config
 from reef.engines import build_engine
+from reef.inference.model import LocalModel
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
@@ -116,7 +117,7 @@ async def curve(proposer: str, rounds: int, per_round: int) -> list[dict]:
         engine = build_engine(config.engine)
         await engine.start()
         recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
-        worker = LearningWorker(config, store, recipe, engine)
+        worker = LearningWorker(config, store, recipe, LocalModel(engine))
         feedback = 0
         points.append(
             {

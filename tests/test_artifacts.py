@@ -8,7 +8,7 @@ import pytest
 
 from reef.engines.base import ChatRequest
 from reef.errors import ReefError
-from reef.releases.artifacts import BASE_BINDING, binding_for, compose_system_prompt
+from reef.inference.binding import BASE_BINDING, binding_for, compose_system_prompt
 from reef.testing.artifacts import harness
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from reef.config import load_config
 from reef.engines.llamacpp import LlamaCppEngine
+from reef.inference.model import LocalModel
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker, learning_status, queue_instruction
 from reef.store import ExperienceStore, Record, Report
@@ -24,7 +25,7 @@ def worker(
     config = load_config(tmp_path / "reef.yaml", env={})
     store = ExperienceStore(config.experience_db)
     recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
-    return LearningWorker(config, store, recipe, engine)
+    return LearningWorker(config, store, recipe, LocalModel(engine))
 
 
 def failing_call(store: ExperienceStore) -> str:

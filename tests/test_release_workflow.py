@@ -13,7 +13,9 @@ from reef.config import ReefConfig, load_config
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.errors import Conflict
 from reef.releases.chain import ReleaseConflict, read_folder
-from reef.releases.workflow import ReleaseWorkflow, engine_generate
+from reef.evaluation.runner import model_generate
+from reef.inference.model import LocalModel
+from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess
@@ -41,7 +43,7 @@ def store(tmp_path: Path) -> Iterator[ExperienceStore]:
 
 def gate(workflow: ReleaseWorkflow, engine: LlamaCppEngine, folder: Path):  # type: ignore[no-untyped-def]
     candidate = workflow.propose("default", "harness", read_folder(folder))
-    generate = engine_generate(engine, workflow.eval_settings("default"))
+    generate = model_generate(LocalModel(engine), workflow.eval_settings("default"))
     return asyncio.run(workflow.gate(candidate, generate))
 
 

@@ -39,6 +39,14 @@ class ServerConfig(_Section):
     admin_tokens: list[SecretStr] = Field(default_factory=list)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Requests the engine holds waiting beyond those it is running; past it, 503 + Retry-After.
+    max_queue: int = Field(16, ge=0)
+    # Web origins (scheme://host[:port]) allowed to call the server from a browser page; any
+    # other cross-site request is refused, so a page the user opens cannot post feedback.
+    allowed_origins: list[str] = Field(default_factory=list)
+    # Host header values accepted besides loopback names and server.host (DNS rebinding guard);
+    # "*" accepts any.
+    allowed_hosts: list[str] = Field(default_factory=list)
 
 
 class UpstreamConfig(_Section):

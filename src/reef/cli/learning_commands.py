@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import keyword
 import re
 from pathlib import Path
@@ -14,9 +15,9 @@ from rich.table import Table
 from reef.cli.client_commands import DEFAULT_URL, UrlOption, api_call, api_client
 from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
-from reef.engines import build_engine
 from reef.errors import ReefError
-from reef.learning.recipe import BUILTIN_RECIPES, load_recipe, recipe_class
+from reef.inference.model import Model, open_model
+from reef.learning.recipe import BUILTIN_RECIPES, Recipe, load_recipe, recipe_class
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
 from reef.templates import environment
@@ -58,28 +59,33 @@ async def _learn(config: ReefConfig, once: bool) -> None:
     assert config.learning.recipe is not None
     recipe = load_recipe(config.learning.recipe, config.learning.recipe_settings())
     store = ExperienceStore(config.experience_db, config.store.synchronous)
-    engine = build_engine(config.engine)
     try:
-        with console.status(f"loading {engine.name}…"):
-            await engine.start()
-        worker = LearningWorker(config, store, recipe, engine)
-        if not once:
-            await worker.run(asyncio.Event())
-            return
-        for name in config.learning.scenarios:
-            with console.status(f"{recipe.name}: one step on {name}…"):
-                result = await worker.step(name, force=True)
-            colour = {"released": "green", "rejected": "red", "error": "red"}.get(
-                result.outcome, "yellow"
-            )
-            console.print(
-                f"{name}: [{colour}]{result.outcome}[/] {result.detail}",
-                highlight=False,
-                soft_wrap=True,
-            )
+        async with contextlib.AsyncExitStack() as stack:
+            with console.status("opening the model (the running server's, or loading one)…"):
+                model = await stack.enter_async_context(open_model(config))
+            await _learn_with(config, recipe, store, model, once)
     finally:
-        await engine.close()
         store.close()
+
+
+async def _learn_with(
+    config: ReefConfig, recipe: Recipe, store: ExperienceStore, model: Model, once: bool
+) -> None:
+    worker = LearningWorker(config, store, recipe, model)
+    if not once:
+        await worker.run(asyncio.Event())
+        return
+    for name in config.learning.scenarios:
+        with console.status(f"{recipe.name}: one step on {name} with {model.name}…"):
+            result = await worker.step(name, force=True)
+        colour = {"released": "green", "rejected": "red", "error": "red"}.get(
+            result.outcome, "yellow"
+        )
+        console.print(
+            f"{name}: [{colour}]{result.outcome}[/] {result.detail}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def train(

@@ -22,9 +22,10 @@ from rich.table import Table
 
 from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
-from reef.engines import build_engine
 from reef.errors import ReefError
+from reef.evaluation.runner import model_generate
 from reef.evaluation.tasks import load_tasks, tasks_path
+from reef.inference.model import open_model
 from reef.releases.candidates import Candidate
 from reef.releases.chain import (
     ARTIFACT_KINDS,
@@ -35,7 +36,7 @@ from reef.releases.chain import (
     read_folder,
     text_diff,
 )
-from reef.releases.workflow import ReleaseWorkflow, engine_generate
+from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 
 app = typer.Typer(
@@ -291,16 +292,16 @@ async def _run_gate(workflow: ReleaseWorkflow, candidate: Candidate) -> Candidat
         total: int | None = len(load_tasks(tasks_path(config.evals_dir, candidate.scenario)))
     except ReefError:
         total = None  # the gate will reject it and say why
-    engine = build_engine(config.engine)
-    await engine.start()
-    try:
-        columns = (TextColumn("evaluating {task.description}"), BarColumn(), MofNCompleteColumn())
+    async with open_model(config) as model:
+        columns = (
+            TextColumn("evaluating {task.description} on " + model.name),
+            BarColumn(),
+            MofNCompleteColumn(),
+        )
         with Progress(*columns, console=console, transient=True) as progress:
             bar = progress.add_task(candidate.id, total=total)
-            generate = engine_generate(engine, workflow.eval_settings(candidate.scenario))
+            generate = model_generate(model, workflow.eval_settings(candidate.scenario))
             return await workflow.gate(candidate, generate, lambda _: progress.advance(bar))
-    finally:
-        await engine.close()
 
 
 async def _no_generation(*_: Any) -> str:

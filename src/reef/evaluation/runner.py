@@ -15,7 +15,8 @@ from typing import Any
 from reef.engines.base import ChatRequest
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask
-from reef.releases.artifacts import Binding
+from reef.inference.binding import Binding
+from reef.inference.model import Model, answer_text
 
 # Produces the answer text for a request under a binding.
 Generate = Callable[[ChatRequest, Binding], Awaitable[str]]
@@ -95,3 +96,15 @@ async def run_paired(
         if on_task:
             on_task(result)
     return report
+
+
+def model_generate(model: Model, settings: EvalSettings) -> Generate:
+    """Answers from a model under a binding, as the server would serve them; a request that sets
+    no token limit (nor does its harness) gets the gate's `max_tokens`."""
+
+    async def generate(request: ChatRequest, binding: Binding) -> str:
+        if binding.apply(request).token_limit() is None:
+            request = request.model_copy(update={"max_tokens": settings.max_tokens})
+        return answer_text(await model.complete(request, binding))
+
+    return generate

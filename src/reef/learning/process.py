@@ -1,4 +1,8 @@
-"""The learning worker as a separate process, started and stopped by `reef serve`."""
+"""The learning worker as a separate process, started and stopped by `reef serve`.
+
+The worker loads no model: its proposer and the gate's evaluations run on the server's engine,
+over loopback with the server's internal token (one model per machine).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ import signal
 from multiprocessing.process import BaseProcess
 
 from reef.config import ReefConfig
-from reef.engines import build_engine
+from reef.inference.model import ServerModel
+from reef.inference.server_file import RunningServer
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
@@ -19,10 +24,10 @@ from reef.store import ExperienceStore
 log = logging.getLogger("reef.learning")
 
 
-def start_worker(config: ReefConfig) -> BaseProcess:
+def start_worker(config: ReefConfig, server: RunningServer) -> BaseProcess:
     """A fresh interpreter (spawn), so nothing of the server's threads or model is inherited."""
     process = multiprocessing.get_context("spawn").Process(
-        target=worker_main, args=(config,), name="reef-learning", daemon=True
+        target=worker_main, args=(config, server), name="reef-learning", daemon=True
     )
     process.start()
     return process
@@ -37,16 +42,16 @@ def stop_worker(process: BaseProcess, timeout: float = 30.0) -> None:
         process.join()
 
 
-def worker_main(config: ReefConfig) -> None:
+def worker_main(config: ReefConfig, server: RunningServer) -> None:
     logging.basicConfig(
         level=config.server.log_level.upper(),
         format="%(asctime)s learning %(levelname)s %(message)s",
     )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_worker(config))
+        asyncio.run(run_worker(config, server))
 
 
-async def run_worker(config: ReefConfig) -> None:
+async def run_worker(config: ReefConfig, server: RunningServer) -> None:
     assert config.learning.recipe is not None
     recipe = load_recipe(config.learning.recipe, config.learning.recipe_settings())
     stop = asyncio.Event()
@@ -55,19 +60,18 @@ async def run_worker(config: ReefConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(_stop_when_orphaned(stop))
     store = ExperienceStore(config.experience_db, config.store.synchronous)
-    engine = build_engine(config.engine)
+    model = ServerModel(server.url, server.token)
     try:
-        await engine.start()
         log.info(
             "recipe %s learning on %s (%s mode)",
             recipe.name,
             ", ".join(config.learning.scenarios),
             config.learning.mode,
         )
-        await LearningWorker(config, store, recipe, engine).run(stop)
+        await LearningWorker(config, store, recipe, model).run(stop)
     finally:
         watcher.cancel()
-        await engine.close()
+        await model.close()
         store.close()
 
 

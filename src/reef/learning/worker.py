@@ -24,12 +24,14 @@ import httpx
 import sqlite_utils
 
 from reef.config import ReefConfig
-from reef.engines.base import ChatRequest, Engine
+from reef.engines.base import ChatRequest
+from reef.evaluation.runner import model_generate
+from reef.inference.model import Model, answer_text
 from reef.learning.experience import ExperienceView
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
 from reef.releases.candidates import Candidate
 from reef.releases.chain import read_folder
-from reef.releases.workflow import ReleaseWorkflow, engine_generate
+from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore, new_id
 
 log = logging.getLogger("reef.learning")
@@ -50,12 +52,12 @@ class LearningWorker:
         config: ReefConfig,
         store: ExperienceStore,
         recipe: Recipe,
-        engine: Engine,
+        model: Model,
     ) -> None:
         self.config = config
         self.store = store
         self.recipe = recipe
-        self.engine = engine
+        self.model = model  # the server's engine over loopback, or one loaded here
         self.workflow = ReleaseWorkflow(config, store)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: dict[str, tuple[Any, ...]] = {}  # scenario -> experience when it last idled
@@ -135,7 +137,7 @@ class LearningWorker:
             reason=proposal.reason,
             consumed_record_ids=proposal.consumed_record_ids,
         )
-        generate = engine_generate(self.engine, self.workflow.eval_settings(scenario))
+        generate = model_generate(self.model, self.workflow.eval_settings(scenario))
         gated = await self.workflow.gate(candidate, generate, extra_tasks=proposal.eval_tasks)
         log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
         return StepResult(scenario, gated.state, gated.decision or "", gated.id)
@@ -169,8 +171,8 @@ class LearningWorker:
         request = ChatRequest.model_validate(
             {"messages": messages, "temperature": 0.7, "max_tokens": 400}
         )
-        running = asyncio.run_coroutine_threadsafe(self.engine.complete(request), self._loop)
-        return str(running.result().response["choices"][0]["message"].get("content") or "")
+        running = asyncio.run_coroutine_threadsafe(self.model.complete(request), self._loop)
+        return answer_text(running.result())
 
     # -- the loop -----------------------------------------------------------------------------
 

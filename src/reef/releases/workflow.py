@@ -11,11 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from reef.config import ReefConfig
-from reef.engines.base import ChatRequest, Engine
 from reef.errors import Conflict
 from reef.evaluation.runner import EvalSettings, Generate, TaskResult, run_paired
 from reef.evaluation.tasks import EvalTask, load_tasks, tasks_path
-from reef.releases.artifacts import BASE_BINDING, Binding, binding_for
+from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.releases.candidates import Candidate, CandidateStore
 from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, read_folder
 from reef.releases.gate import decide
@@ -42,6 +41,18 @@ class ReleaseWorkflow:
         return binding_for(release.release_id, release.kind, folder)
 
     # -- candidates ---------------------------------------------------------------------------
+
+    def recover_interrupted(self) -> list[Candidate]:
+        """End candidates that a crash left `evaluating`: rejected, saying why."""
+        return [
+            self.candidates.move(
+                c.id,
+                ("evaluating",),
+                "rejected",
+                decision="evaluation was interrupted (the process running it stopped)",
+            )
+            for c in self.candidates.list(state="evaluating")
+        ]
 
     def propose(
         self,
@@ -184,17 +195,3 @@ class ReleaseWorkflow:
             evaluation=evaluation,
             release_id=release.release_id,
         )
-
-
-def engine_generate(engine: Engine, settings: EvalSettings) -> Generate:
-    """Answers from an engine under a binding, as the server would serve them."""
-
-    async def generate(request: ChatRequest, binding: Binding) -> str:
-        effective = binding.apply(request)
-        if effective.token_limit() is None:
-            effective = effective.model_copy(update={"max_tokens": settings.max_tokens})
-        completion = await engine.complete(effective, adapter=binding.adapter)
-        message = completion.response["choices"][0]["message"]
-        return str(message.get("content") or "")
-
-    return generate

@@ -12,7 +12,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.errors import ReefError
-from reef.server import harness_routes, openai_routes, reef_routes, release_routes
+from reef.server import (
+    harness_routes,
+    internal_routes,
+    openai_routes,
+    reef_routes,
+    release_routes,
+)
 from reef.server.auth import BearerAuth
 from reef.server.state import ServerState
 
@@ -69,6 +75,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/reef/train", reef_routes.train, methods=["POST"]),
         *release_routes.routes,
         *harness_routes.routes,
+        *internal_routes.routes,
     ]
     app = Starlette(
         routes=routes,
@@ -77,6 +84,7 @@ def create_app(state: ServerState) -> Starlette:
                 BearerAuth,
                 tokens=state.config.token_values(),
                 admin_tokens=state.config.admin_token_values(),
+                internal_tokens=[state.internal_token],
             )
         ],
         exception_handlers={

@@ -12,6 +12,7 @@ from reef.errors import Forbidden, ReefError, Unauthorized
 
 OPEN_PATHS = frozenset({"/healthz"})
 ADMIN_PREFIX = "/reef/scenarios/"
+INTERNAL_PREFIX = "/reef/internal/"
 
 
 def needs_admin(method: str, path: str) -> bool:
@@ -41,22 +42,31 @@ class BearerAuth:
     """Bearer tokens on every path but /healthz, once any token is configured.
 
     An inference token serves and reports; an admin token does that and also approves, rejects
-    and rolls back. Without any token (loopback only) every route is open.
+    and rolls back. Without any token (loopback only) every route is open, except the internal
+    routes: they take the server's internal token (or an admin token), always.
     """
 
-    def __init__(self, app: ASGIApp, tokens: list[str], admin_tokens: list[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: list[str],
+        admin_tokens: list[str],
+        internal_tokens: list[str] | None = None,
+    ) -> None:
         self.app = app
         self.tokens = tokens
         self.admin_tokens = admin_tokens
+        self.internal_tokens = internal_tokens or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(INTERNAL_PREFIX):
+            await self._internal(scope, receive, send)
+            return
         open_route = scope["type"] != "http" or scope["path"] in OPEN_PATHS
         if open_route or not (self.tokens or self.admin_tokens):
             await self.app(scope, receive, send)
             return
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, provided = header.partition(" ")
-        provided = provided.strip() if scheme.lower() == "bearer" else ""
+        provided = _bearer(scope)
         admin = bool(provided) and token_matches(provided, self.admin_tokens)
         user = admin or (bool(provided) and token_matches(provided, self.tokens))
         if not user:
@@ -76,6 +86,27 @@ class BearerAuth:
             )
         else:
             await self.app(scope, receive, send)
+
+
+    async def _internal(self, scope: Scope, receive: Receive, send: Send) -> None:
+        provided = _bearer(scope)
+        if provided and token_matches(provided, [*self.internal_tokens, *self.admin_tokens]):
+            await self.app(scope, receive, send)
+            return
+        await _refuse(
+            send,
+            Forbidden(
+                "internal routes serve Reef's own processes: send the internal token from "
+                ".reef/server.json (or an admin token)",
+                code="internal_token_required",
+            ),
+        )
+
+
+def _bearer(scope: Scope) -> str:
+    header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, provided = header.partition(" ")
+    return provided.strip() if scheme.lower() == "bearer" else ""
 
 
 async def _refuse(send: Send, error: ReefError) -> None:

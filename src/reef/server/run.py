@@ -1,17 +1,27 @@
-"""Run the server in the foreground: start the engine, bind, serve until Ctrl-C, close cleanly."""
+"""Run the server in the foreground: start the engine, bind, serve until Ctrl-C, close cleanly.
+
+Once it listens, the server advertises itself in `.reef/server.json` (URL and internal token) and
+starts the learning worker, which uses this server's engine over loopback: one model per machine.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+from multiprocessing.process import BaseProcess
 
 import uvicorn
 
 from reef.errors import ConfigurationRefused
+from reef.inference.server_file import RunningServer, advertise, loopback_url, withdraw
 from reef.learning.process import start_worker, stop_worker
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
 from reef.server.follower import follow_heads, load_heads
 from reef.server.state import ServerState
+
+STARTUP_POLL_S = 0.05
 
 
 def check_bind(host: str, has_tokens: bool) -> None:
@@ -26,15 +36,21 @@ def check_bind(host: str, has_tokens: bool) -> None:
 async def serve(state: ServerState) -> None:
     """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close."""
     server_config = state.config.server
-    follower = None
-    learner = start_worker(state.config) if state.config.learning.recipe else None
+    running = RunningServer(
+        url=loopback_url(server_config.host, server_config.port),
+        token=state.internal_token,
+        pid=os.getpid(),
+    )
+    learner: list[BaseProcess] = []
+    follower = announcer = None
     try:
         await state.engine.start()
+        await asyncio.to_thread(state.workflow.recover_interrupted)
         known: dict[str, str] = {}
         await asyncio.to_thread(load_heads, state, known)
         follower = asyncio.create_task(follow_heads(state, known))
-        try:
-            config = uvicorn.Config(
+        server = uvicorn.Server(
+            uvicorn.Config(
                 create_app(state),
                 host=server_config.host,
                 port=server_config.port,
@@ -42,15 +58,32 @@ async def serve(state: ServerState) -> None:
                 timeout_graceful_shutdown=60,
                 lifespan="off",
             )
-            await uvicorn.Server(config).serve()
+        )
+        announcer = asyncio.create_task(_once_listening(server, state, running, learner))
+        try:
+            await server.serve()
         finally:
+            announcer.cancel()
+            await asyncio.to_thread(withdraw, state.config.state_dir, running)
+            for process in learner:
+                await asyncio.to_thread(stop_worker, process)
             await state.engine.close()
     finally:
         if follower is not None:
             follower.cancel()
-        if learner is not None:
-            await asyncio.to_thread(stop_worker, learner)
         state.store.close()
+
+
+async def _once_listening(
+    server: uvicorn.Server, state: ServerState, running: RunningServer, learner: list[BaseProcess]
+) -> None:
+    """Advertise the server and start the learning worker once the socket accepts calls."""
+    while not server.started:
+        await asyncio.sleep(STARTUP_POLL_S)
+    await asyncio.to_thread(advertise, state.config.state_dir, running)
+    if state.config.learning.recipe:
+        with contextlib.suppress(asyncio.CancelledError):
+            learner.append(start_worker(state.config, running))
 
 
 def run(state: ServerState) -> None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from reef.config import ReefConfig
 from reef.engines.base import Engine
 from reef.errors import BadRequest
-from reef.releases.artifacts import BASE_BINDING, Binding
+from reef.inference.binding import BASE_BINDING, Binding
+from reef.inference.server_file import new_internal_token
 from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
 from reef.store import ExperienceStore
@@ -34,6 +35,8 @@ class ServerState:
     store: ExperienceStore
     workflow: ReleaseWorkflow
     engine_reason: str = ""
+    # Lets Reef's own processes (the learning worker, `reef release publish`) use the engine.
+    internal_token: str = field(default_factory=new_internal_token, repr=False)
     # What each scenario serves now; replaced whole (never mutated) when a head moves.
     bindings: dict[str, Binding] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)

@@ -1,0 +1,38 @@
+"""Internal routes: the server's engine lent to Reef's own processes, never recorded as traffic.
+
+The learning worker (the proposer, a judge, the gate's paired evaluation) and `reef release
+publish` run their requests here instead of loading a second copy of the model. The caller
+applies the binding (a harness's prompt and settings) itself and names the adapter folder, which
+must lie inside the state folder. Only the internal token (or an admin token) may call them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reef.engines.base import ChatRequest
+from reef.inference.model import INTERNAL_COMPLETE_PATH, adapter_inside, completion_json
+from reef.server.cancellation import until_disconnected
+from reef.server.http import parse, read_json
+from reef.server.state import ServerState
+
+
+class InternalComplete(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request: ChatRequest
+    adapter: str | None = None
+
+
+async def complete(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    body = parse(InternalComplete, await read_json(request, state.config.server.max_body_bytes))
+    adapter = adapter_inside(body.adapter, state.config.state_dir)
+    completion = await until_disconnected(request, state.engine.complete(body.request, adapter))
+    return JSONResponse(completion_json(completion))
+
+
+routes = [Route(INTERNAL_COMPLETE_PATH, complete, methods=["POST"])]
