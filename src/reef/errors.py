@@ -14,9 +14,17 @@ class ReefError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.headers = headers or {}  # sent with the error response (e.g. Retry-After)
         if status is not None:
             self.status = status
         if code is not None:
@@ -80,6 +88,14 @@ class EngineUnavailable(ReefError):
     status = 503
     type = "engine_unavailable"
     code = "engine_unavailable"
+
+
+class Overloaded(ReefError):
+    """The engine's queue is full: the caller should retry after `Retry-After` seconds."""
+
+    status = 503
+    type = "server_overloaded"
+    code = "queue_full"
 
 
 def describe_validation_error(error: Any) -> str:

@@ -31,7 +31,7 @@ async def _reef_error(request: Request, error: Exception) -> Response:
         log.warning(
             "%s %s -> %s: %s", request.method, request.url.path, error.status, error.message
         )
-    return JSONResponse(error.to_json(), status_code=error.status)
+    return JSONResponse(error.to_json(), status_code=error.status, headers=error.headers)
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
