@@ -1,8 +1,9 @@
 """Forward chat requests to any OpenAI-compatible base URL (one that ends in `/v1`).
 
-Requests pass through untouched (tools, tool calls and unknown fields included), except `model`
-when `upstream.model` is set. Upstream HTTP errors are relayed with their status; an upstream that
-cannot be reached is a 502. The API key is sent upstream and never stored.
+Requests are forwarded as the server hands them over (tools, tool calls and unknown fields
+included, after the release's harness was applied), with `model` replaced when `upstream.model`
+is set. Streams are parsed by httpx-sse. Upstream HTTP errors are relayed with their status; an
+upstream that cannot be reached is a 502. The API key is sent upstream and never stored.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
 
 from reef.engines.base import Capabilities, ChatRequest, Completion, StreamItem, assemble_chunks
 from reef.errors import Unsupported, UpstreamFailure
@@ -120,21 +122,41 @@ class UpstreamEngine:
 
 
 async def _sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            raise UpstreamFailure(
-                f"upstream sent a stream event that is not JSON: {payload[:200]}"
-            ) from None
-        if isinstance(chunk, dict) and "error" in chunk:
-            raise UpstreamFailure(f"upstream failed mid-stream: {_message_of(chunk)}")
-        yield chunk
+    """The chat chunks of an upstream's event stream, up to `data: [DONE]`.
+
+    httpx-sse parses the stream by the SSE rules: a `data:` field split over several lines is
+    joined with newlines, `event:` and `id:` lines name and number an event, `:` lines are
+    comments, and a line may end in LF, CR LF or CR. Chunks come in unnamed (`message`)
+    events; an `error` event, or a chunk holding an `error`, is the upstream failing mid-stream;
+    events of any other name (keep-alives, a vendor's extras) are not chat chunks and are skipped.
+    """
+    try:
+        async for event in EventSource(response).aiter_sse():
+            if event.event not in ("message", "error") or not event.data:
+                continue
+            if event.data.strip() == "[DONE]":
+                return
+            yield _chunk_of(event)
+    except SSEError as error:  # the body is not an event stream at all
+        raise UpstreamFailure(f"upstream answered a stream request without SSE: {error}") from None
+
+
+def _chunk_of(event: ServerSentEvent) -> dict[str, Any]:
+    try:
+        chunk = json.loads(event.data)
+    except ValueError:
+        if event.event == "error":
+            raise UpstreamFailure(f"upstream failed mid-stream: {event.data[:500]}") from None
+        raise UpstreamFailure(
+            f"upstream sent a stream event that is not JSON: {event.data[:200]}"
+        ) from None
+    if event.event == "error" or (isinstance(chunk, dict) and "error" in chunk):
+        raise UpstreamFailure(f"upstream failed mid-stream: {_message_of(chunk)}")
+    if not isinstance(chunk, dict):
+        raise UpstreamFailure(
+            f"upstream sent a stream event that is not an object: {event.data[:200]}"
+        )
+    return chunk
 
 
 def _message_of(body: Any) -> str:
@@ -146,6 +168,8 @@ def _message_of(body: Any) -> str:
             return error
         if body.get("detail"):
             return str(body["detail"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
     return json.dumps(body)[:500]
 
 
