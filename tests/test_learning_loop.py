@@ -62,6 +62,26 @@ def children(pid: int) -> set[int]:
     return {int(p) for p in path.read_text().split()} if path.exists() else set()
 
 
+def started_children(pid: int, timeout: float = 30) -> set[int]:
+    """The server starts its worker once it listens: wait for it to appear."""
+    deadline = time.monotonic() + timeout
+    while not (found := children(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def processes_mapping(pids: set[int], suffix: str) -> set[int]:
+    """Which of `pids` have a file ending in `suffix` mapped (the model, for llama.cpp)."""
+    return {
+        pid
+        for pid in pids
+        if Path(f"/proc/{pid}/maps").exists()
+        and any(
+            line.endswith(suffix) for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+        )
+    }
+
+
 def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -> None:
     (tmp_path / "reef.yaml").write_text(CONFIG)
     (tmp_path / "evals").mkdir()
@@ -80,7 +100,7 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
     server = reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN})
     with server.start():
         assert server.process is not None
-        worker_pids = children(server.process.pid)
+        worker_pids = started_children(server.process.pid)
         assert worker_pids, "reef serve should start the learning worker as a child process"
         before = pass_rate(server.url)
 
@@ -105,6 +125,13 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
             assert last.get("outcome") not in ("rejected", "error"), last
             assert time.monotonic() < deadline, f"no release: {status['learning']}\n{server.log()}"
             time.sleep(1)
+
+        # One model per machine: the worker evaluated on the server's engine, whose model only
+        # the server maps, and its evaluations were not recorded as traffic.
+        tree = {server.process.pid, *worker_pids}
+        assert processes_mapping(tree, ".gguf") == {server.process.pid}
+        records = status["store"]["scenarios"]["default"]["records"]
+        assert records == len(HELD_OUT) + len(TRAINING), status["store"]
 
         after = pass_rate(server.url)
         learning = status["learning"]["scenarios"]["default"]

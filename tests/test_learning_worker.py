@@ -9,8 +9,9 @@ from reef.config import load_config
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.inference.model import LocalModel
 from reef.learning.recipe import load_recipe
-from reef.learning.worker import LearningWorker, learning_status, queue_instruction
+from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore, Record, Report
+from reef.store.learning import learning_status, queue_instruction
 from reef.testing.processes import ServerProcess
 
 

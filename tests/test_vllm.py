@@ -22,14 +22,36 @@ from reef.errors import EngineUnavailable
 from reef.testing.processes import free_port, run_reef
 
 STAND_IN = """#!{python}
-import json, sys
+import json, os, sys
 from pathlib import Path
 Path({argv_file!r}).write_text(json.dumps(sys.argv[1:]))
 {behaviour}
 """
+# As vLLM documents it: /v1 routes need the key from VLLM_API_KEY (or --api-key), and
+# /v1/load_lora_adapter exists only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.
 SERVES = """
 import uvicorn
-from reef.testing.openai_peer import app
+from starlette.responses import JSONResponse
+from reef.testing.openai_peer import app as peer
+
+key = os.environ.get("VLLM_API_KEY")
+runtime_lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") == "True"
+loads = []
+
+async def app(scope, receive, send):
+    path = scope.get("path", "")
+    if path == "/peer/load_count":
+        return await JSONResponse(len(loads))(scope, receive, send)
+    if path.startswith("/v1"):
+        sent = dict(scope["headers"]).get(b"authorization", b"").decode()
+        if not key or sent != f"Bearer {key}":
+            return await JSONResponse({"error": "bad key"}, 401)(scope, receive, send)
+    if path == "/v1/load_lora_adapter":
+        if not runtime_lora:
+            return await JSONResponse({"detail": "Not Found"}, 404)(scope, receive, send)
+        loads.append(path)
+    await peer(scope, receive, send)
+
 port = int(sys.argv[sys.argv.index("--port") + 1])
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 """
@@ -72,6 +94,7 @@ def test_child_is_started_with_lora_enabled_served_and_stopped(tmp_path: Path) -
         port=port,
         extra_args=["--max-model-len", "2048"],
         has_cuda=lambda: True,
+        log_path=tmp_path / "state" / "vllm.log",
     )
 
     async def scenario() -> dict:
@@ -84,8 +107,13 @@ def test_child_is_started_with_lora_enabled_served_and_stopped(tmp_path: Path) -
             # A LoRA release: loaded once through /v1/load_lora_adapter, then requested by name.
             adapter = tmp_path / "lora"
             adapter.mkdir()
-            for _ in range(2):
-                with_lora = await engine.complete(request, adapter=adapter)
+            # Two first requests at once still load the adapter once.
+            await asyncio.gather(
+                engine.complete(request, adapter=adapter),
+                engine.complete(request, adapter=adapter),
+            )
+            with_lora = await engine.complete(request, adapter=adapter)
+            assert httpx.get(f"http://127.0.0.1:{port}/peer/load_count").json() == 1
             loaded = httpx.get(f"http://127.0.0.1:{port}/peer/adapters").json()
             assert list(loaded.values()) == [str(adapter)]
             assert with_lora.response["model"] == next(iter(loaded))
@@ -107,6 +135,8 @@ def test_child_is_started_with_lora_enabled_served_and_stopped(tmp_path: Path) -
     assert argv[argv.index("--port") + 1] == str(port)
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[-2:] == ["--max-model-len", "2048"]
+    assert not any("key" in arg for arg in argv)  # the key travels in the environment only
+    assert (tmp_path / "state" / "vllm.log").is_file()
 
 
 def test_child_that_dies_while_starting_is_reported_with_its_log(tmp_path: Path) -> None:

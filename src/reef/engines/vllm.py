@@ -2,6 +2,9 @@
 
 vLLM needs CUDA. Without it, start-up stops with a message saying so, before anything is spawned.
 The child is started on loopback, polled on `/health` until ready, and terminated on shutdown.
+It runs with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` (without it `/v1/load_lora_adapter` does not
+exist) and a fresh API key in `VLLM_API_KEY` (vLLM's environment form of `--api-key`, which keeps
+the key out of the process list), and writes its log to `vllm.log` in the state folder.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -38,7 +42,8 @@ def cuda_available() -> bool:
 
 class VLLMEngine(UpstreamEngine):
     name = "vllm"
-    capabilities = Capabilities(token_ids=False, logprobs=True)
+    # Responses are relayed as vLLM sends them; token ids and logprobs are not captured.
+    capabilities = Capabilities(token_ids=False, logprobs=False)
 
     def __init__(
         self,
@@ -48,16 +53,20 @@ class VLLMEngine(UpstreamEngine):
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 900.0,
         has_cuda: Callable[[], bool] = cuda_available,
+        log_path: Path | None = None,
     ) -> None:
-        super().__init__(base_url=f"http://127.0.0.1:{port}/v1", model=model)
+        api_key = secrets.token_urlsafe(32)
+        super().__init__(base_url=f"http://127.0.0.1:{port}/v1", model=model, api_key=api_key)
+        self._child_api_key = api_key
         self.executable = executable
         self.port = port
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
         self._has_cuda = has_cuda
         self._process: subprocess.Popen[bytes] | None = None
-        self._log = Path(tempfile.gettempdir()) / f"reef-vllm-{port}.log"
+        self._log = log_path or Path(tempfile.gettempdir()) / f"reef-vllm-{port}.log"
         self._adapters: set[str] = set()
+        self._adapter_lock = asyncio.Lock()  # two first requests for one adapter load it once
 
     def command(self) -> list[str]:
         return [
@@ -83,9 +92,19 @@ class VLLMEngine(UpstreamEngine):
                 f"{self.executable!r} was not found on PATH: install vLLM (`pip install vllm`) "
                 "or set engine.vllm.executable"
             )
+        self._log.parent.mkdir(parents=True, exist_ok=True)
+        environment = {
+            **os.environ,
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_API_KEY": self._child_api_key,
+        }
         with self._log.open("wb") as log:
             self._process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=environment,
             )
         await super().start()
         await self._wait_until_ready()
@@ -119,17 +138,21 @@ class VLLMEngine(UpstreamEngine):
         if adapter is None:
             return None
         name = f"reef-{hashlib.sha256(str(adapter).encode()).hexdigest()[:12]}"
-        if name not in self._adapters:
-            url = f"http://127.0.0.1:{self.port}/v1/load_lora_adapter"
-            body = {"lora_name": name, "lora_path": str(adapter)}
-            response = await self._http.post(url, json=body)
-            if response.status_code >= 400:
-                raise EngineUnavailable(
-                    f"vllm could not load the LoRA adapter {adapter}: HTTP {response.status_code} "
-                    f"{response.text[:300]}"
-                )
-            self._adapters.add(name)
+        async with self._adapter_lock:
+            if name not in self._adapters:
+                await self._load_adapter(name, adapter)
         return name
+
+    async def _load_adapter(self, name: str, adapter: Path) -> None:
+        url = f"http://127.0.0.1:{self.port}/v1/load_lora_adapter"
+        body = {"lora_name": name, "lora_path": str(adapter)}
+        response = await self._http.post(url, json=body)
+        if response.status_code >= 400:
+            raise EngineUnavailable(
+                f"vllm could not load the LoRA adapter {adapter}: HTTP {response.status_code} "
+                f"{response.text[:300]}"
+            )
+        self._adapters.add(name)
 
     def _log_tail(self, lines: int = 20) -> str:
         try:

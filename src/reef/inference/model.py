@@ -161,7 +161,7 @@ async def open_model(config: ReefConfig) -> AsyncIterator[Model]:
     if server is not None:
         model = ServerModel(server.url, server.token)
     else:
-        engine = build_engine(config.engine)
+        engine = build_engine(config.engine, config.server.max_queue, config.state_dir)
         await engine.start()
         model = LocalModel(engine)
     try:

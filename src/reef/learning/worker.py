@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import sqlite_utils
 
 from reef.config import ReefConfig
 from reef.engines.base import ChatRequest
@@ -32,7 +31,13 @@ from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
 from reef.releases.candidates import Candidate
 from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow
-from reef.store import ExperienceStore, new_id
+from reef.store import ExperienceStore
+from reef.store.learning import (
+    fingerprint,
+    save_counts,
+    save_step,
+    take_instruction,
+)
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
@@ -73,7 +78,8 @@ class LearningWorker:
             head_number=head.number if head else 0,
             max_staleness=self.recipe.settings.max_staleness,
         )
-        self._save_counts(view)
+        counts = view.counts
+        save_counts(self.store, scenario, counts.waiting, counts.consumed, counts.stale_skipped)
         return view
 
     async def step(
@@ -108,16 +114,8 @@ class LearningWorker:
 
     def _fingerprint(self, scenario: str) -> tuple[Any, ...]:
         """Changes whenever the scenario gets a record, a report, a candidate or a release."""
-        (row,) = self.store.query(
-            "SELECT (SELECT MAX(seq) FROM records WHERE scenario = ?) AS records, "
-            "(SELECT MAX(seq) FROM reports WHERE scenario = ?) AS reports, "
-            "(SELECT MAX(seq) FROM candidates WHERE scenario = ?) AS candidates",
-            [scenario] * 3,
-        )
         return (
-            row["records"],
-            row["reports"],
-            row["candidates"],
+            *fingerprint(self.store, scenario),
             self.workflow.chain.head_commits().get(scenario),
         )
 
@@ -197,7 +195,7 @@ class LearningWorker:
     async def _next_step(self, scenario: str) -> StepResult | None:
         mode = self.config.learning.mode
         if mode in ("manual", "hybrid"):
-            instruction = self._take_instruction(scenario)
+            instruction = take_instruction(self.store, scenario)
             if instruction is not None:
                 return await self.step(scenario, instruction)
         if mode in ("auto", "hybrid"):
@@ -205,33 +203,6 @@ class LearningWorker:
         return None
 
     # -- bookkeeping in experience.db ----------------------------------------------------------
-
-    def _take_instruction(self, scenario: str) -> str | None:
-        def take(db: sqlite_utils.Database) -> str | None:
-            row = db.execute(
-                "SELECT seq, instruction FROM train_requests "
-                "WHERE scenario = ? AND taken_at IS NULL ORDER BY seq LIMIT 1",
-                [scenario],
-            ).fetchone()
-            if row is None:
-                return None
-            db.execute(
-                "UPDATE train_requests SET taken_at = ? WHERE seq = ?", [time.time(), row[0]]
-            )
-            return str(row[1])
-
-        return self.store.write(take).result()
-
-    def _save_counts(self, view: ExperienceView) -> None:
-        counts = view.counts
-        row = {
-            "scenario": view.scenario,
-            "waiting": counts.waiting,
-            "consumed": counts.consumed,
-            "stale_skipped": counts.stale_skipped,
-            "updated_at": time.time(),
-        }
-        self.store.write(lambda db: db.table("learning_status").upsert(row, pk="scenario")).result()
 
     def _save_step(self, result: StepResult, started: float, instruction: str | None) -> None:
         row = {
@@ -243,7 +214,7 @@ class LearningWorker:
             "candidate_id": result.candidate_id,
             "instruction": instruction,
         }
-        self.store.write(lambda db: db.table("learning_steps").insert(row)).result()
+        save_step(self.store, row)
 
 
 def _evaluated(candidate: Candidate) -> Evaluated | None:
@@ -255,41 +226,6 @@ def _evaluated(candidate: Candidate) -> Evaluated | None:
         files=read_folder(candidate.folder),
         scores={r["task_id"]: float(r["candidate_score"]) for r in results},
     )
-
-
-def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -> str:
-    """Queue a `reef train` instruction for the worker; returns its id."""
-    request_id = new_id("train")
-    row = {
-        "id": request_id,
-        "scenario": scenario,
-        "instruction": instruction,
-        "created_at": time.time(),
-    }
-    store.write(lambda db: db.table("train_requests").insert(row)).result()
-    return request_id
-
-
-def learning_status(store: ExperienceStore) -> dict[str, Any]:
-    """Per scenario: records waiting, consumed, stale skipped, batches built, the last step."""
-    status: dict[str, Any] = {}
-    for row in store.query("SELECT * FROM learning_status"):
-        status[row["scenario"]] = {k: row[k] for k in ("waiting", "consumed", "stale_skipped")}
-    for row in store.query(
-        "SELECT scenario, COUNT(*) AS steps FROM learning_steps GROUP BY scenario"
-    ):
-        status.setdefault(row["scenario"], {})["batches_built"] = row["steps"]
-    for row in store.query(
-        "SELECT * FROM learning_steps "
-        "WHERE seq IN (SELECT MAX(seq) FROM learning_steps GROUP BY scenario)"
-    ):
-        status.setdefault(row["scenario"], {})["last_step"] = {
-            "outcome": row["outcome"],
-            "error": row["error"],
-            "candidate_id": row["candidate_id"],
-            "finished_at": row["finished_at"],
-        }
-    return status
 
 
 def _ask_endpoint(

@@ -1,37 +1,79 @@
 """Follow each scenario's release head, whichever process moves it, and switch what it serves.
 
 Polls the heads a few times a second. A moved head is checked out and turned into a binding
-before it replaces the old one, so a request always sees a whole release, old or new.
+before it replaces the old one, so a request always sees a whole release, old or new. A head
+that cannot serve (a broken commit, an artifact that fails to load) leaves its scenario on what
+it served before, without holding up the other scenarios or start-up; the problem shows in
+`/reef/status` under `release_errors`, is logged once each time it changes, and the head is
+tried again every few seconds (a missing git-lfs can be installed meanwhile).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.releases")
 POLL_SECONDS = 0.2
+RETRY_BROKEN_SECONDS = 5.0
+ALL_SCENARIOS = "*"
 
 
-def load_heads(state: ServerState, known: dict[str, str]) -> None:
-    """Bring `state.bindings` up to date with the chain's heads (blocking: git and disk)."""
-    chain = state.workflow.chain
-    for scenario, commit in chain.head_commits().items():
-        if known.get(scenario) == commit:
-            continue
-        release = chain.head(scenario)
-        binding = state.workflow.binding(release)
+class HeadFollower:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.serving_commits: dict[str, str] = {}  # scenario -> head commit it serves
+        self.retry_at: dict[str, float] = {}  # scenario -> when to try a broken head again
+
+    def load_heads(self) -> None:
+        """Bring `state.bindings` up to date with the chain's heads (blocking: git and disk)."""
+        try:
+            heads = self.state.workflow.chain.head_commits()
+        except Exception as error:
+            self._report(ALL_SCENARIOS, f"could not read the release heads: {error}")
+            return
+        self._clear(ALL_SCENARIOS)
+        for scenario, commit in heads.items():
+            if self.serving_commits.get(scenario) == commit:
+                continue
+            if time.monotonic() < self.retry_at.get(scenario, 0.0):
+                continue
+            self._switch(scenario, commit)
+
+    def _switch(self, scenario: str, commit: str) -> None:
+        state = self.state
+        try:
+            binding = state.workflow.binding(state.workflow.chain.head(scenario))
+        except Exception as error:
+            self.retry_at[scenario] = time.monotonic() + RETRY_BROKEN_SECONDS
+            serving = state.bindings[scenario].release_id if scenario in state.bindings else "base"
+            self._report(
+                scenario,
+                f"head {commit[:12]} cannot serve ({type(error).__name__}: {error}); "
+                f"still serving {serving}",
+            )
+            return
         state.bindings = {**state.bindings, scenario: binding}
-        known[scenario] = commit
+        self.serving_commits[scenario] = commit
+        self.retry_at.pop(scenario, None)
+        self._clear(scenario)
         log.info("scenario %s now serves %s (%s)", scenario, binding.release_id, binding.kind)
 
+    def _report(self, scenario: str, message: str) -> None:
+        errors = self.state.release_errors
+        if errors.get(scenario) != message:
+            log.error("scenario %s: %s", scenario, message)
+        self.state.release_errors = {**errors, scenario: message}
 
-async def follow_heads(state: ServerState, known: dict[str, str]) -> None:
-    while True:
-        try:
-            await asyncio.to_thread(load_heads, state, known)
-        except Exception as error:  # a bad release must not stop serving the current one
-            log.error("could not switch to a new release: %s", error)
-        await asyncio.sleep(POLL_SECONDS)
+    def _clear(self, scenario: str) -> None:
+        errors = self.state.release_errors
+        if scenario in errors:
+            self.state.release_errors = {k: v for k, v in errors.items() if k != scenario}
+
+    async def follow(self) -> None:
+        while True:
+            await asyncio.to_thread(self.load_heads)
+            await asyncio.sleep(POLL_SECONDS)

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reef.engines.base import ChatRequest, Completion, StreamItem
 from reef.errors import ReefError
+from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json, sse
 from reef.server.state import CallContext, ServerState
 from reef.store import Record
@@ -37,7 +38,9 @@ async def chat_completions(request: Request) -> Response:
     if chat.stream:
         return await _streamed(state, call, body, chat)
     started = time.perf_counter()
-    completion = await state.engine.complete(chat, adapter=call.binding.adapter)
+    completion = await until_disconnected(
+        request, state.engine.complete(chat, adapter=call.binding.adapter)
+    )
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
         record = _record(state, call, body, completion, started, stream=False)
@@ -51,6 +54,7 @@ async def _streamed(
     started = time.perf_counter()
     items = aiter(state.engine.stream(chat, adapter=call.binding.adapter))
     # Pull the first item before answering, so a request the engine refuses gets a real status.
+    # Engines yield it as soon as the request is accepted, before it waits for its turn.
     try:
         first = await anext(items)
     except BaseException:
@@ -72,6 +76,9 @@ async def _streamed(
             # Headers are gone: say it in the stream, as OpenAI does, and store nothing.
             log.warning("stream failed: %s", error.message)
             yield sse(error.to_json())
+        except Exception as error:  # a store or engine failure: an error event, not a silent cut
+            log.exception("stream failed")
+            yield sse(_stream_failure(error))
         finally:
             await _close(items)
 
@@ -86,6 +93,17 @@ async def _close(items: AsyncIterator[StreamItem]) -> None:
     close = getattr(items, "aclose", None)
     if close is not None:
         await close()
+
+
+def _stream_failure(error: Exception) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": f"the stream failed ({type(error).__name__}); nothing was stored; "
+            "see the server log",
+            "type": "server_error",
+            "code": "stream_failed",
+        }
+    }
 
 
 def _receipt_chunk(completion: Completion, record_id: str) -> dict[str, Any]:

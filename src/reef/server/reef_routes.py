@@ -12,11 +12,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from reef.errors import BadRequest, Conflict, NotFound
-from reef.learning.worker import learning_status, queue_instruction
 from reef.scenario import check_scenario
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
 from reef.store import Report, ReportConflict, UnknownRecords
+from reef.store.learning import learning_status, queue_instruction
 
 REPORT_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -113,9 +113,12 @@ async def status(request: Request) -> Response:
                 "reason": state.engine_reason,
                 "token_ids": engine.capabilities.token_ids,
                 "logprobs": engine.capabilities.logprobs,
+                # Engines that queue (llama.cpp) say how many requests they hold.
+                "in_flight": getattr(engine, "in_flight", None),
             },
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
+            "release_errors": dict(sorted(state.release_errors.items())),
             "store": state.store.stats(),
             "learning": {
                 "recipe": state.config.learning.recipe,

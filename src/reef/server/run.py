@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import uvicorn
 
@@ -18,7 +20,7 @@ from reef.inference.server_file import RunningServer, advertise, loopback_url, w
 from reef.learning.process import start_worker, stop_worker
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
-from reef.server.follower import follow_heads, load_heads
+from reef.server.follower import HeadFollower
 from reef.server.state import ServerState
 
 STARTUP_POLL_S = 0.05
@@ -46,10 +48,12 @@ async def serve(state: ServerState) -> None:
     try:
         await state.engine.start()
         await asyncio.to_thread(state.workflow.recover_interrupted)
-        known: dict[str, str] = {}
-        await asyncio.to_thread(load_heads, state, known)
-        follower = asyncio.create_task(follow_heads(state, known))
-        server = uvicorn.Server(
+        heads = HeadFollower(state)
+        await asyncio.to_thread(heads.load_heads)
+        follower = asyncio.create_task(heads.follow())
+        server = _AdvertisedServer(
+            running,
+            state.config.state_dir,
             uvicorn.Config(
                 create_app(state),
                 host=server_config.host,
@@ -57,7 +61,7 @@ async def serve(state: ServerState) -> None:
                 log_level=server_config.log_level,
                 timeout_graceful_shutdown=60,
                 lifespan="off",
-            )
+            ),
         )
         announcer = asyncio.create_task(_once_listening(server, state, running, learner))
         try:
@@ -74,13 +78,27 @@ async def serve(state: ServerState) -> None:
         state.store.close()
 
 
+class _AdvertisedServer(uvicorn.Server):
+    """Writes `.reef/server.json` as soon as the socket listens, before any request is
+    answered: whoever sees /healthz answer also finds the server file."""
+
+    def __init__(self, running: RunningServer, state_dir: Path, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.running = running
+        self.state_dir = state_dir
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            advertise(self.state_dir, self.running)  # no await in between: no request yet
+
+
 async def _once_listening(
     server: uvicorn.Server, state: ServerState, running: RunningServer, learner: list[BaseProcess]
 ) -> None:
-    """Advertise the server and start the learning worker once the socket accepts calls."""
+    """Start the learning worker once the server accepts calls."""
     while not server.started:
         await asyncio.sleep(STARTUP_POLL_S)
-    await asyncio.to_thread(advertise, state.config.state_dir, running)
     if state.config.learning.recipe:
         with contextlib.suppress(asyncio.CancelledError):
             learner.append(start_worker(state.config, running))

@@ -39,6 +39,8 @@ class ServerState:
     internal_token: str = field(default_factory=new_internal_token, repr=False)
     # What each scenario serves now; replaced whole (never mutated) when a head moves.
     bindings: dict[str, Binding] = field(default_factory=dict)
+    # Why a scenario's head could not be served (scenario -> message); replaced whole.
+    release_errors: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:

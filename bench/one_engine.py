@@ -1,0 +1,104 @@
+"""One model per machine: memory and model mappings of `reef serve` with and without learning.
+
+    python bench/one_engine.py
+
+Starts the server on the embedded model twice, in fresh folders: once without a recipe (the
+baseline), once with `learning.recipe: harness_evolve`, whose worker process evaluates on the
+server's engine over loopback. For each it waits until the server has answered a few requests
+(and the worker has run a learning step), then prints, for the whole process tree, the memory
+(PSS, so pages shared between processes count once) and which processes map the model file.
+Goal: one process maps the model, and the tree with learning stays within 1.2x of the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+
+ENGINE = "engine:\n  llamacpp: {n_ctx: 2048, n_threads: 2}\n"
+LEARNING = """learning:
+  recipe: harness_evolve
+  interval_s: 0.5
+  proposer: rule
+  batch_size: 1
+  scorer: {type: regex, pattern: "Cheers\\\\s*$"}
+"""
+TASK = {
+    "messages": [{"role": "user", "content": "Name a colour."}],
+    "scorer": {"type": "regex", "pattern": "Cheers\\s*$"},
+}
+
+
+def tree(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    found = [int(c) for c in children.read_text().split()] if children.exists() else []
+    return [pid, *(p for child in found for p in tree(child))]
+
+
+def pss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def maps_model(pid: int) -> bool:
+    return any(
+        line.endswith(".gguf") for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+    )
+
+
+def exercise(server: ServerProcess, learning: bool) -> None:
+    body = {"messages": [{"role": "user", "content": "Name an animal."}], "max_tokens": 32}
+    for _ in range(3):
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+        if learning:
+            report = {
+                "references": [reply.headers["x-reef-agent-record-id"]],
+                "score": 0,
+                "feedback": "End every answer with the line: Cheers",
+            }
+            httpx.post(f"{server.url}/reef/report", json=report, timeout=30)
+    if learning:  # wait for a learning step that evaluated on the server
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{server.url}/reef/status").json()
+            if status["learning"]["scenarios"].get("default", {}).get("last_step"):
+                return
+            time.sleep(1)
+
+
+def measure(learning: bool) -> tuple[float, int, int]:
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        (folder / "reef.yaml").write_text(ENGINE + (LEARNING if learning else ""))
+        (folder / "evals").mkdir()
+        (folder / "evals/default.jsonl").write_text(json.dumps(TASK) + "\n")
+        with reef_serve(folder, free_port()).start() as server:
+            assert server.process is not None
+            exercise(server, learning)
+            pids = tree(server.process.pid)
+            memory = sum(pss_mib(pid) for pid in pids)
+            mapping = sum(maps_model(pid) for pid in pids)
+            return memory, len(pids), mapping
+
+
+def main() -> None:
+    baseline, base_processes, base_mapping = measure(learning=False)
+    learning, processes, mapping = measure(learning=True)
+    print(f"{'':34}{'processes':>10}{'map the model':>15}{'PSS MiB':>10}")
+    print(f"{'reef serve (baseline)':34}{base_processes:>10}{base_mapping:>15}{baseline:>10.1f}")
+    print(f"{'reef serve + learning worker':34}{processes:>10}{mapping:>15}{learning:>10.1f}")
+    print(f"memory ratio, learning / baseline: {learning / baseline:.2f} (goal <= 1.20)")
+    sys.exit(0 if mapping == 1 and learning / baseline <= 1.2 else 1)
+
+
+if __name__ == "__main__":
+    main()

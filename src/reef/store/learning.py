@@ -1,0 +1,96 @@
+"""The learning worker's bookkeeping in experience.db: its status, its steps, queued instructions.
+
+The worker writes these; the server reads them for `/reef/status` and queues `reef train`
+instructions. SQL lives here, in the store layer, so neither has to import the other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlite_utils
+
+from reef.store.experience import ExperienceStore, new_id
+
+
+def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -> str:
+    """Queue a `reef train` instruction for the worker; returns its id."""
+    request_id = new_id("train")
+    row = {
+        "id": request_id,
+        "scenario": scenario,
+        "instruction": instruction,
+        "created_at": time.time(),
+    }
+    store.write(lambda db: db.table("train_requests").insert(row)).result()
+    return request_id
+
+
+def take_instruction(store: ExperienceStore, scenario: str) -> str | None:
+    """The oldest instruction not yet taken for `scenario`, marked taken."""
+
+    def take(db: sqlite_utils.Database) -> str | None:
+        row = db.execute(
+            "SELECT seq, instruction FROM train_requests "
+            "WHERE scenario = ? AND taken_at IS NULL ORDER BY seq LIMIT 1",
+            [scenario],
+        ).fetchone()
+        if row is None:
+            return None
+        db.execute("UPDATE train_requests SET taken_at = ? WHERE seq = ?", [time.time(), row[0]])
+        return str(row[1])
+
+    return store.write(take).result()
+
+
+def save_counts(
+    store: ExperienceStore, scenario: str, waiting: int, consumed: int, stale_skipped: int
+) -> None:
+    row = {
+        "scenario": scenario,
+        "waiting": waiting,
+        "consumed": consumed,
+        "stale_skipped": stale_skipped,
+        "updated_at": time.time(),
+    }
+    store.write(lambda db: db.table("learning_status").upsert(row, pk="scenario")).result()
+
+
+def save_step(store: ExperienceStore, row: dict[str, Any]) -> None:
+    """One learning step: scenario, started_at, finished_at, outcome, error, candidate_id,
+    instruction."""
+    store.write(lambda db: db.table("learning_steps").insert(row)).result()
+
+
+def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
+    """Changes whenever the scenario gets a record, a report or a candidate."""
+    (row,) = store.query(
+        "SELECT (SELECT MAX(seq) FROM records WHERE scenario = ?) AS records, "
+        "(SELECT MAX(seq) FROM reports WHERE scenario = ?) AS reports, "
+        "(SELECT MAX(seq) FROM candidates WHERE scenario = ?) AS candidates",
+        [scenario] * 3,
+    )
+    return (row["records"], row["reports"], row["candidates"])
+
+
+def learning_status(store: ExperienceStore) -> dict[str, Any]:
+    """Per scenario: records waiting, consumed, stale skipped, batches built, the last step."""
+    status: dict[str, Any] = {}
+    for row in store.query("SELECT * FROM learning_status"):
+        status[row["scenario"]] = {k: row[k] for k in ("waiting", "consumed", "stale_skipped")}
+    for row in store.query(
+        "SELECT scenario, COUNT(*) AS steps FROM learning_steps GROUP BY scenario"
+    ):
+        status.setdefault(row["scenario"], {})["batches_built"] = row["steps"]
+    for row in store.query(
+        "SELECT * FROM learning_steps "
+        "WHERE seq IN (SELECT MAX(seq) FROM learning_steps GROUP BY scenario)"
+    ):
+        status.setdefault(row["scenario"], {})["last_step"] = {
+            "outcome": row["outcome"],
+            "error": row["error"],
+            "candidate_id": row["candidate_id"],
+            "finished_at": row["finished_at"],
+        }
+    return status

@@ -1,0 +1,171 @@
+"""Cancellation and back-pressure on the llama.cpp engine, through the real server and model.
+
+A long request here is one the model cannot end early: its end-of-sequence token is banned with
+`logit_bias`, so it runs to `max_tokens` (several seconds on two cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from reef.engines.llamacpp import LlamaCppEngine
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+from tests.conftest import SMALL_ENGINE, write_config
+
+LONG_TOKENS = 400
+
+
+@pytest.fixture(scope="module")
+def eos_token() -> int:
+    engine = LlamaCppEngine(n_ctx=256, n_threads=1)
+    asyncio.run(engine.start())
+    try:
+        return int(engine._llm.token_eos())
+    finally:
+        asyncio.run(engine.close())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("queue")
+    write_config(folder, SMALL_ENGINE + "server:\n  max_queue: 2\n")
+    with reef_serve(folder, free_port()).start() as running:
+        yield running
+
+
+def long_body(eos: int) -> dict:
+    return {
+        "messages": [{"role": "user", "content": "Count from one to a thousand in words."}],
+        "max_tokens": LONG_TOKENS,
+        "logit_bias": {str(eos): -100},
+    }
+
+
+def in_flight(url: str) -> int:
+    return int(httpx.get(f"{url}/reef/status").json()["engine"]["in_flight"])
+
+
+def records(url: str) -> int:
+    scenarios = httpx.get(f"{url}/reef/status").json()["store"]["scenarios"]
+    return sum(s["records"] for s in scenarios.values())
+
+
+def wait_until(condition, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    """Seconds until `condition()` held; fails after `timeout`."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, "condition not reached in time"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def hang_up_after(url: str, body: dict, seconds: float, stream: bool = False) -> None:
+    """A client that gives up: it times out and closes its connection."""
+    with pytest.raises(httpx.TimeoutException), httpx.Client(timeout=seconds) as client:
+        if stream:
+            with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                for _ in response.iter_bytes():
+                    pass
+        else:
+            client.post(f"{url}/v1/chat/completions", json=body)
+
+
+def test_abandoned_requests_free_the_engine(server: ServerProcess, eos_token: int) -> None:
+    before = records(server.url)
+    hangers = [
+        threading.Thread(target=hang_up_after, args=(server.url, long_body(eos_token), 0.7)),
+        threading.Thread(target=hang_up_after, args=(server.url, long_body(eos_token), 0.7)),
+        threading.Thread(
+            target=hang_up_after,
+            args=(server.url, {**long_body(eos_token), "stream": True}, 0.7, True),
+        ),
+    ]
+    for thread in hangers:
+        thread.start()
+    for thread in hangers:
+        thread.join()
+    # One long request takes several seconds; three abandoned ones are gone well before.
+    freed_after = wait_until(lambda: in_flight(server.url) == 0, timeout=3.0)
+    print(f"engine free {freed_after:.2f} s after the clients hung up")
+    assert records(server.url) == before  # an abandoned call is not a completion
+    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert reply.choices[0].message.content is not None
+
+
+def test_a_full_queue_answers_503_with_retry_after(server: ServerProcess, eos_token: int) -> None:
+    statuses: list[httpx.Response] = []
+
+    def call() -> None:
+        with httpx.Client(timeout=120) as client:
+            body = {**long_body(eos_token), "max_tokens": 60}
+            statuses.append(client.post(f"{server.url}/v1/chat/completions", json=body))
+
+    callers = [threading.Thread(target=call) for _ in range(6)]
+    for thread in callers:
+        thread.start()
+        time.sleep(0.05)
+    for thread in callers:
+        thread.join()
+    accepted = [r for r in statuses if r.status_code == 200]
+    refused = [r for r in statuses if r.status_code == 503]
+    # One running and two waiting (server.max_queue: 2) are served; the rest are refused.
+    assert len(accepted) == 3 and len(refused) == 3, [r.status_code for r in statuses]
+    for response in refused:
+        assert int(response.headers["retry-after"]) >= 1
+        error = response.json()["error"]
+        assert error["code"] == "queue_full" and "server.max_queue" in error["message"]
+    assert all("x-reef-agent-record-id" in r.headers for r in accepted)
+    assert in_flight(server.url) == 0
+
+
+def test_a_stream_answers_with_headers_while_it_waits(
+    server: ServerProcess, eos_token: int
+) -> None:
+    busy = threading.Thread(
+        target=lambda: httpx.post(
+            f"{server.url}/v1/chat/completions", json=long_body(eos_token), timeout=120
+        )
+    )
+    busy.start()
+    wait_until(lambda: in_flight(server.url) == 1, timeout=5)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as r:
+        # The headers came while the long request still holds the engine.
+        assert r.status_code == 200 and r.headers["x-reef-release-id"] == "base"
+        assert in_flight(server.url) == 2
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    busy.join()
+
+
+def test_logit_bias_must_name_tokens_of_the_model(server: ServerProcess) -> None:
+    before = records(server.url)
+    for bias in ({"49152": 5}, {"999999999": 1}):
+        body = {"messages": [{"role": "user", "content": "Hi"}], "logit_bias": bias}
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        assert "not a token id" in response.json()["error"]["message"]
+    assert records(server.url) == before
+
+
+def test_logit_bias_steers_the_model(server: ServerProcess, eos_token: int) -> None:
+    body = {**long_body(eos_token), "max_tokens": 24, "temperature": 0}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert response.json()["choices"][0]["finish_reason"] == "length"  # EOS could not come
+    assert response.json()["usage"]["completion_tokens"] == 24
+
+
+def test_server_state_file_is_private(server: ServerProcess) -> None:
+    path = Path(server.cwd) / ".reef" / "server.json"
+    assert path.stat().st_mode & 0o077 == 0
