@@ -1,9 +1,10 @@
 """The recipe contract: how experience becomes candidates.
 
-A recipe is a Python class named in the config (`learning.recipe: package.module:Class`, or a
-built-in short name). It sees experience only through an `ExperienceView` and returns a
-`Proposal`; it never touches HTTP, git or SQL itself. The worker turns the proposal into a
-candidate, runs the gate, and records what it consumed.
+A recipe is a Python class named in the config: a built-in short name, a project's file
+(`learning.recipe: recipes/mine.py:MyRecipe`), an installed module (`package.module:Class`) or
+an entry point of the `reef.recipes` group (see `recipe_class`). It sees experience only
+through an `ExperienceView` and returns a `Proposal`; it never touches HTTP, git or SQL itself.
+The worker turns the proposal into a candidate, runs the gate, and records what it consumed.
 
     class MyRecipe(Recipe):
         name = "my_recipe"
@@ -21,11 +22,15 @@ candidate, runs the gate, and records what it consumed.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
-import os
+import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +42,8 @@ from reef.learning.experience import ExperienceView, Trajectory
 BUILTIN_RECIPES = {
     "harness_evolve": "recipes.harness_evolve.recipe:HarnessEvolve",
 }
+# Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`).
+ENTRY_POINT_GROUP = "reef.recipes"
 
 
 class RecipeError(ReefError):
@@ -116,31 +123,104 @@ class Recipe:
         raise NotImplementedError
 
 
-def recipe_class(reference: str) -> type[Recipe]:
-    """The class named by `module:Class` or a built-in short name, with errors that say why."""
+def recipe_class(reference: str, base_dir: Path | None = None) -> type[Recipe]:
+    """The class a `learning.recipe` reference names, with errors that say why.
+
+    A reference is one of (checked in this order):
+    - a built-in short name: `harness_evolve`;
+    - a file and a class: `recipes/mine.py:MyRecipe`, a relative path resolved against
+      `base_dir` (the folder of reef.yaml; the current folder when None);
+    - an installed module and a class: `package.module:MyRecipe`;
+    - the name of an entry point in the `reef.recipes` group of an installed package.
+    Nothing is added to `sys.path`: a project's recipe is loaded from its file.
+    """
     target = BUILTIN_RECIPES.get(reference, reference)
-    module_name, _, class_name = target.partition(":")
-    # A project's own recipes/ (from `reef recipe new`) imports from the folder Reef runs in;
-    # `recipes` is a namespace package, so they sit beside the built-in ones.
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    if not class_name:
-        known = ", ".join(BUILTIN_RECIPES)
-        raise RecipeError(
-            f"recipe {reference!r} is neither a built-in ({known}) nor 'package.module:Class'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:
-        raise RecipeError(f"cannot import recipe module {module_name!r}: {error}") from None
-    found = getattr(module, class_name, None)
+    if ":" in target:
+        found = _load_target(target, base_dir or Path.cwd())
+    else:
+        found = _load_entry_point(reference)
     if not (isinstance(found, type) and issubclass(found, Recipe)):
         raise RecipeError(f"{target} is not a Recipe subclass (reef.learning.recipe.Recipe)")
     return found
 
 
-def load_recipe(reference: str, settings: dict[str, Any]) -> Recipe:
-    cls = recipe_class(reference)
+def _load_target(target: str, base_dir: Path) -> object:
+    """`path/to/file.py:Class` or `package.module:Class`: the object it names, or None."""
+    location, _, class_name = target.rpartition(":")
+    if location.endswith(".py"):
+        module = _module_from_file(base_dir / location)
+    else:
+        try:
+            module = importlib.import_module(location)
+        except Exception as error:
+            raise RecipeError(f"cannot import recipe module {location!r}: {error}") from None
+    return getattr(module, class_name, None)
+
+
+def _module_from_file(path: Path) -> ModuleType:
+    """Import a project's recipe file under a name of its own (never on `sys.path`).
+
+    A file inside a package folder (one with `__init__.py`, as `reef recipe new` writes) is
+    imported as a module of that package, so it can import its siblings relatively
+    (`from .helpers import x`).
+    """
+    path = path.resolve()
+    if not path.is_file():
+        raise RecipeError(f"recipe file {path} does not exist")
+    folder = path.parent
+    if (folder / "__init__.py").is_file():
+        package = _import_file(_private_name(folder), folder / "__init__.py", package=True)
+        return _import_file(f"{package.__name__}.{path.stem}", path)
+    return _import_file(_private_name(path), path)
+
+
+def _private_name(path: Path) -> str:
+    """A module name for a project's file or folder, the same for the same path."""
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return f"_reef_recipe_{digest}"
+
+
+def _import_file(name: str, path: Path, package: bool = False) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    locations = [str(path.parent)] if package else None
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=locations)
+    if spec is None or spec.loader is None:
+        raise RecipeError(f"cannot load recipe file {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it, as an import does
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise RecipeError(f"cannot load recipe file {path}: {error}") from None
+    return module
+
+
+def _load_entry_point(name: str) -> object:
+    """The object an installed package declares as `name` in the `reef.recipes` group."""
+    found = entry_points(group=ENTRY_POINT_GROUP, name=name)
+    if not found:
+        known = ", ".join(BUILTIN_RECIPES)
+        installed = ", ".join(sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)))
+        raise RecipeError(
+            f"recipe {name!r} is neither a built-in ({known}), an entry point in the "
+            f"{ENTRY_POINT_GROUP} group ({installed or 'none installed'}), a file "
+            "('path/to/recipe.py:Class') nor a module ('package.module:Class')"
+        )
+    entry_point = next(iter(found))
+    try:
+        return entry_point.load()
+    except Exception as error:
+        raise RecipeError(
+            f"cannot load recipe {name!r} ({entry_point.value}, entry point of "
+            f"{ENTRY_POINT_GROUP}): {error}"
+        ) from None
+
+
+def load_recipe(reference: str, settings: dict[str, Any], base_dir: Path | None = None) -> Recipe:
+    """The recipe `reference` names (see `recipe_class`), with its settings validated."""
+    cls = recipe_class(reference, base_dir)
     try:
         parsed = cls.Settings.model_validate(settings)
     except ValidationError as error:
