@@ -20,6 +20,7 @@ from reef.server import (
     release_routes,
 )
 from reef.server.auth import BearerAuth
+from reef.server.browser import browser_middleware
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -80,12 +81,14 @@ def create_app(state: ServerState) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
+            # Outermost: a page in the user's browser is refused before anything else runs.
+            *browser_middleware(state.config.server),
             Middleware(
                 BearerAuth,
                 tokens=state.config.token_values(),
                 admin_tokens=state.config.admin_token_values(),
                 internal_tokens=[state.internal_token],
-            )
+            ),
         ],
         exception_handlers={
             ReefError: _reef_error,
