@@ -17,6 +17,7 @@ from rich.table import Table
 
 from reef.cli.output import console, fail
 from reef.config import DEFAULT_PORT
+from reef.engines.base import message_text
 from reef.export import trajectories
 
 UrlOption = Annotated[
@@ -181,10 +182,7 @@ def _short(text: str, width: int = 40) -> str:
 def _last_user_text(request: dict[str, Any]) -> str:
     for message in reversed(request.get("messages", [])):
         if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):
-                return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            return str(content or "")
+            return message_text(message.get("content"))
     return ""
 
 

@@ -17,6 +17,31 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reef.errors import BadRequest
 
+TEXT_PART_TYPES = ("text", "input_text")
+
+
+def message_text(content: Any, *, only_text: bool = False) -> str:
+    """A message's text: a string as is; of an array of parts, its text parts joined with newlines.
+
+    Other parts (images, audio) are skipped, or refused with `only_text`: an engine that cannot
+    see them must not answer as if they were not there.
+    """
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        return str(content)
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PART_TYPES:
+            texts.append(str(part.get("text", "")))
+        elif only_text:
+            raise BadRequest(
+                f"message content part of type {kind!r} is not supported by this engine; "
+                "send text parts only"
+            )
+    return "\n".join(texts)
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -28,22 +53,8 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
     def text(self) -> str:
-        """The message's text: a string as is, an array of parts with its text parts joined."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        texts = []
-        for part in self.content:
-            kind = part.get("type")
-            if kind in ("text", "input_text"):
-                texts.append(str(part.get("text", "")))
-            else:
-                raise BadRequest(
-                    f"message content part of type {kind!r} is not supported by this engine; "
-                    "send text parts only"
-                )
-        return "\n".join(texts)
+        """The message's text for an engine that reads text only (other parts are refused)."""
+        return message_text(self.content, only_text=True)
 
 
 class ChatRequest(BaseModel):

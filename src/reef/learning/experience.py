@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from reef.engines.base import message_text
 from reef.store import ExperienceStore
 
 PAGE = 1000
@@ -47,12 +48,12 @@ class Turn:
         """The last user message's text."""
         for message in reversed(self.messages):
             if message.get("role") == "user":
-                return _text(message.get("content"))
+                return message_text(message.get("content"))
         return ""
 
     @property
     def answer_text(self) -> str:
-        return _text(self.answer.get("content"))
+        return message_text(self.answer.get("content"))
 
 
 @dataclass
@@ -179,10 +180,5 @@ def _extended(trajectories: list[Trajectory], turn: Turn) -> Trajectory | None:
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("role") == b.get("role") and _text(a.get("content")) == _text(b.get("content"))
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
+    same_text = message_text(a.get("content")) == message_text(b.get("content"))
+    return a.get("role") == b.get("role") and same_text

@@ -24,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from reef.engines.base import message_text
+
 _last: dict[str, Any] = {}
 _adapters: dict[str, str] = {}
 
@@ -31,10 +33,7 @@ _adapters: dict[str, str] = {}
 def _echo(body: dict[str, Any]) -> str:
     for message in reversed(body.get("messages", [])):
         if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):
-                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return f"echo: {content}"
+            return f"echo: {message_text(message.get('content'))}"
     return "echo:"
 
 
