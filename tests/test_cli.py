@@ -17,6 +17,7 @@ from openai import OpenAI
 from typer.testing import CliRunner
 
 from reef.cli import app
+from reef.evaluation.tasks import load_tasks
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
 from tests.conftest import SMALL_ENGINE, TOKEN, write_config
 
@@ -36,8 +37,7 @@ def test_init_scaffolds_a_project_that_serve_accepts(tmp_path: Path) -> None:
     assert code == 0, output
     project = tmp_path / "proj"
     assert (project / ".gitignore").read_text().strip().endswith(".reef/")
-    task = json.loads((project / "evals/default.jsonl").read_text().splitlines()[0])
-    assert task["messages"][0]["role"] == "user" and task["scorer"]["type"] == "contains"
+    assert len(load_tasks(project / "evals/default.jsonl")) > 1  # each line a valid task
     config = yaml.safe_load((project / "reef.yaml").read_text())
     assert config["server"]["port"] == 8900
     code, output = reef("serve", "-c", str(project / "reef.yaml"), "--print-config")

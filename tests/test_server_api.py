@@ -233,76 +233,7 @@ def test_openai_client_with_a_wrong_key_gets_an_authentication_error(
         bad.chat.completions.create(model="m", messages=HI, max_tokens=2)  # type: ignore[arg-type]
 
 
-# -- bad input: a clear JSON error, nothing stored, still serving ---------------------------
-
-BAD_CHAT_BODIES = [
-    ("{not json", 400, "not valid JSON"),
-    ("[1, 2]", 400, "JSON object"),
-    ("", 400, "empty"),
-    (json.dumps({"messages": []}), 400, "messages"),
-    (json.dumps({"max_tokens": 3}), 400, "messages: required"),
-    (json.dumps({"messages": [{"role": "robot", "content": "x"}]}), 400, "messages.0.role"),
-    (json.dumps({"messages": HI, "n": 2}), 400, "n must be 1"),
-    (json.dumps({"messages": HI, "temperature": 7}), 400, "temperature"),
-    (json.dumps({"messages": HI, "max_tokens": 0}), 400, "max_tokens"),
-    (
-        json.dumps(
-            {
-                "messages": HI,
-                "tool_choice": "required",
-                "tools": [{"type": "function", "function": {"name": "f"}}],
-            }
-        ),
-        400,
-        "tool_choice",
-    ),
-    (
-        json.dumps(
-            {
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
-                    }
-                ]
-            }
-        ),
-        400,
-        "image_url",
-    ),
-    (
-        json.dumps({"messages": [{"role": "user", "content": "word " * 2500}]}),
-        400,
-        "context window",
-    ),
-    (
-        json.dumps({"messages": HI, "response_format": {"type": "json_object"}}),
-        400,
-        "response_format",
-    ),
-]
-
-
-@pytest.mark.parametrize(("body", "status", "says"), BAD_CHAT_BODIES)
-def test_bad_chat_requests_get_clear_errors(
-    http: httpx.Client, body: str, status: int, says: str
-) -> None:
-    before = record_count(http)
-    for stream in (False, True):
-        payload = body
-        if stream and body.startswith('{"messages"'):
-            payload = json.dumps({**json.loads(body), "stream": True})
-        response = http.post(
-            "/v1/chat/completions", content=payload, headers={"content-type": "application/json"}
-        )
-        assert response.status_code == status, response.text
-        error = response.json()["error"]
-        assert says in error["message"]
-        assert error["type"] and "code" in error
-    assert record_count(http) == before
-    assert (
-        http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 1}).status_code == 200
-    )
+# -- bad input (the corpus of bad requests is in test_bad_requests.py) ----------------------
 
 
 def test_body_over_the_limit_is_413(http: httpx.Client) -> None:
@@ -310,14 +241,6 @@ def test_body_over_the_limit_is_413(http: httpx.Client) -> None:
     response = http.post("/v1/chat/completions", json=big)
     assert response.status_code == 413
     assert "max_body_bytes" in response.json()["error"]["message"]
-
-
-def test_bad_scenario_header_is_400(http: httpx.Client) -> None:
-    response = http.post(
-        "/v1/chat/completions", json={"messages": HI}, headers={"x-reef-scenario": "../etc"}
-    )
-    assert response.status_code == 400
-    assert "scenario" in response.json()["error"]["message"]
 
 
 BAD_REPORTS = [

@@ -27,7 +27,7 @@ def init(
         bool, typer.Option("--force", help="Overwrite files that already exist.")
     ] = False,
 ) -> None:
-    """Create reef.yaml, a .gitignore for .reef/ and an example eval task file."""
+    """Create reef.yaml, a .gitignore for .reef/ and the gate's eval tasks (evals/default.jsonl)."""
     targets = {template: directory / name for template, name in SCAFFOLD.items()}
     existing = [path for path in targets.values() if path.exists()]
     if existing and not force:

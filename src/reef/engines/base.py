@@ -7,6 +7,7 @@ capture (token ids, logprobs) so the experience store knows what training can co
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from reef.errors import BadRequest
 
 TEXT_PART_TYPES = ("text", "input_text")
+# OpenAI sends logit_bias keys as token ids written in digits, as JSON object keys must be strings.
+TOKEN_ID_KEY = re.compile(r"^[0-9]{1,10}$")
+MAX_LOGIT_BIAS = 100
 
 
 def message_text(content: Any, *, only_text: bool = False) -> str:
@@ -52,6 +56,18 @@ class ChatMessage(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _typed_parts(
+        cls, value: str | list[dict[str, Any]] | None
+    ) -> str | list[dict[str, Any]] | None:
+        for number, part in enumerate(value if isinstance(value, list) else []):
+            if not isinstance(part.get("type"), str):
+                raise ValueError(f"content part {number} needs a string `type`, such as 'text'")
+            if part["type"] in TEXT_PART_TYPES and not isinstance(part.get("text"), str):
+                raise ValueError(f"content part {number} is a text part: give it a string `text`")
+        return value
+
     def text(self) -> str:
         """The message's text for an engine that reads text only (other parts are refused)."""
         return message_text(self.content, only_text=True)
@@ -80,6 +96,7 @@ class ChatRequest(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("n")
     @classmethod
@@ -95,6 +112,38 @@ class ChatRequest(BaseModel):
             raise ValueError("at most 4 stop sequences")
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _named_functions(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for number, tool in enumerate(value or []):
+            function = tool.get("function")
+            if not isinstance(tool.get("type"), str):
+                raise ValueError(f"tool {number} needs a string `type`, such as 'function'")
+            named = isinstance(function, dict) and isinstance(function.get("name"), str)
+            if tool["type"] == "function" and not named:
+                raise ValueError(f"tool {number} needs `function` with a string `name`")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _usage_flag(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value and not isinstance(value.get("include_usage", False), bool):
+            raise ValueError("stream_options.include_usage must be true or false")
+        return value
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_biases(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(
+                'logit_bias must be an object of token id to bias, such as {"50256": -100}'
+            )
+        for key, bias in value.items():
+            _check_logit_bias(key, bias)
+        return value
+
     def stop_sequences(self) -> list[str]:
         if self.stop is None:
             return []
@@ -105,6 +154,17 @@ class ChatRequest(BaseModel):
 
     def include_usage_chunk(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+def _check_logit_bias(key: str, bias: Any) -> None:
+    if not TOKEN_ID_KEY.match(key):
+        raise ValueError(f"logit_bias key {key!r} is not a token id: write the id in digits")
+    number = isinstance(bias, int | float) and not isinstance(bias, bool)
+    if not number or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+        raise ValueError(
+            f"logit_bias[{key!r}] must be a number from -{MAX_LOGIT_BIAS} to {MAX_LOGIT_BIAS}, "
+            f"got {bias!r}"
+        )
 
 
 @dataclass

@@ -12,8 +12,13 @@ from starlette.routing import Route
 
 from reef.errors import NotFound
 from reef.scenario import SCENARIO_NAME
-from reef.server.http import parse, read_json
+from reef.server.http import parse, read_json, read_optional_json
 from reef.server.state import ServerState
+
+
+class ApproveBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(None, max_length=2000)
 
 
 class RejectBody(BaseModel):
@@ -37,12 +42,6 @@ def _scenario(request: Request) -> str:
     if not SCENARIO_NAME.match(scenario):
         raise NotFound(f"no scenario {scenario!r}")
     return scenario
-
-
-async def _optional_json(request: Request, limit: int) -> dict[str, Any]:
-    if not (await request.body()):
-        return {}
-    return await read_json(request, limit)
 
 
 async def list_scenarios(request: Request) -> Response:
@@ -86,11 +85,11 @@ async def list_candidates(request: Request) -> Response:
 
 async def approve(request: Request) -> Response:
     state, scenario = _state(request), _scenario(request)
-    body = await _optional_json(request, state.config.server.max_body_bytes)
+    limit = state.config.server.max_body_bytes
+    body = parse(ApproveBody, await read_optional_json(request, limit))
     candidate_id = request.path_params["candidate_id"]
     _same_scenario(state, candidate_id, scenario)
-    reason = body.get("reason") if isinstance(body.get("reason"), str) else None
-    candidate = await run_in_threadpool(state.workflow.approve, candidate_id, reason)
+    candidate = await run_in_threadpool(state.workflow.approve, candidate_id, body.reason)
     return JSONResponse(candidate.to_json())
 
 
@@ -105,7 +104,8 @@ async def reject(request: Request) -> Response:
 
 async def rollback(request: Request) -> Response:
     state, scenario = _state(request), _scenario(request)
-    body = parse(RollbackBody, await _optional_json(request, state.config.server.max_body_bytes))
+    limit = state.config.server.max_body_bytes
+    body = parse(RollbackBody, await read_optional_json(request, limit))
     release = await run_in_threadpool(state.workflow.chain.rollback, scenario, body.to, body.reason)
     return JSONResponse(release.to_json(), status_code=201)
 
