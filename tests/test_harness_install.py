@@ -6,9 +6,11 @@ script when missing; .ci/run installs it beforehand) against Reef serving the em
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reef.harness.adapters import unused_delimiter
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
 from tests.conftest import TOKEN
@@ -179,3 +182,60 @@ def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Pa
     updated = reef_pi("update")
     assert updated.returncode == 0, updated.stderr
     assert (tmp_path / ".reef/harness/pi/default/release").read_text().strip() == "default@2"
+
+
+# -- install scripts are safe to run, also under python -O and over a broken models.json ------
+
+
+def test_a_line_equal_to_its_heredoc_delimiter_is_refused_even_under_python_o() -> None:
+    assert unused_delimiter("REEF_X", "a\nREEF_XY\nb") == "REEF_X"
+    check = (
+        "from reef.harness.adapters import UnsafeScript, unused_delimiter\n"
+        "try:\n"
+        "    unused_delimiter('REEF_X', 'a\\nREEF_X\\nrm -rf ~')\n"
+        "except UnsafeScript as error:\n"
+        "    print(error.message)\n"
+    )
+    result = subprocess.run([sys.executable, "-O", "-c", check], capture_output=True, text=True)
+    assert "a line of it is 'REEF_X'" in result.stdout, result.stdout + result.stderr
+
+
+def install_pi(server: ServerProcess, home: Path) -> subprocess.CompletedProcess[str]:
+    """The pi install script, run with a stand-in `pi` on PATH (so npm never runs)."""
+    stand_in = home / "stand-in"
+    stand_in.mkdir(exist_ok=True)
+    (stand_in / "pi").write_text("#!/bin/sh\nexit 0\n")
+    (stand_in / "pi").chmod(0o755)
+    return run_script(script(server, "pi"), home, PATH=f"{stand_in}:{os.environ['PATH']}")
+
+
+needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="the pi installer runs node")
+
+
+@needs_node
+@pytest.mark.parametrize("unreadable", ['{"providers": {"mine": ', "[1, 2]", '{"providers": 5}'])
+def test_pi_installer_backs_up_a_models_file_it_cannot_read(
+    server: ServerProcess, tmp_path: Path, unreadable: str
+) -> None:
+    models = tmp_path / ".pi/agent/models.json"
+    models.parent.mkdir(parents=True)
+    models.write_text(unreadable)
+    result = install_pi(server, tmp_path)
+    assert result.returncode == 0, result.stderr
+    backups = list(models.parent.glob("models.json.bak-*"))
+    assert [backup.read_text() for backup in backups] == [unreadable]
+    assert f"kept it as {backups[0]}" in result.stderr
+    assert json.loads(models.read_text())["providers"]["reef"]["baseUrl"] == f"{server.url}/v1"
+
+
+@needs_node
+def test_pi_installer_keeps_the_providers_already_configured(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    models = tmp_path / ".pi/agent/models.json"
+    models.parent.mkdir(parents=True)
+    models.write_text(json.dumps({"providers": {"mine": {"baseUrl": "http://example/v1"}}}))
+    result = install_pi(server, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(models.read_text())["providers"]) == {"mine", "reef"}
+    assert not list(models.parent.glob("models.json.bak-*")) and "kept it" not in result.stderr

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import jinja2
 
-from reef.errors import BadRequest, NotFound
+from reef.errors import BadRequest, NotFound, ReefError
 from reef.templates import shipped_dir
 
 ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
@@ -26,6 +26,12 @@ SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:@/+-]{1,200}$")
 SAFE_PATH = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_./-]{0,200}$")
 HOST = re.compile(r"^[A-Za-z0-9.:-]+$")  # a name, an IPv4 or an (unbracketed) IPv6 address
 PI_VERSION = "0.73"
+
+
+class UnsafeScript(ReefError):
+    """Content that would change what an install script runs, were it written into it."""
+
+    code = "unsafe_install_script"
 
 
 def adapters_dir() -> Path:
@@ -67,8 +73,20 @@ def _checked(name: str, value: str) -> str:
 
 
 def _delimiter(text: str) -> str:
+    """A heredoc delimiter for `text`, derived from its hash so that no line of it can be one."""
     tag = "REEF_" + hashlib.sha256(text.encode()).hexdigest()[:16].upper()
-    assert tag not in text.splitlines()
+    return unused_delimiter(tag, text)
+
+
+def unused_delimiter(tag: str, text: str) -> str:
+    """`tag`, once sure no line of `text` equals it: such a line would end the heredoc early and
+    run the rest of the text as shell commands. (A real check, not an assert: `python -O`
+    strips asserts.)"""
+    if tag in text.splitlines():
+        raise UnsafeScript(
+            f"cannot write this harness into an install script: a line of it is {tag!r}, the "
+            "delimiter that ends its heredoc; change that line"
+        )
     return tag
 
 
