@@ -3,6 +3,7 @@ or an entry point of the `reef.recipes` group; never by putting a folder on `sys
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,6 +78,22 @@ def test_the_scaffold_of_reef_recipe_new_loads_as_its_hint_says(tmp_path: Path) 
     assert hint in " ".join(result.stdout.split())  # rich may wrap the line
     recipe = load_recipe(hint, {"batch_size": 1}, base_dir=tmp_path)
     assert recipe.name == "polite_answers"
+
+
+def test_the_scaffolds_test_passes_with_the_command_it_prints(tmp_path: Path) -> None:
+    """`reef recipe new` says `test it with pytest recipes/NAME`: the pytest command, which
+    (unlike `python -m pytest`) does not put the current folder on the import path."""
+    assert run_reef(tmp_path, "recipe", "new", "polite_answers").returncode == 0
+    pytest_command = Path(sys.executable).parent / "pytest"
+    result = subprocess.run(
+        [str(pytest_command), "-q", "-p", "no:cacheprovider", "recipes/polite_answers"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
 
 
 def test_the_current_folder_is_not_searched_for_modules(elsewhere: Path) -> None:
