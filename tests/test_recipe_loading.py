@@ -138,3 +138,12 @@ def test_bad_references_say_what_is_wrong(tmp_path: Path) -> None:
         load_recipe("plain.py:Nope", {}, base_dir=tmp_path)
     with pytest.raises(RecipeError, match=f"neither a built-in .* {ENTRY_POINT_GROUP} group"):
         load_recipe("no_such_recipe", {})
+
+
+def test_serve_stops_at_start_up_naming_a_missing_recipe_file(tmp_path: Path) -> None:
+    (tmp_path / "reef.yaml").write_text("learning:\n  recipe: recipes/mine.py:Mine\n")
+    result = run_reef(tmp_path, "serve", "--port", "1")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"recipe file {tmp_path.resolve()}/recipes/mine.py does not exist" in " ".join(
+        (result.stdout + result.stderr).split()
+    )
