@@ -195,11 +195,34 @@ class ReleaseChain:
     def __init__(self, path: Path) -> None:
         self._lock = threading.RLock()
         self.path = Path(path)
-        if (self.path / "HEAD").exists():
+        if not (self.path / "HEAD").exists():
+            self._create()
+        try:
             self.repo = git.Repo(self.path)
-        else:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self.repo = git.Repo.init(self.path, bare=True)
+        except git.GitError as error:
+            raise ReefError(f"cannot open the release chain {self.path}: {error}") from None
+
+    def _create(self) -> None:
+        """Create the bare repository beside its place and rename it in whole, so that another
+        process sees no repository or a complete one. A concurrent creator winning is fine."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}-"))
+        except OSError as error:
+            raise ReefError(f"cannot create the release chain {self.path}: {error}") from None
+        try:
+            git.Repo.init(staging, bare=True)
+            staging.rename(self.path)  # replaces an empty folder; fails over a non-empty one
+        except git.GitError as error:
+            raise ReefError(f"cannot create the release chain {self.path}: {error}") from None
+        except OSError:
+            if not (self.path / "HEAD").exists():
+                raise ReefError(
+                    f"{self.path} exists but is not a git repository: move it away, and Reef "
+                    "creates a new release chain there"
+                ) from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     # -- heads --------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import queue
+import random
 import secrets
 import sqlite3
 import threading
@@ -24,6 +25,7 @@ from typing import Any, Literal, TypeVar
 
 import sqlite_utils
 
+from reef.errors import ReefError
 from reef.store.migrations import apply_migrations
 
 T = TypeVar("T")
@@ -33,6 +35,13 @@ JSON_COLUMNS = ("request", "response", "completion_token_ids", "completion_logpr
 
 class StoreError(Exception):
     """Base class for errors a caller can act on."""
+
+
+class StoreUnavailable(ReefError):
+    """The experience store could not be opened; the message says why and what to do."""
+
+    status = 503
+    code = "store_unavailable"
 
 
 class UnknownRecords(StoreError):
@@ -210,28 +219,95 @@ class _GroupCommitWriter(threading.Thread):
                 job.future.set_exception(job_error)
 
 
-def _connect(path: Path, synchronous: str) -> sqlite_utils.Database:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA busy_timeout=30000")
+def _connect(path: Path, synchronous: str, busy_timeout_s: float) -> sqlite_utils.Database:
+    # The timeout is SQLite's busy timeout, set before any statement runs.
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+    )
+    try:
+        # Switching to WAL takes an exclusive lock that the busy timeout does not wait for; a
+        # file already in WAL mode (every time but the first) needs no switch.
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except BaseException:
+        conn.close()
+        raise
     return sqlite_utils.Database(conn)
+
+
+def _is_locked(error: sqlite3.OperationalError) -> bool:
+    text = str(error)
+    return "database is locked" in text or "database table is locked" in text
+
+
+def _retry_while_locked(operation: Callable[[], T], deadline: float) -> T:
+    """Run `operation` again, after a growing random pause, while another process holds the
+    lock SQLite would not wait for, until `deadline` (a time.monotonic() value)."""
+    pause = 0.01
+    while True:
+        try:
+            return operation()
+        except sqlite3.OperationalError as error:
+            if not _is_locked(error) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(random.uniform(pause / 2, pause))
+        pause = min(pause * 2, 0.5)
 
 
 class ExperienceStore:
     """Records and reports in `.reef/experience.db`; safe to open from several processes."""
 
-    def __init__(self, path: Path, synchronous: Literal["normal", "full"] = "full") -> None:
+    def __init__(
+        self,
+        path: Path,
+        synchronous: Literal["normal", "full"] = "full",
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        """Open (or create) the store. `busy_timeout_s`: how long to wait for another process
+        that holds the database's lock, here and on every later statement."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_db = _connect(self.path, synchronous)
-        apply_migrations(write_db)
-        self._read_db = _connect(self.path, synchronous)
+        self._write_db, self._read_db = self._open(synchronous, busy_timeout_s)
         self._read_lock = threading.Lock()
-        self._writer = _GroupCommitWriter(write_db)
+        self._writer = _GroupCommitWriter(self._write_db)
         self._writer.start()
-        self._write_db = write_db
+
+    def _open(
+        self, synchronous: str, busy_timeout_s: float
+    ) -> tuple[sqlite_utils.Database, sqlite_utils.Database]:
+        """The writer's connection, migrated, and the readers' connection."""
+        deadline = time.monotonic() + 2 * busy_timeout_s
+        opened: list[sqlite_utils.Database] = []
+
+        def connect() -> sqlite_utils.Database:
+            db = _retry_while_locked(
+                lambda: _connect(self.path, synchronous, busy_timeout_s), deadline
+            )
+            opened.append(db)
+            return db
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_db = connect()
+            _retry_while_locked(lambda: apply_migrations(write_db), deadline)
+            return write_db, connect()
+        except (sqlite3.Error, OSError) as error:
+            for db in opened:
+                db.conn.close()
+            raise self._unavailable(error) from None
+
+    def _unavailable(self, error: BaseException) -> StoreUnavailable:
+        if isinstance(error, sqlite3.OperationalError) and _is_locked(error):
+            return StoreUnavailable(
+                f"the experience store {self.path} is locked by another process (a server, a "
+                "learning worker or a reef command) and stayed locked: try again once it is "
+                "done, or stop the process that holds it"
+            )
+        return StoreUnavailable(
+            f"cannot open the experience store {self.path}: {error}. Check that its folder is "
+            "writable and that the file is a Reef experience.db (move a damaged one away)"
+        )
 
     def close(self) -> None:
         self._writer.stop()
