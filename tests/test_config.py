@@ -92,3 +92,44 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
 def test_missing_file_says_how_to_create_one(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="reef init"):
         load_config(tmp_path / "nope.yaml", env={})
+
+
+def test_relative_dirs_in_a_config_file_resolve_against_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "reef.yaml").write_text("state_dir: state\nevals_dir: my-evals\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config(Path("../project/reef.yaml"), env={})
+    assert config.state_dir.resolve() == project / "state"
+    assert config.evals_dir.resolve() == project / "my-evals"
+    assert config.experience_db.resolve() == project / "state/experience.db"
+
+
+def test_defaults_follow_the_config_file_and_stay_relative_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project/reef.yaml").write_text("server:\n  port: 9100\n")
+    config = load_config(tmp_path / "project/reef.yaml", env={})
+    assert config.state_dir == tmp_path / "project/.reef"
+    assert config.evals_dir == tmp_path / "project/evals"
+    monkeypatch.chdir(tmp_path / "project")
+    beside = load_config(Path("reef.yaml"), env={})
+    assert beside.state_dir == Path(".reef") and beside.evals_dir == Path("evals")
+
+
+def test_absolute_and_home_dirs_in_a_config_file_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = tmp_path / "project/reef.yaml"
+    path.parent.mkdir()
+    path.write_text(f"state_dir: ~/reef-state\nevals_dir: {tmp_path}/shared-evals\n")
+    config = load_config(path, env={})
+    assert config.state_dir == tmp_path / "home/reef-state"
+    assert config.evals_dir == tmp_path / "shared-evals"
+

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from reef.cli import app
 from reef.testing.artifacts import harness
+from reef.testing.processes import run_reef
 from tests.conftest import needs_git_lfs
 
 runner = CliRunner()
@@ -111,3 +112,20 @@ def test_diff_of_weight_releases_gives_sizes_without_reading_the_weights(project
     diff = json.loads(output)
     assert diff["weights"] == {"adapter.gguf": {"bytes": [1000, 2000]}}
     assert '-{"size": 1000}' in diff["files"]["adapter.json"]
+
+
+def test_a_config_in_another_folder_finds_its_own_state(tmp_path: Path) -> None:
+    """`-c other/reef.yaml` from elsewhere reads that project's releases and creates nothing
+    where it runs."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "reef.yaml").write_text("state_dir: .reef\ngate:\n  policy: always\n")
+    harness(project / "h", "You are A.")
+    published = run_reef(project, "release", "publish", "h", "--kind", "harness", "--approve")
+    assert published.returncode == 0, published.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    listed = run_reef(elsewhere, "release", "list", "-c", "../project/reef.yaml", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["release_id"] for r in json.loads(listed.stdout)] == ["default@1"]
+    assert list(elsewhere.iterdir()) == []

@@ -132,6 +132,8 @@ class ScenarioConfig(_Section):
 
 
 class ReefConfig(_Section):
+    # Relative paths in a config file are relative to the file's folder; without a file, to the
+    # current directory.
     state_dir: Path = Path(".reef")
     # Eval tasks, one file per scenario: <evals_dir>/<scenario>.jsonl
     evals_dir: Path = Path("evals")
@@ -142,7 +144,7 @@ class ReefConfig(_Section):
     learning: LearningConfig = Field(default_factory=LearningConfig)
     scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
 
-    @field_validator("state_dir")
+    @field_validator("state_dir", "evals_dir")
     @classmethod
     def _expand_user(cls, value: Path) -> Path:
         return value.expanduser()
@@ -235,6 +237,7 @@ def load_config(
         path = Path(DEFAULT_CONFIG_FILE)
     if path is not None:
         data = _read_yaml(path, env)
+        _anchor_folders(data, path.parent)
     _apply_environment(data, env)
     _merge_overrides(data, overrides or {})
     try:
@@ -246,6 +249,16 @@ def load_config(
     config.server.tokens = [*config.server.tokens, *_tokens(env, "REEF_TOKEN")]
     config.server.admin_tokens = [*config.server.admin_tokens, *_tokens(env, "REEF_ADMIN_TOKEN")]
     return config
+
+
+def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
+    """Make `state_dir` and `evals_dir` (given or default) relative to the config's `folder`, so
+    that `-c other/reef.yaml` from anywhere finds that project's state and evals."""
+    for key in ("state_dir", "evals_dir"):
+        value = data.get(key, ReefConfig.model_fields[key].default)
+        if isinstance(value, str | Path):
+            given = Path(value).expanduser()
+            data[key] = given if given.is_absolute() else folder / given
 
 
 def _tokens(env: dict[str, str], variable: str) -> list[SecretStr]:
