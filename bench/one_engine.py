@@ -22,7 +22,7 @@ import httpx
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
-ENGINE = "engine:\n  llamacpp: {n_ctx: 2048, n_threads: 2}\n"
+ENGINE = ""  # the default engine settings, as `reef serve` runs
 LEARNING = """learning:
   recipe: harness_evolve
   interval_s: 0.5
@@ -75,7 +75,7 @@ def exercise(server: ServerProcess, learning: bool) -> None:
             time.sleep(1)
 
 
-def measure(learning: bool) -> tuple[float, int, int]:
+def measure(learning: bool) -> tuple[list[float], int]:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         (folder / "reef.yaml").write_text(ENGINE + (LEARNING if learning else ""))
@@ -85,19 +85,22 @@ def measure(learning: bool) -> tuple[float, int, int]:
             assert server.process is not None
             exercise(server, learning)
             pids = tree(server.process.pid)
-            memory = sum(pss_mib(pid) for pid in pids)
-            mapping = sum(maps_model(pid) for pid in pids)
-            return memory, len(pids), mapping
+            return [pss_mib(pid) for pid in pids], sum(maps_model(pid) for pid in pids)
 
 
 def main() -> None:
-    baseline, base_processes, base_mapping = measure(learning=False)
-    learning, processes, mapping = measure(learning=True)
-    print(f"{'':34}{'processes':>10}{'map the model':>15}{'PSS MiB':>10}")
-    print(f"{'reef serve (baseline)':34}{base_processes:>10}{base_mapping:>15}{baseline:>10.1f}")
-    print(f"{'reef serve + learning worker':34}{processes:>10}{mapping:>15}{learning:>10.1f}")
-    print(f"memory ratio, learning / baseline: {learning / baseline:.2f} (goal <= 1.20)")
-    sys.exit(0 if mapping == 1 and learning / baseline <= 1.2 else 1)
+    rows = {
+        "reef serve (baseline)": measure(learning=False),
+        "reef serve + learning worker": measure(learning=True),
+    }
+    print(f"{'':32}{'processes':>10}{'map the model':>15}{'PSS MiB (each)':>24}{'total':>8}")
+    for name, (memory, mapping) in rows.items():
+        each = " + ".join(f"{m:.0f}" for m in memory)
+        print(f"{name:32}{len(memory):>10}{mapping:>15}{each:>24}{sum(memory):>8.1f}")
+    (baseline, _), (learning, mapping) = rows.values()
+    ratio = sum(learning) / sum(baseline)
+    print(f"memory ratio, learning / baseline: {ratio:.2f} (goal <= 1.20)")
+    sys.exit(0 if mapping == 1 and ratio <= 1.2 else 1)
 
 
 if __name__ == "__main__":

@@ -85,3 +85,41 @@ def test_consumed_and_stale_records_are_skipped_and_counted(store: ExperienceSto
     assert [t.record_ids for t in seen.trajectories] == [[fresh]]
     assert (seen.counts.waiting, seen.counts.consumed, seen.counts.stale_skipped) == (1, 1, 1)
     assert old not in {r for t in seen.trajectories for r in t.record_ids}
+
+
+def test_identical_first_turns_of_different_sessions_stay_apart(store: ExperienceStore) -> None:
+    a = call(store, [user("Hi")], "Hello from a", session="a")
+    b = call(store, [user("Hi")], "Hello from b", session="b")
+    store.add_report(Report("default", [a], score=1.0, feedback="good")).result()
+    store.add_report(Report("default", [b], score=0.0, feedback="bad")).result()
+    turns = {turn.record_id: turn for turn in view(store).turns()}
+    assert set(turns) == {a, b}
+    assert (turns[a].score, turns[a].feedback) == (1.0, ["good"])
+    assert (turns[b].score, turns[b].feedback) == (0.0, ["bad"])
+
+
+def test_a_retry_within_a_session_still_counts_once(store: ExperienceStore) -> None:
+    first = call(store, [user("Same question")], "answer 1", session="s")
+    retry = call(store, [user("Same question")], "answer 2", session="s")
+    store.add_report(Report("default", [first], score=0.0)).result()
+    turns = view(store).turns()
+    assert [t.record_id for t in turns] == [retry] and turns[0].score == 0.0
+
+
+def test_records_hashed_without_their_session_still_keep_sessions_apart(
+    store: ExperienceStore,
+) -> None:
+    """Rows stored before the hash included the session share one hash across sessions."""
+    ids = []
+    for session in ("a", "b"):
+        record = Record(
+            scenario="default",
+            session=session,
+            request={"messages": [user("Hi")]},
+            response={"choices": [{"message": assistant("Hello")}]},
+            engine="test",
+            release_id="base",
+            content_hash="hash-from-before-sessions-counted",
+        )
+        ids.append(store.add_record(record).result())
+    assert sorted(t.record_id for t in view(store).turns()) == sorted(ids)

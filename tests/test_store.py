@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from reef.store import ExperienceStore, Record, Report, ReportConflict, UnknownRecords
+from reef.store.experience import canonical_hash
 from reef.store.migrations import MIGRATIONS
 
 
@@ -69,6 +70,16 @@ def test_a_committed_record_is_visible_to_another_connection(store: ExperienceSt
 def test_identical_requests_share_a_content_hash() -> None:
     assert _record(text="same").content_hash == _record(text="same").content_hash
     assert _record(text="same").content_hash != _record(text="other").content_hash
+
+
+def test_the_same_request_in_two_sessions_hashes_apart() -> None:
+    assert _record(session="a").content_hash == _record(session="a").content_hash
+    assert _record(session="a").content_hash != _record(session="b").content_hash
+    # A record without a session hashes as it always did, so older rows still match it.
+    unsessioned = _record()
+    assert unsessioned.content_hash == canonical_hash(
+        {"scenario": "default", "request": unsessioned.request}
+    )
 
 
 def test_concurrent_writers_share_commits_and_lose_nothing(store: ExperienceStore) -> None:

@@ -6,8 +6,8 @@ Every recipe gets the same processing:
   messages and answer, are one trajectory; feedback on any call stays on that turn;
 - **next state**: each turn knows what came after it in its trajectory (the next user message
   or tool results), the signal OpenClaw-style recipes learn from;
-- **deduplication**: identical retries (same scenario and request) count once, with the
-  feedback of every copy;
+- **deduplication**: identical retries (same scenario, session and request) count once, with
+  the feedback of every copy; identical turns of different sessions stay apart;
 - **consumption**: a record a candidate was built from is never offered again (persisted);
 - **staleness**: with `max_staleness: N`, records served more than N releases before the
   current head are skipped and counted.
@@ -117,14 +117,17 @@ def _all_records(store: ExperienceStore, scenario: str) -> list[dict[str, Any]]:
 
 
 def _deduplicated(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per content hash: the latest copy, carrying the reports of every copy."""
-    latest: dict[str, dict[str, Any]] = {}
-    reports: dict[str, list[dict[str, Any]]] = {}
+    """One record per session and content hash: the latest copy, carrying the reports of every
+    copy. Identical turns of different sessions stay apart, even in rows stored before the
+    hash included the session."""
+    latest: dict[tuple[str | None, str], dict[str, Any]] = {}
+    reports: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
     for record in records:
-        latest[record["content_hash"]] = record
-        reports.setdefault(record["content_hash"], []).extend(record.get("reports", []))
-    kept = sorted(latest.values(), key=lambda r: r["created_at"])
-    return [{**record, "reports": reports[record["content_hash"]]} for record in kept]
+        key = (record.get("session"), record["content_hash"])
+        latest[key] = record
+        reports.setdefault(key, []).extend(record.get("reports", []))
+    kept = sorted(latest.items(), key=lambda item: item[1]["created_at"])
+    return [{**record, "reports": reports[key]} for key, record in kept]
 
 
 def _number(release_id: str) -> int:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
+import pickle
 import signal
-from multiprocessing.process import BaseProcess
+import subprocess
+import sys
+from collections.abc import Callable
 
 from reef.config import ReefConfig
 from reef.inference.model import ServerModel
@@ -24,22 +26,27 @@ from reef.store import ExperienceStore
 log = logging.getLogger("reef.learning")
 
 
-def start_worker(config: ReefConfig, server: RunningServer) -> BaseProcess:
-    """A fresh interpreter (spawn), so nothing of the server's threads or model is inherited."""
-    process = multiprocessing.get_context("spawn").Process(
-        target=worker_main, args=(config, server), name="reef-learning", daemon=True
+def start_worker(config: ReefConfig, server: RunningServer) -> subprocess.Popen[bytes]:
+    """A fresh interpreter, so nothing of the server's threads or model is inherited. The config
+    and the server's internal token travel on its standard input, never in its arguments or
+    environment (which other users can read)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reef.learning.process"], stdin=subprocess.PIPE
     )
-    process.start()
+    assert process.stdin is not None
+    process.stdin.write(pickle.dumps((config, server)))
+    process.stdin.close()
     return process
 
 
-def stop_worker(process: BaseProcess, timeout: float = 30.0) -> None:
-    if process.is_alive():
+def stop_worker(process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    if process.poll() is None:
         process.terminate()  # SIGTERM: the worker finishes its await point and exits
-        process.join(timeout)
-    if process.is_alive():
-        process.kill()
-        process.join()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def worker_main(config: ReefConfig, server: RunningServer) -> None:
@@ -52,34 +59,47 @@ def worker_main(config: ReefConfig, server: RunningServer) -> None:
 
 
 async def run_worker(config: ReefConfig, server: RunningServer) -> None:
+    """Learn until SIGTERM/SIGINT or the server's death, which stop the worker at once: a step
+    in flight is cancelled (its internal requests are dropped by the server, its candidate ends
+    rejected), so a stopping server never waits for a learning step."""
     assert config.learning.recipe is not None
     recipe = load_recipe(config.learning.recipe, config.learning.recipe_settings())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    watcher = asyncio.create_task(_stop_when_orphaned(stop))
     store = ExperienceStore(config.experience_db, config.store.synchronous)
     model = ServerModel(server.url, server.token)
+    stop = asyncio.Event()
+    learning = asyncio.create_task(LearningWorker(config, store, recipe, model).run(stop))
+
+    def stop_now() -> None:
+        stop.set()
+        learning.cancel()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_now)
+    watcher = asyncio.create_task(_stop_when_orphaned(stop_now))
+    log.info(
+        "recipe %s learning on %s (%s mode)",
+        recipe.name,
+        ", ".join(config.learning.scenarios),
+        config.learning.mode,
+    )
     try:
-        log.info(
-            "recipe %s learning on %s (%s mode)",
-            recipe.name,
-            ", ".join(config.learning.scenarios),
-            config.learning.mode,
-        )
-        await LearningWorker(config, store, recipe, model).run(stop)
+        with contextlib.suppress(asyncio.CancelledError):
+            await learning
     finally:
         watcher.cancel()
         await model.close()
         store.close()
 
 
-async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+async def _stop_when_orphaned(stop_now: Callable[[], None]) -> None:
     """A server killed with -9 cannot stop its worker: the worker notices and stops itself."""
     parent = os.getppid()
-    while not stop.is_set():
-        if os.getppid() != parent:
-            log.warning("the server is gone: the learning worker stops")
-            stop.set()
+    while os.getppid() == parent:
         await asyncio.sleep(1)
+    log.warning("the server is gone: the learning worker stops")
+    stop_now()
+
+
+if __name__ == "__main__":
+    worker_main(*pickle.loads(sys.stdin.buffer.read()))

@@ -7,11 +7,9 @@ starts the learning worker, which uses this server's engine over loopback: one m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
-from multiprocessing.process import BaseProcess
-from pathlib import Path
+import subprocess
 
 import uvicorn
 
@@ -22,8 +20,6 @@ from reef.server.app import create_app
 from reef.server.auth import is_loopback
 from reef.server.follower import HeadFollower
 from reef.server.state import ServerState
-
-STARTUP_POLL_S = 0.05
 
 
 def check_bind(host: str, has_tokens: bool) -> None:
@@ -37,40 +33,16 @@ def check_bind(host: str, has_tokens: bool) -> None:
 
 async def serve(state: ServerState) -> None:
     """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close."""
-    server_config = state.config.server
-    running = RunningServer(
-        url=loopback_url(server_config.host, server_config.port),
-        token=state.internal_token,
-        pid=os.getpid(),
-    )
-    learner: list[BaseProcess] = []
-    follower = announcer = None
+    follower = None
     try:
         await state.engine.start()
         await asyncio.to_thread(state.workflow.recover_interrupted)
         heads = HeadFollower(state)
         await asyncio.to_thread(heads.load_heads)
         follower = asyncio.create_task(heads.follow())
-        server = _AdvertisedServer(
-            running,
-            state.config.state_dir,
-            uvicorn.Config(
-                create_app(state),
-                host=server_config.host,
-                port=server_config.port,
-                log_level=server_config.log_level,
-                timeout_graceful_shutdown=60,
-                lifespan="off",
-            ),
-        )
-        announcer = asyncio.create_task(_once_listening(server, state, running, learner))
         try:
-            await server.serve()
+            await _ReefServer(state).serve()
         finally:
-            announcer.cancel()
-            await asyncio.to_thread(withdraw, state.config.state_dir, running)
-            for process in learner:
-                await asyncio.to_thread(stop_worker, process)
             await state.engine.close()
     finally:
         if follower is not None:
@@ -78,30 +50,47 @@ async def serve(state: ServerState) -> None:
         state.store.close()
 
 
-class _AdvertisedServer(uvicorn.Server):
-    """Writes `.reef/server.json` as soon as the socket listens, before any request is
-    answered: whoever sees /healthz answer also finds the server file."""
+class _ReefServer(uvicorn.Server):
+    """uvicorn, plus what belongs to the socket's life. As it opens: the server file is written
+    before any request is answered (whoever sees /healthz answer also finds it), then the learning
+    worker starts. As it closes: both go before the graceful shutdown waits for requests in
+    flight, so it never waits for a learning step."""
 
-    def __init__(self, running: RunningServer, state_dir: Path, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.running = running
-        self.state_dir = state_dir
+    def __init__(self, state: ServerState) -> None:
+        server_config = state.config.server
+        super().__init__(
+            uvicorn.Config(
+                create_app(state),
+                host=server_config.host,
+                port=server_config.port,
+                log_level=server_config.log_level,
+                timeout_graceful_shutdown=60,
+                lifespan="off",
+            )
+        )
+        self.state = state
+        self.running = RunningServer(
+            url=loopback_url(server_config.host, server_config.port),
+            token=state.internal_token,
+            pid=os.getpid(),
+        )
+        self.learner: subprocess.Popen[bytes] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:
-            advertise(self.state_dir, self.running)  # no await in between: no request yet
+        if not self.started:
+            return
+        advertise(self.state.config.state_dir, self.running)  # no await since listening
+        if self.state.config.learning.recipe:
+            self.learner = start_worker(self.state.config, self.running)
 
-
-async def _once_listening(
-    server: uvicorn.Server, state: ServerState, running: RunningServer, learner: list[BaseProcess]
-) -> None:
-    """Start the learning worker once the server accepts calls."""
-    while not server.started:
-        await asyncio.sleep(STARTUP_POLL_S)
-    if state.config.learning.recipe:
-        with contextlib.suppress(asyncio.CancelledError):
-            learner.append(start_worker(state.config, running))
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        withdraw(self.state.config.state_dir, self.running)
+        if self.learner is not None:
+            self.learner.terminate()  # its requests in flight are dropped, not waited for
+        await super().shutdown(sockets)
+        if self.learner is not None:
+            await asyncio.to_thread(stop_worker, self.learner)
 
 
 def run(state: ServerState) -> None:

@@ -97,8 +97,13 @@ class Record:
 
     def __post_init__(self) -> None:
         if not self.content_hash:
-            # What was asked, not what was answered: identical retries share a hash.
-            self.content_hash = canonical_hash({"scenario": self.scenario, "request": self.request})
+            # What was asked, not what was answered: identical retries share a hash. The session
+            # keeps identical turns of different sessions apart; it is left out when there is
+            # none, so that such records hash as they did before sessions counted.
+            asked: dict[str, Any] = {"scenario": self.scenario, "request": self.request}
+            if self.session is not None:
+                asked["session"] = self.session
+            self.content_hash = canonical_hash(asked)
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
