@@ -87,7 +87,6 @@ class BearerAuth:
         else:
             await self.app(scope, receive, send)
 
-
     async def _internal(self, scope: Scope, receive: Receive, send: Send) -> None:
         provided = _bearer(scope)
         if provided and token_matches(provided, [*self.internal_tokens, *self.admin_tokens]):
