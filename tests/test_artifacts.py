@@ -81,3 +81,21 @@ def test_a_lora_artifact_needs_an_adapter(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("no weights")
     with pytest.raises(ReefError, match=r"neither a \.gguf adapter"):
         binding_for("x", "lora", tmp_path)
+
+
+def test_settings_are_checked_as_a_request_would_be(tmp_path: Path) -> None:
+    folder = harness(tmp_path, "H.", settings={"temperature": "hot", "max_tokens": 0})
+    with pytest.raises(ReefError) as error:
+        binding_for("x", "harness", folder)
+    assert "temperature" in error.value.message and "max_tokens" in error.value.message
+    harness(tmp_path, "H.", settings={"temperature": "0.5", "stop": ["END"]})
+    binding = binding_for("x", "harness", folder)
+    assert binding.settings == {"temperature": 0.5, "stop": ["END"]}
+    assert binding.apply(request()).temperature == 0.5
+
+
+def test_a_new_candidate_may_not_carry_unknown_settings(tmp_path: Path) -> None:
+    folder = harness(tmp_path, "H.", settings={"temperature": 0.2, "colour": "x", "top_k": 3})
+    with pytest.raises(ReefError, match=r"unknown key\(s\) 'colour', 'top_k'"):
+        binding_for("cand", "harness", folder, strict=True)
+    assert binding_for("default@1", "harness", folder).settings["temperature"] == 0.2

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from reef.errors import ReefError
 from reef.releases.chain import (
     GitLFSMissing,
     ReleaseChain,
@@ -198,3 +199,12 @@ def test_read_folder_keeps_relative_posix_paths(tmp_path: Path) -> None:
     (tmp_path / "skills/search/SKILL.md").write_text("search")
     (tmp_path / "AGENTS.md").write_text("prompt")
     assert read_folder(tmp_path) == {"AGENTS.md": b"prompt", "skills/search/SKILL.md": b"search"}
+
+
+def test_read_folder_refuses_a_symlinked_file(tmp_path: Path) -> None:
+    (tmp_path / "outside.txt").write_text("secret")
+    folder = tmp_path / "artifact"
+    folder.mkdir()
+    (folder / "AGENTS.md").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(ReefError, match=r"AGENTS\.md is a symbolic link"):
+        read_folder(folder)

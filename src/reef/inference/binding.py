@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from reef.engines.base import ChatRequest
-from reef.errors import ReefError
+from reef.errors import ReefError, describe_validation_error
 
 BASE_RELEASE = "base"
 # Request fields a harness's settings.json may default.
@@ -122,7 +124,9 @@ def _summary(skill: Path) -> str:
     return ""
 
 
-def load_settings(folder: Path) -> dict[str, Any]:
+def load_settings(folder: Path, strict: bool = False) -> dict[str, Any]:
+    """settings.json, its values checked as a request's would be. `strict` (a new candidate)
+    also refuses keys that are not SETTINGS_FIELDS; a release keeps them, and they do nothing."""
     path = folder / "settings.json"
     if not path.is_file():
         return {}
@@ -132,7 +136,27 @@ def load_settings(folder: Path) -> dict[str, Any]:
         raise ReefError(f"{path} is not valid JSON: {error}", status=400) from None
     if not isinstance(settings, dict):
         raise ReefError(f"{path} must hold a JSON object", status=400)
-    return settings
+    unknown = [key for key in settings if key not in SETTINGS_FIELDS]
+    if strict and unknown:
+        raise ReefError(
+            f"settings.json: unknown key(s) {', '.join(map(repr, unknown))}; a harness may set "
+            f"only {', '.join(SETTINGS_FIELDS)}",
+            status=400,
+        )
+    return {**settings, **_checked_values(settings)}
+
+
+def _checked_values(settings: dict[str, Any]) -> dict[str, Any]:
+    """The SETTINGS_FIELDS values, validated by the request schema itself (so a harness can
+    never make every request fail), as that schema reads them."""
+    known = {key: value for key, value in settings.items() if key in SETTINGS_FIELDS}
+    try:
+        checked = ChatRequest.model_validate(
+            {"messages": [{"role": "user", "content": "."}], **known}
+        )
+    except ValidationError as error:
+        raise ReefError(f"settings.json: {describe_validation_error(error)}", status=400) from None
+    return {key: getattr(checked, key) for key in known}
 
 
 def load_examples(folder: Path) -> tuple[tuple[str, str], ...]:
@@ -165,14 +189,15 @@ def check_adapter_folder(folder: Path) -> Path:
     return folder
 
 
-def binding_for(release_id: str, kind: str, folder: Path) -> Binding:
-    """Read an artifact folder (a release checkout or a candidate) into its binding."""
+def binding_for(release_id: str, kind: str, folder: Path, strict: bool = False) -> Binding:
+    """Read an artifact folder (a release checkout or a candidate) into its binding. `strict`
+    (for a new candidate) also refuses settings.json keys that are not SETTINGS_FIELDS."""
     if kind == "harness":
         return Binding(
             release_id=release_id,
             kind=kind,
             system_prompt=compose_system_prompt(folder) or None,
-            settings=load_settings(folder),
+            settings=load_settings(folder, strict),
             examples=load_examples(folder),
         )
     if kind == "lora":

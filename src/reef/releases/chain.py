@@ -18,6 +18,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -154,22 +155,38 @@ def content_hash(files: dict[str, bytes]) -> str:
 
 
 def read_folder(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder`, keyed by its POSIX path relative to it."""
+    """Every file under `folder`, keyed by its POSIX path relative to it. A symbolic link inside
+    is refused: it could publish a file from outside the folder."""
     if not folder.is_dir():
         raise NotFound(f"artifact folder {folder} does not exist")
     files = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and ".git" not in path.relative_to(folder).parts:
-            files[path.relative_to(folder).as_posix()] = path.read_bytes()
+    for parent, folders, names in os.walk(folder):
+        folders[:] = sorted(name for name in folders if name != ".git")
+        for name in [*folders, *sorted(names)]:
+            path = Path(parent, name)
+            relative = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                raise ReefError(
+                    f"{relative} is a symbolic link (in {folder}): an artifact holds plain files "
+                    "only, so copy the file it points to into the folder instead",
+                    status=400,
+                )
+            if path.is_file():
+                files[relative] = path.read_bytes()
     if not files:
         raise ReefError(f"artifact folder {folder} is empty", status=400)
-    return files
+    return dict(sorted(files.items()))
 
 
-def _check_path(path: str) -> None:
+def check_path(path: str) -> None:
+    """Refuse an artifact path that could land outside its folder or replace Reef's own files."""
     pure = PurePosixPath(path)
     if pure.is_absolute() or ".." in pure.parts or path in (MANIFEST, ATTRIBUTES) or not path:
-        raise ReefError(f"artifact path {path!r} is not allowed", status=400)
+        raise ReefError(
+            f"artifact path {path!r} is not allowed: paths are relative, stay inside the folder "
+            f"(no '..') and are not {MANIFEST} or {ATTRIBUTES}",
+            status=400,
+        )
 
 
 def is_weight_file(path: str) -> bool:
@@ -346,7 +363,7 @@ class ReleaseChain:
                 f"kind must be one of {', '.join(ARTIFACT_KINDS)}, not {kind!r}", status=400
             )
         for path in files:
-            _check_path(path)
+            check_path(path)
         parent = self.head(scenario)
         parent_id = parent.release_id if parent else None
         if parent_id != expected_parent:

@@ -8,17 +8,26 @@ routes. A running server notices a moved head by itself.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from reef.config import ReefConfig
-from reef.errors import Conflict
+from reef.errors import Conflict, ReefError
 from reef.evaluation.runner import EvalSettings, Generate, TaskResult, run_paired
 from reef.evaluation.tasks import EvalTask, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.releases.candidates import Candidate, CandidateStore
-from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, read_folder
+from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, check_path, read_folder
 from reef.releases.gate import decide
+from reef.scenario import check_scenario
 from reef.store import ExperienceStore
+
+
+class CandidateRefused(ReefError):
+    """The artifact could not serve; it is recorded as a rejected candidate saying why."""
+
+    status = 400
+    code = "candidate_refused"
 
 
 class ReleaseWorkflow:
@@ -27,6 +36,7 @@ class ReleaseWorkflow:
         self.chain = ReleaseChain(config.releases_git)
         self.candidates = CandidateStore(store)
         self.checkouts = config.state_dir / "checkouts"
+        self.candidate_folders = config.state_dir / "candidates"
 
     # -- what serves now ----------------------------------------------------------------------
 
@@ -63,7 +73,12 @@ class ReleaseWorkflow:
         reason: str | None = None,
         consumed_record_ids: list[str] | None = None,
     ) -> Candidate:
-        """Store a candidate built on the scenario's current head."""
+        """Store a candidate built on the scenario's current head. An artifact that could not
+        serve (settings a request would refuse, a LoRA folder without an adapter) is stored as
+        rejected, saying why, and refused with `CandidateRefused`."""
+        check_scenario(scenario)
+        for path in files:
+            check_path(path)
         head = self.chain.head(scenario)
         candidate = Candidate(
             scenario=scenario,
@@ -74,13 +89,15 @@ class ReleaseWorkflow:
             reason=reason,
             consumed_record_ids=consumed_record_ids or [],
         )
-        folder = self.config.state_dir / "candidates" / candidate.id
-        for path, data in files.items():
-            target = folder / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+        folder = self.candidate_folders / candidate.id
+        _write_files(folder, files)
         candidate.files_path = str(folder)
-        binding_for(candidate.id, kind, folder)  # refuse an artifact that could not serve
+        try:
+            binding_for(candidate.id, kind, folder, strict=True)
+        except ReefError as error:
+            candidate.state, candidate.decision = "rejected", f"refused: {error.message}"
+            self.candidates.add(candidate)
+            raise CandidateRefused(f"candidate {candidate.id} refused: {error.message}") from None
         return self.candidates.add(candidate)
 
     async def gate(
@@ -195,3 +212,10 @@ class ReleaseWorkflow:
             evaluation=evaluation,
             release_id=release.release_id,
         )
+
+
+def _write_files(folder: Path, files: dict[str, bytes]) -> None:
+    for path, data in files.items():
+        target = folder / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
