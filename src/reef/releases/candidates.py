@@ -35,6 +35,7 @@ class Candidate:
     evaluation: dict[str, Any] | None = None
     release_id: str | None = None
     consumed_record_ids: list[str] = field(default_factory=list)
+    evaluating_pid: int | None = None  # the process running its gate, while it is evaluating
     id: str = field(default_factory=lambda: new_id("cand"))
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)

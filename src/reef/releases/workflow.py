@@ -3,17 +3,24 @@
 Everything here acts on `.reef/experience.db` and `.reef/releases.git` directly, so it works the
 same from the CLI with the server stopped, from the CLI while it runs, and from the server's own
 routes. A running server notices a moved head by itself.
+
+A candidate never stays `evaluating`: whatever stops its gate (an error, a failed publish, a
+cancellation) rejects it, and a process that dies mid-gate leaves its pid behind, so that
+`recover_interrupted` ends the evaluations whose process is gone and no other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from reef.config import ReefConfig
 from reef.errors import Conflict, ReefError
-from reef.evaluation.runner import EvalSettings, Generate, TaskResult, run_paired
+from reef.evaluation.runner import EvalSettings, Generate, PairedReport, TaskResult, run_paired
 from reef.evaluation.tasks import EvalTask, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.releases.candidates import Candidate, CandidateStore
@@ -21,6 +28,10 @@ from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, check_pa
 from reef.releases.gate import decide
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
+
+log = logging.getLogger("reef.releases")
+
+INTERRUPTED = "evaluation was interrupted (the process running it stopped)"
 
 
 class CandidateRefused(ReefError):
@@ -53,16 +64,16 @@ class ReleaseWorkflow:
     # -- candidates ---------------------------------------------------------------------------
 
     def recover_interrupted(self) -> list[Candidate]:
-        """End candidates that a crash left `evaluating`: rejected, saying why."""
-        return [
-            self.candidates.move(
-                c.id,
-                ("evaluating",),
-                "rejected",
-                decision="evaluation was interrupted (the process running it stopped)",
-            )
-            for c in self.candidates.list(state="evaluating")
-        ]
+        """End the candidates left `evaluating` by a process that is gone (a crash, a kill):
+        rejected, saying why. One whose process still runs (a `reef release publish` in another
+        process, evaluating right now) is left to it."""
+        ended = []
+        for candidate in self.candidates.list(state="evaluating"):
+            if _evaluator_running(candidate):
+                continue
+            with contextlib.suppress(Conflict):  # it was decided since the listing
+                ended.append(self._end_evaluation(candidate, INTERRUPTED))
+        return ended
 
     def propose(
         self,
@@ -108,32 +119,82 @@ class ReleaseWorkflow:
         extra_tasks: list[EvalTask] | None = None,
     ) -> Candidate:
         """Evaluate against the current release on the scenario's eval tasks (plus `extra_tasks`)
-        and decide. Any error rejects (fail closed)."""
-        gate = self.config.gate_for(candidate.scenario)
-        self.candidates.move(candidate.id, ("proposed",), "evaluating")
-        report = None
+        and decide. Any error of the evaluation or of publishing rejects, saying why (fail
+        closed); a cancellation rejects too, then goes on."""
+        self.candidates.move(candidate.id, ("proposed",), "evaluating", evaluating_pid=os.getpid())
+        return await self._evaluate_and_decide(candidate, generate, on_task, extra_tasks or [])
+
+    async def _evaluate_and_decide(
+        self,
+        candidate: Candidate,
+        generate: Generate,
+        on_task: Callable[[TaskResult], None] | None,
+        extra_tasks: list[EvalTask],
+    ) -> Candidate:
         try:
-            if gate.policy != "always":
-                tasks = self._tasks(candidate.scenario, extra_tasks or [])
-                current = self.binding(self._base_release(candidate))
-                proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
-                settings = self.eval_settings(candidate.scenario)
-                report = await run_paired(tasks, current, proposed, generate, settings, on_task)
+            with self._rejected_on_cancel(candidate):
+                report = await self._evaluate(candidate, generate, on_task, extra_tasks)
         except Exception as error:
+            return self._end_evaluation(candidate, f"evaluation failed: {_named(error)}")
+        outcome, why = decide(self.config.gate_for(candidate.scenario), report)
+        evaluation = report.summary() if report else None
+        if outcome != "released":
+            return self.candidates.move(
+                candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
+            )
+        try:
+            return self._release(candidate.id, ("evaluating",), why, evaluation, "reject")
+        except Exception as error:  # git-lfs missing, a full disk, a broken chain
+            failed = f"{why}, but publishing failed: {_named(error)}"
+            return self._end_evaluation(candidate, failed, evaluation)
+
+    async def _evaluate(
+        self,
+        candidate: Candidate,
+        generate: Generate,
+        on_task: Callable[[TaskResult], None] | None,
+        extra_tasks: list[EvalTask],
+    ) -> PairedReport | None:
+        if self.config.gate_for(candidate.scenario).policy == "always":
+            return None
+        tasks = self._tasks(candidate.scenario, extra_tasks)
+        current = self.binding(self._base_release(candidate))
+        proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
+        settings = self.eval_settings(candidate.scenario)
+        return await run_paired(tasks, current, proposed, generate, settings, on_task)
+
+    @contextlib.contextmanager
+    def _rejected_on_cancel(self, candidate: Candidate) -> Iterator[None]:
+        """On a cancellation (the worker stopped mid-gate) or an interrupt, which are not
+        Exceptions: end the candidate rejected, then let the cancellation go on."""
+        try:
+            yield
+        except Exception:
+            raise
+        except BaseException:
+            try:
+                self._end_evaluation(candidate, "evaluation was cancelled before it finished")
+            except Exception as error:  # the cancellation matters more; start-up will end it
+                log.warning("could not reject interrupted candidate %s: %s", candidate.id, error)
+            raise
+
+    def _end_evaluation(
+        self, candidate: Candidate, why: str, evaluation: dict[str, Any] | None = None
+    ) -> Candidate:
+        """End an `evaluating` candidate that was not decided: rejected, saying why, unless its
+        release reached the head before the failure (then it is released)."""
+        head = self.chain.head(candidate.scenario)
+        if head is not None and head.candidate_id == candidate.id:
             return self.candidates.move(
                 candidate.id,
                 ("evaluating",),
-                "rejected",
-                decision=f"evaluation failed: {type(error).__name__}: {error}",
-            )
-        outcome, why = decide(gate, report)
-        evaluation = report.summary() if report else None
-        if outcome == "released":
-            return self._release(
-                candidate.id, ("evaluating",), why, evaluation, on_conflict="reject"
+                "released",
+                decision=head.reason,
+                evaluation=head.evaluation,
+                release_id=head.release_id,
             )
         return self.candidates.move(
-            candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
+            candidate.id, ("evaluating",), "rejected", decision=why, evaluation=evaluation
         )
 
     def _tasks(self, scenario: str, extra: list[EvalTask]) -> list[EvalTask]:
@@ -214,8 +275,47 @@ class ReleaseWorkflow:
         )
 
 
+def _named(error: BaseException) -> str:
+    message = error.message if isinstance(error, ReefError) else str(error)
+    return f"{type(error).__name__}: {message}"
+
+
 def _write_files(folder: Path, files: dict[str, bytes]) -> None:
     for path, data in files.items():
         target = folder / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+
+
+def _evaluator_running(candidate: Candidate) -> bool:
+    """Whether the process that moved `candidate` to evaluating still runs. A pid is reused
+    once its process is gone, so a process started after the evaluation began is another one."""
+    pid = candidate.evaluating_pid
+    if pid is None:  # evaluated by a Reef that did not record pids
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    state, started = _process_state(pid)
+    if state == "Z":  # exited, not yet reaped by its parent
+        return False
+    return started is None or started <= candidate.updated_at + 1.0  # boot time is in seconds
+
+
+def _process_state(pid: int) -> tuple[str | None, float | None]:
+    """A process's state letter and start time (seconds since the epoch), from /proc where
+    there is one; (None, None) elsewhere."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError):
+        return None, None
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")

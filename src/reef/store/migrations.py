@@ -124,6 +124,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "0004_candidates_evaluating_pid",
+        # Which process is evaluating a candidate, so that start-up ends only evaluations whose
+        # process is gone, never one that a `reef release publish` is running right now.
+        """
+        ALTER TABLE candidates ADD COLUMN evaluating_pid INTEGER;
+        """,
+    ),
 ]
 
 
@@ -152,7 +160,8 @@ def apply_migrations(db: sqlite_utils.Database) -> list[str]:
             db.execute("INSERT INTO _reef_migrations VALUES (?, ?)", [name, time.time()])
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.conn.in_transaction:
+                db.execute("ROLLBACK")
             raise
         applied.append(name)
     return applied
