@@ -133,3 +133,12 @@ def test_absolute_and_home_dirs_in_a_config_file_are_kept(
     assert config.state_dir == tmp_path / "home/reef-state"
     assert config.evals_dir == tmp_path / "shared-evals"
 
+
+def test_retention_has_defaults_and_refuses_negative_counts(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("retention:\n  checkouts: 3\n")
+    config = load_config(path, env={})
+    assert (config.retention.candidates, config.retention.checkouts) == (50, 3)
+    path.write_text("retention:\n  candidates: -1\n")
+    with pytest.raises(ConfigError, match=r"retention\.candidates"):
+        load_config(path, env={})

@@ -201,6 +201,42 @@ def test_read_folder_keeps_relative_posix_paths(tmp_path: Path) -> None:
     assert read_folder(tmp_path) == {"AGENTS.md": b"prompt", "skills/search/SKILL.md": b"search"}
 
 
+def _drop_object(chain: ReleaseChain, sha: str) -> None:
+    (chain.path / "objects" / sha[:2] / sha[2:]).unlink()
+
+
+def test_a_release_is_read_without_reading_the_rest_of_the_chain(chain: ReleaseChain) -> None:
+    for n, files in enumerate([PROMPT_A, PROMPT_B, PROMPT_A]):
+        chain.publish("default", "harness", files, f"default@{n}" if n else None)
+    assert (chain.path / "refs/reef/default/releases/2").is_file()
+    # Without the oldest commit, a lookup that walked the chain would fail on it.
+    _drop_object(chain, chain.get("default@1").commit)
+    assert chain.get("default@2").release_id == "default@2"
+    assert chain.files("default@3") == PROMPT_A
+    assert chain.publish("default", "harness", PROMPT_B, "default@3").release_id == "default@4"
+
+
+def test_a_chain_written_before_release_refs_is_still_read(chain: ReleaseChain) -> None:
+    for n, files in enumerate([PROMPT_A, PROMPT_B, PROMPT_A]):
+        chain.publish("default", "harness", files, f"default@{n}" if n else None)
+    shutil.rmtree(chain.path / "refs/reef/default/releases")
+    # The walk from the head stops at the match: it never reaches default@1 for default@2.
+    _drop_object(chain, chain.get("default@1").commit)
+    assert chain.get("default@2").release_id == "default@2"
+    assert chain.files("default@3") == PROMPT_A
+    with pytest.raises(UnknownRelease, match="default@9"):
+        chain.get("default@9")
+
+
+def test_release_refs_are_read_when_packed(chain: ReleaseChain) -> None:
+    chain.publish("default", "harness", PROMPT_A, None)
+    chain.publish("default", "harness", PROMPT_B, "default@1")
+    subprocess.run(["git", "pack-refs", "--all"], cwd=chain.path, check=True)
+    assert not (chain.path / "refs/reef/default/releases/1").exists()
+    assert chain.files("default@1") == PROMPT_A
+    assert chain.head_commits().keys() == {"default"}
+
+
 def test_read_folder_refuses_a_symlinked_file(tmp_path: Path) -> None:
     (tmp_path / "outside.txt").write_text("secret")
     folder = tmp_path / "artifact"

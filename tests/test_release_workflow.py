@@ -12,9 +12,9 @@ import pytest
 from reef.config import ReefConfig, load_config
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.errors import Conflict
-from reef.releases.chain import ReleaseConflict, read_folder
 from reef.evaluation.runner import model_generate
 from reef.inference.model import LocalModel
+from reef.releases.chain import ReleaseConflict, read_folder
 from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
@@ -26,10 +26,10 @@ SHORT = {"type": "python", "function": "tests.support.scorers:short"}
 SHORT_TASKS = [{"id": f"t{n}", "messages": STORY, "scorer": SHORT} for n in range(2)]
 
 
-def project(folder: Path, tasks: list[dict], gate: str = "") -> ReefConfig:
+def project(folder: Path, tasks: list[dict], gate: str = "", extra: str = "") -> ReefConfig:
     (folder / "evals").mkdir(parents=True, exist_ok=True)
     (folder / "evals/default.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    text = f"state_dir: {folder}/.reef\nevals_dir: {folder}/evals\n"
+    text = f"state_dir: {folder}/.reef\nevals_dir: {folder}/evals\n" + extra
     text += "gate:\n  max_tokens: 48\n" + gate
     (folder / "reef.yaml").write_text(text)
     return load_config(folder / "reef.yaml", env={})
@@ -164,3 +164,40 @@ def test_judge_scorer_asks_an_openai_compatible_model(
     candidate = gate(workflow, engine, harness(tmp_path / "h", "Be polite.", {"max_tokens": 2}))
     assert candidate.state == "released", candidate.decision
     assert candidate.evaluation["candidate_mean"] == 0.75
+
+
+def test_decided_candidate_folders_beyond_retention_are_pruned(
+    tmp_path: Path, store: ExperienceStore
+) -> None:
+    config = project(tmp_path, [], "  policy: review\n", "retention:\n  candidates: 2\n")
+    workflow = ReleaseWorkflow(config, store)
+
+    def propose(n: int) -> str:
+        return workflow.propose("default", "harness", {"AGENTS.md": f"{n}\n".encode()}).id
+
+    decided = [propose(n) for n in range(4)]
+    for candidate_id in decided:
+        workflow.reject(candidate_id, "not this one")
+    waiting = propose(4)
+    folders = {p.name for p in (config.state_dir / "candidates").iterdir()}
+    assert folders == {decided[2], decided[3], waiting}  # the two newest decided, and the open
+    workflow.approve(waiting)
+    folders = {p.name for p in (config.state_dir / "candidates").iterdir()}
+    assert folders == {decided[3], waiting}
+
+
+def test_checkouts_keep_the_heads_and_the_newest_others(
+    tmp_path: Path, store: ExperienceStore
+) -> None:
+    config = project(tmp_path, [], "  policy: always\n", "retention:\n  checkouts: 1\n")
+    workflow = ReleaseWorkflow(config, store)
+    parent = None
+    for n in range(4):
+        release = workflow.chain.publish("a", "harness", {"AGENTS.md": f"{n}".encode()}, parent)
+        workflow.binding(release)
+        parent = release.release_id
+    workflow.binding(workflow.chain.publish("b", "harness", {"AGENTS.md": b"b"}, None))
+    assert sorted(p.name for p in workflow.checkouts.iterdir()) == ["a@3", "a@4", "b@1"]
+    # The binding of a pruned release checks it out again.
+    binding = workflow.binding(workflow.chain.get("a@1"))
+    assert binding.system_prompt == "0"

@@ -131,6 +131,17 @@ class ScenarioConfig(_Section):
     gate: GateConfig | None = None
 
 
+class RetentionConfig(_Section):
+    """How much of `.reef/candidates` and `.reef/checkouts` is kept beyond what is in use."""
+
+    # Folders of decided (released or rejected) candidates, newest first; the folders of
+    # candidates still proposed, evaluating or held are always kept.
+    candidates: int = Field(50, ge=0)
+    # Release checkouts besides those of every scenario's head (and of the releases open
+    # candidates are evaluated against), most recently used first.
+    checkouts: int = Field(10, ge=0)
+
+
 class ReefConfig(_Section):
     # Relative paths in a config file are relative to the file's folder; without a file, to the
     # current directory.
@@ -143,6 +154,7 @@ class ReefConfig(_Section):
     gate: GateConfig = Field(default_factory=GateConfig)
     learning: LearningConfig = Field(default_factory=LearningConfig)
     scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @field_validator("state_dir", "evals_dir")
     @classmethod

@@ -2,7 +2,8 @@
 
 States: proposed -> evaluating -> released | rejected | held; a held candidate waits for a
 human, who approves (released) or rejects it. A candidate's files live in
-`.reef/candidates/<id>/` until it is released (then they are also in the release chain).
+`.reef/candidates/<id>/` (a released one's are also in the release chain); the folders of decided
+candidates are pruned beyond `retention.candidates`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from reef.errors import BadRequest, Conflict, NotFound
 from reef.store import ExperienceStore, new_id
 
 STATES = ("proposed", "evaluating", "released", "rejected", "held")
+OPEN_STATES = ("proposed", "evaluating", "held")
 _JSON_FIELDS = ("evaluation", "consumed_record_ids")
 
 
@@ -75,6 +77,29 @@ class CandidateStore:
             [scenario],
         )
         return {row["record_id"] for row in rows}
+
+    def open_ids(self) -> set[str]:
+        """Candidates still proposed, evaluating or held."""
+        marks = ",".join("?" * len(OPEN_STATES))
+        rows = self.store.query(f"SELECT id FROM candidates WHERE state IN ({marks})", OPEN_STATES)
+        return {row["id"] for row in rows}
+
+    def open_base_release_ids(self) -> set[str]:
+        """The releases that open candidates were proposed against (and are evaluated on)."""
+        marks = ",".join("?" * len(OPEN_STATES))
+        rows = self.store.query(
+            "SELECT DISTINCT base_release_id FROM candidates "
+            f"WHERE state IN ({marks}) AND base_release_id IS NOT NULL",
+            OPEN_STATES,
+        )
+        return {row["base_release_id"] for row in rows}
+
+    def decided_ids(self) -> list[str]:
+        """Released and rejected candidates, newest first."""
+        rows = self.store.query(
+            "SELECT id FROM candidates WHERE state IN ('released', 'rejected') ORDER BY seq DESC"
+        )
+        return [row["id"] for row in rows]
 
     def get(self, candidate_id: str) -> Candidate:
         rows = self.store.query("SELECT * FROM candidates WHERE id = ?", [candidate_id])

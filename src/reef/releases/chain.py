@@ -35,7 +35,7 @@ from git.index.typ import BaseIndexEntry
 from git.objects import Commit
 
 from reef.errors import Conflict, NotFound, ReefError
-from reef.scenario import check_scenario
+from reef.scenario import SCENARIO_NAME, check_scenario
 
 ArtifactKind = Literal["harness", "lora", "checkpoint"]
 ARTIFACT_KINDS: tuple[str, ...] = ("harness", "lora", "checkpoint")
@@ -142,7 +142,7 @@ def _lfs_oid(pointer: bytes) -> str | None:
 
 def scenario_of(release_id: str) -> str:
     scenario, sep, number = release_id.rpartition("@")
-    if not sep or not scenario or not number.isdigit():
+    if not sep or not SCENARIO_NAME.match(scenario) or not number.isdigit():
         raise UnknownRelease(f"{release_id!r} is not a release id: they look like default@3")
     return scenario
 
@@ -247,6 +247,27 @@ class ReleaseChain:
     def head_ref(scenario: str) -> str:
         return f"refs/reef/{scenario}/head"
 
+    @staticmethod
+    def release_ref(release_id: str) -> str:
+        """A ref per release, written when it is published, to find it without a walk."""
+        scenario, _, number = release_id.rpartition("@")
+        return f"refs/reef/{scenario}/releases/{number}"
+
+    def _read_ref(self, ref: str) -> str | None:
+        """The sha a ref points to, read as git resolves it (loose over packed), or None."""
+        try:
+            sha = (self.path / ref).read_text().strip()
+        except (FileNotFoundError, NotADirectoryError):
+            sha = ""
+        if len(sha) == 40:
+            return sha
+        packed = self.path / "packed-refs"
+        if packed.exists():
+            for line in packed.read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split(" ", 1)[0]
+        return None
+
     def head_commits(self) -> dict[str, str]:
         """Each scenario's head commit sha, read from the ref files as git resolves them (loose
         refs over `packed-refs`), without spawning git: the server polls this several times a
@@ -294,12 +315,26 @@ class ReleaseChain:
     @_locked
     def get(self, release_id: str) -> Release:
         scenario = scenario_of(release_id)
-        for release in self.releases(scenario):
-            if release.release_id == release_id:
-                return release
-        raise UnknownRelease(
-            f"no release {release_id!r}: `reef release list --scenario {scenario}` lists them"
-        )
+        sha = self._read_ref(self.release_ref(release_id))
+        release = self._release_at(sha) if sha else self._walk_to(release_id)
+        if release is None or release.release_id != release_id:
+            raise UnknownRelease(
+                f"no release {release_id!r}: `reef release list --scenario {scenario}` lists them"
+            )
+        return release
+
+    def _walk_to(self, release_id: str) -> Release | None:
+        """Find a release by walking back from its scenario's head (for chains written before
+        releases had their own refs), stopping at it: numbers only go down along the chain."""
+        wanted = int(release_id.rsplit("@", 1)[1])
+        sha = self.head_commits().get(scenario_of(release_id))
+        commit = self.repo.commit(sha) if sha else None
+        while commit is not None:
+            release = self._release_at(commit.hexsha)
+            if release.number <= wanted:
+                return release if release.number == wanted else None
+            commit = commit.parents[0] if commit.parents else None
+        return None
 
     @_locked
     def files(self, release_id: str) -> dict[str, bytes]:
@@ -397,6 +432,9 @@ class ReleaseChain:
             raise ReleaseConflict(
                 scenario, expected_parent, current.release_id if current else None
             ) from None
+        # After the head moved: the compare-and-swap made this number ours alone. Were this
+        # step lost, lookups of this release would walk the chain instead.
+        self.repo.git.update_ref(self.release_ref(release.release_id), commit.hexsha)
         release.commit = commit.hexsha
         return release
 

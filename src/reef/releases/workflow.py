@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from reef.store import ExperienceStore
 log = logging.getLogger("reef.releases")
 
 INTERRUPTED = "evaluation was interrupted (the process running it stopped)"
+# A candidate folder without its row is a proposal being written, unless it is this old.
+UNFINISHED_PROPOSAL_S = 3600.0
 
 
 class CandidateRefused(ReefError):
@@ -56,9 +60,12 @@ class ReleaseWorkflow:
         if release is None:
             return BASE_BINDING
         folder = self.checkouts / release.release_id
-        if not folder.is_dir():
+        if folder.is_dir():
+            _mark_used(folder)
+        else:
             self.checkouts.mkdir(parents=True, exist_ok=True)
             self.chain.checkout(release.release_id, folder)
+            self._prune_checkouts()
         return binding_for(release.release_id, release.kind, folder)
 
     # -- candidates ---------------------------------------------------------------------------
@@ -73,6 +80,8 @@ class ReleaseWorkflow:
                 continue
             with contextlib.suppress(Conflict):  # it was decided since the listing
                 ended.append(self._end_evaluation(candidate, INTERRUPTED))
+        if ended:
+            self._prune_candidates()
         return ended
 
     def propose(
@@ -108,6 +117,7 @@ class ReleaseWorkflow:
         except ReefError as error:
             candidate.state, candidate.decision = "rejected", f"refused: {error.message}"
             self.candidates.add(candidate)
+            self._prune_candidates()
             raise CandidateRefused(f"candidate {candidate.id} refused: {error.message}") from None
         return self.candidates.add(candidate)
 
@@ -122,7 +132,10 @@ class ReleaseWorkflow:
         and decide. Any error of the evaluation or of publishing rejects, saying why (fail
         closed); a cancellation rejects too, then goes on."""
         self.candidates.move(candidate.id, ("proposed",), "evaluating", evaluating_pid=os.getpid())
-        return await self._evaluate_and_decide(candidate, generate, on_task, extra_tasks or [])
+        try:
+            return await self._evaluate_and_decide(candidate, generate, on_task, extra_tasks or [])
+        finally:
+            self._prune_candidates()
 
     async def _evaluate_and_decide(
         self,
@@ -211,17 +224,21 @@ class ReleaseWorkflow:
         """A human releases a held (or not yet evaluated) candidate."""
         candidate = self.candidates.get(candidate_id)
         why = reason or "approved by a human"
-        return self._release(
+        approved = self._release(
             candidate.id, ("held", "proposed"), why, candidate.evaluation, on_conflict="raise"
         )
+        self._prune_candidates()
+        return approved
 
     def reject(self, candidate_id: str, reason: str) -> Candidate:
-        return self.candidates.move(
+        rejected = self.candidates.move(
             candidate_id,
             ("proposed", "held"),
             "rejected",
             decision=f"rejected by a human: {reason}",
         )
+        self._prune_candidates()
+        return rejected
 
     def _base_release(self, candidate: Candidate) -> Release | None:
         if candidate.base_release_id is None:
@@ -274,6 +291,33 @@ class ReleaseWorkflow:
             release_id=release.release_id,
         )
 
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def _prune_candidates(self) -> None:
+        """Keep the folders of open candidates and of the `retention.candidates` newest decided
+        ones; remove the other decided ones, and folders of proposals that never got a row."""
+        with _housekeeping("candidate folders"):
+            open_ids = self.candidates.open_ids()
+            decided = self.candidates.decided_ids()
+            keep = open_ids | set(decided[: self.config.retention.candidates])
+            known = open_ids | set(decided)
+            for folder in _subfolders(self.candidate_folders):
+                if folder.name in keep:
+                    continue
+                if folder.name in known or _age(folder) > UNFINISHED_PROPOSAL_S:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+    def _prune_checkouts(self) -> None:
+        """Keep the checkouts of every scenario's head and of the releases open candidates are
+        evaluated against, and the `retention.checkouts` most recently used others."""
+        with _housekeeping("release checkouts"):
+            heads = (self.chain.head(scenario) for scenario in self.chain.scenarios())
+            keep = {head.release_id for head in heads if head is not None}
+            keep |= self.candidates.open_base_release_ids()
+            others = [f for f in _subfolders(self.checkouts) if f.name not in keep]
+            for folder in _newest_first(others)[self.config.retention.checkouts :]:
+                shutil.rmtree(folder, ignore_errors=True)
+
 
 def _named(error: BaseException) -> str:
     message = error.message if isinstance(error, ReefError) else str(error)
@@ -285,6 +329,47 @@ def _write_files(folder: Path, files: dict[str, bytes]) -> None:
         target = folder / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+
+
+@contextlib.contextmanager
+def _housekeeping(what: str) -> Iterator[None]:
+    """Pruning must never fail the decision or the checkout that triggered it."""
+    try:
+        yield
+    except Exception as error:
+        log.warning("could not prune %s: %s", what, error)
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """The folders directly inside, without hidden ones (checkouts being written)."""
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]
+
+
+def _newest_first(folders: list[Path]) -> list[Path]:
+    """By last use (modification time), then by release number; a folder removed meanwhile by
+    another process is left out."""
+    dated = []
+    for folder in folders:
+        with contextlib.suppress(FileNotFoundError):
+            number = folder.name.rpartition("@")[2]
+            dated.append(
+                (folder.stat().st_mtime_ns, int(number) if number.isdigit() else 0, folder)
+            )
+    return [folder for *_, folder in sorted(dated, key=lambda d: d[:2], reverse=True)]
+
+
+def _age(folder: Path) -> float:
+    try:
+        return time.time() - folder.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _mark_used(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(folder)
 
 
 def _evaluator_running(candidate: Candidate) -> bool:
