@@ -142,3 +142,13 @@ def test_retention_has_defaults_and_refuses_negative_counts(tmp_path: Path) -> N
     path.write_text("retention:\n  candidates: -1\n")
     with pytest.raises(ConfigError, match=r"retention\.candidates"):
         load_config(path, env={})
+
+
+def test_a_recipe_file_is_found_relative_to_the_config_file(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "reef.yaml").write_text("learning:\n  recipe: recipes/mine.py:Mine\n")
+    config = load_config(project / "reef.yaml", env={})
+    assert config.learning.recipe == f"{project / 'recipes/mine.py'}:Mine"
+    (project / "reef.yaml").write_text("learning:\n  recipe: harness_evolve\n")
+    assert load_config(project / "reef.yaml", env={}).learning.recipe == "harness_evolve"

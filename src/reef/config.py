@@ -264,13 +264,20 @@ def load_config(
 
 
 def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
-    """Make `state_dir` and `evals_dir` (given or default) relative to the config's `folder`, so
-    that `-c other/reef.yaml` from anywhere finds that project's state and evals."""
+    """Make `state_dir`, `evals_dir` (given or default) and a recipe file (`learning.recipe:
+    path/file.py:Class`) relative to the config's `folder`, so that `-c other/reef.yaml` from
+    anywhere finds that project's state, evals and recipe."""
     for key in ("state_dir", "evals_dir"):
         value = data.get(key, ReefConfig.model_fields[key].default)
         if isinstance(value, str | Path):
             given = Path(value).expanduser()
             data[key] = given if given.is_absolute() else folder / given
+    learning = data.get("learning")
+    recipe = learning.get("recipe") if isinstance(learning, dict) else None
+    if isinstance(recipe, str) and ":" in recipe:
+        location, _, name = recipe.rpartition(":")
+        if location.endswith(".py") and not Path(location).expanduser().is_absolute():
+            learning["recipe"] = f"{folder / location}:{name}"  # type: ignore[index]
 
 
 def _tokens(env: dict[str, str], variable: str) -> list[SecretStr]:

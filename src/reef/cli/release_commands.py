@@ -55,7 +55,10 @@ def _workflow(config_path: Path | None) -> Iterator[ReleaseWorkflow]:
         config = load_config(config_path)
     except ConfigError as error:
         fail(str(error), code=2)
-    store = ExperienceStore(config.experience_db, config.store.synchronous)
+    try:
+        store = ExperienceStore(config.experience_db, config.store.synchronous)
+    except ReefError as error:
+        fail(error.message)
     try:
         yield ReleaseWorkflow(config, store)
     except ReleaseConflict as conflict:
