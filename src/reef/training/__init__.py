@@ -1,0 +1,61 @@
+"""The LoRA training backend that learning recipes call (needs the `train` extra: torch, peft).
+
+    base = load_base(model_path, cache_dir)            # float32 torch model, matching tokenizer
+    check_tokenizer(base.tokenizer, gguf_path, texts)  # refuse if the engine tokenizes otherwise
+    trained = train_lora(base, examples, LoraSettings(steps=40), on_step=print)
+    export_adapter(trained, folder)                    # folder/peft/ and folder/adapter.gguf
+
+Importing `reef.training` costs nothing: each name imports its module (and torch) on first use,
+so the server, which never trains, never loads torch. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reef.training.base import Base, load_base
+    from reef.training.export import export_adapter
+    from reef.training.logprobs import completion_logprobs, truncated_ratios
+    from reef.training.lora import LoraSettings, TrainedAdapter, choose_backend, train_lora
+    from reef.training.loss import TrainingExample
+    from reef.training.tokens import TokenizerMismatch, check_tokenizer, encode_completion
+
+_WHERE = {
+    "Base": "base",
+    "load_base": "base",
+    "TokenizerMismatch": "tokens",
+    "check_tokenizer": "tokens",
+    "encode_completion": "tokens",
+    "TrainingExample": "loss",
+    "LoraSettings": "lora",
+    "TrainedAdapter": "lora",
+    "choose_backend": "lora",
+    "train_lora": "lora",
+    "completion_logprobs": "logprobs",
+    "truncated_ratios": "logprobs",
+    "export_adapter": "export",
+}
+
+__all__ = [
+    "Base",
+    "LoraSettings",
+    "TokenizerMismatch",
+    "TrainedAdapter",
+    "TrainingExample",
+    "check_tokenizer",
+    "choose_backend",
+    "completion_logprobs",
+    "encode_completion",
+    "export_adapter",
+    "load_base",
+    "train_lora",
+    "truncated_ratios",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'reef.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"reef.training.{_WHERE[name]}"), name)

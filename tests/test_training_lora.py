@@ -1,0 +1,168 @@
+"""LoRA training and log-prob recomputation on a tiny random llama (2 layers, 64 wide)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft.tuners.lora import LoraLayer
+
+from reef.errors import BadRequest
+from reef.training import (
+    Base,
+    LoraSettings,
+    TrainingExample,
+    choose_backend,
+    completion_logprobs,
+    encode_completion,
+    export_adapter,
+    load_base,
+    train_lora,
+)
+from reef.training import lora as lora_module
+from reef.training.lora import new_lora
+from reef.training.loss import batch_loss, make_batch
+from reef.training.tiny import tiny_model_folder
+
+QUESTIONS = [
+    ("Name a colour.", "Red."),
+    ("Two plus two?", "Four."),
+    ("Capital of France?", "Paris."),
+    ("Say hi.", "Hi!"),
+]
+FAST = LoraSettings(steps=25, learning_rate=1e-2, batch_size=4)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One thread: a tiny model gains nothing from two, and on a shared CPU loses a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    folder = tmp_path_factory.mktemp("tiny")
+    return load_base(tiny_model_folder(folder / "model"), folder / "cache")
+
+
+@pytest.fixture(scope="module")
+def examples(base: Base) -> list[TrainingExample]:
+    made = []
+    for question, answer in QUESTIONS:
+        messages = [{"role": "user", "content": question}]
+        prompt = base.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        made.append(TrainingExample(list(prompt), encode_completion(base.tokenizer, answer)))
+    return made
+
+
+def test_completion_logprobs_are_the_log_softmax_of_the_logits_at_the_completion(
+    base: Base, examples: list[TrainingExample]
+) -> None:
+    prompt, completion = examples[0].prompt_ids, examples[0].completion_ids
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = base.model(input_ids=ids).logits[0]
+    table = F.log_softmax(logits, dim=-1)
+    manual = [table[len(prompt) - 1 + i, token].item() for i, token in enumerate(completion)]
+    assert completion_logprobs(base.model, prompt, completion) == pytest.approx(manual, abs=1e-5)
+
+
+def test_a_fresh_lora_is_the_base_until_trained(
+    base: Base, examples: list[TrainingExample]
+) -> None:
+    prompt, completion = examples[1].prompt_ids, examples[1].completion_ids
+    fresh = new_lora(base, LoraSettings())
+    b_weights = [m.lora_B["default"].weight for m in fresh.modules() if isinstance(m, LoraLayer)]
+    assert b_weights and all(torch.count_nonzero(weight) == 0 for weight in b_weights)
+    assert completion_logprobs(fresh, prompt, completion) == pytest.approx(
+        completion_logprobs(base.model, prompt, completion), abs=1e-6
+    )
+
+
+def test_training_lowers_the_loss_on_its_examples_and_leaves_the_base_alone(
+    base: Base, examples: list[TrainingExample]
+) -> None:
+    before = [completion_logprobs(base.model, e.prompt_ids, e.completion_ids) for e in examples]
+    steps: list[tuple[int, float]] = []
+    trained = train_lora(base, examples, FAST, on_step=lambda s, loss: steps.append((s, loss)))
+
+    assert [step for step, _ in steps] == list(range(1, FAST.steps + 1))
+    assert [loss for _, loss in steps] == trained.losses
+    assert trained.losses[-1] < 0.6 * trained.losses[0]
+    after = [completion_logprobs(trained.model, e.prompt_ids, e.completion_ids) for e in examples]
+    assert sum(map(sum, after)) > sum(map(sum, before))  # the completions got likelier
+    assert trained.backend == "peft"
+    assert trained.peak_memory_bytes > 0 and trained.seconds > 0
+    assert not trained.model.training  # handed back ready to evaluate
+    # Training wrapped a copy: the base has no LoRA layers and still gives the same log-probs.
+    assert not any(isinstance(module, LoraLayer) for module in base.model.modules())
+    again = [completion_logprobs(base.model, e.prompt_ids, e.completion_ids) for e in examples]
+    assert again == before
+
+
+def test_the_same_seed_gives_the_same_losses(base: Base, examples: list[TrainingExample]) -> None:
+    settings = FAST.model_copy(update={"steps": 6, "batch_size": 2, "dropout": 0.1})
+    first = train_lora(base, examples, settings).losses
+    assert train_lora(base, examples, settings).losses == first
+    other = settings.model_copy(update={"seed": 1})
+    assert train_lora(base, examples, other).losses != first
+
+
+def test_resuming_continues_from_the_saved_adapter(
+    base: Base, examples: list[TrainingExample], tmp_path: Path
+) -> None:
+    # batch_size = len(examples): every step sees the same batch, so losses compare directly.
+    settings = FAST.model_copy(update={"steps": 15})
+    trained = train_lora(base, examples, settings)
+    export_adapter(trained, tmp_path / "adapter")
+    batch = make_batch(examples, settings.max_length, pad_id=base.tokenizer.pad_token_id)
+    with torch.no_grad():
+        saved_loss = batch_loss(trained.model, batch).item()
+
+    resumed = train_lora(base, examples, settings, resume_from=tmp_path / "adapter")
+
+    # The resumed run's first loss is the saved adapter's, not a fresh adapter's ...
+    assert resumed.losses[0] == pytest.approx(saved_loss, rel=1e-5)
+    # ... which is where the first run ended (one optimiser step past its last recorded loss).
+    assert resumed.losses[0] == pytest.approx(trained.losses[-1], rel=0.1)
+    assert resumed.losses[0] < 0.7 * trained.losses[0]
+    trainable = [p for p in resumed.model.parameters() if p.requires_grad]
+    assert trainable, "the resumed adapter must be trainable"
+    # The PEFT folder itself works as resume_from too.
+    direct = train_lora(
+        base,
+        examples,
+        settings.model_copy(update={"steps": 1}),
+        resume_from=tmp_path / "adapter" / "peft",
+    )
+    assert direct.losses[0] == pytest.approx(saved_loss, rel=1e-5)
+
+
+def test_nothing_to_train_on_or_nothing_to_resume_is_refused(
+    base: Base, examples: list[TrainingExample], tmp_path: Path
+) -> None:
+    with pytest.raises(BadRequest, match="no training examples"):
+        train_lora(base, [], FAST)
+    with pytest.raises(BadRequest, match="no PEFT adapter"):
+        train_lora(base, examples, FAST, resume_from=tmp_path)
+
+
+def test_unsloth_is_not_chosen_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Unsloth path (`lora._unsloth_lora`) is real code for CUDA machines with `unsloth`
+    installed. It did NOT run here: this machine has no CUDA, and Unsloth cannot even be
+    imported without it. This test checks only the choice."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the CPU-only choice cannot be observed")
+    assert choose_backend() == "peft"
+    # Installed but without CUDA: still peft, and unsloth is never imported.
+    monkeypatch.setattr(lora_module.importlib.util, "find_spec", lambda name: object())
+    assert choose_backend() == "peft"
+    # With CUDA (pretended) and the package, Unsloth is chosen.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert choose_backend() == "unsloth"
