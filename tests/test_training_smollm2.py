@@ -39,6 +39,15 @@ TEXTS = [
 PROMPT = [{"role": "user", "content": "Name three colours and say why the sky is blue."}]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread: on a shared CPU two spin-wait for each other (docs/training.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("base-cache")
