@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from peft import PeftModel
+from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
@@ -200,5 +200,11 @@ def test_an_adapter_llama_cpp_cannot_hold_is_refused_before_writing(
         model=model, losses=[], peak_memory_bytes=0, seconds=0.0, backend="peft", settings=SETTINGS
     )
     with pytest.raises(Unsupported, match="lm_head"):
+        export_adapter(adapter, tmp_path / "adapter")
+    dora = get_peft_model(
+        copy.deepcopy(base.model), LoraConfig(r=4, target_modules=["q_proj"], use_dora=True)
+    )
+    adapter.model = dora
+    with pytest.raises(Unsupported, match="no DoRA"):
         export_adapter(adapter, tmp_path / "adapter")
     assert list(tmp_path.iterdir()) == []

@@ -94,7 +94,8 @@ def gguf_lora(model: PeftModel, permute_qk: bool = True) -> GgufLora:
         if not isinstance(module, LoraLayer) or name not in module.lora_A:
             continue
         layer, projection = _block_position(path)
-        if module.lora_variant.get(name) is not None or module.lora_bias.get(name):
+        variant = getattr(module, "lora_variant", {}).get(name)  # DoRA and kin (peft >= 0.17)
+        if variant is not None or module.use_dora.get(name) or module.lora_bias.get(name):
             raise Unsupported(f"{path}: llama.cpp adapters hold plain LoRA only (no DoRA, no bias)")
         a, b = _weight(module.lora_A[name]), _weight(module.lora_B[name])
         # llama.cpp scales by alpha / rank; fold any other peft scaling (rslora, alpha
