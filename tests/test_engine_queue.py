@@ -7,6 +7,7 @@ A long request here is one the model cannot end early: its end-of-sequence token
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -68,14 +69,21 @@ def wait_until(condition, timeout: float) -> float:  # type: ignore[no-untyped-d
 
 
 def hang_up_after(url: str, body: dict, seconds: float, stream: bool = False) -> None:
-    """A client that gives up: it times out and closes its connection."""
-    with pytest.raises(httpx.TimeoutException), httpx.Client(timeout=seconds) as client:
-        if stream:
-            with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-                for _ in response.iter_bytes():
-                    pass
-        else:
-            client.post(f"{url}/v1/chat/completions", json=body)
+    """A client that gives up after `seconds` and closes its connection: a whole response times
+    out; a stream is read (it may be running already) until the client has had enough."""
+    with httpx.Client(timeout=seconds) as client:
+        if not stream:
+            with pytest.raises(httpx.TimeoutException):
+                client.post(f"{url}/v1/chat/completions", json=body)
+            return
+        deadline = time.monotonic() + seconds
+        with (
+            contextlib.suppress(httpx.TimeoutException),
+            client.stream("POST", f"{url}/v1/chat/completions", json=body) as response,
+        ):
+            for _ in response.iter_bytes():
+                if time.monotonic() > deadline:
+                    break
 
 
 def test_abandoned_requests_free_the_engine(server: ServerProcess, eos_token: int) -> None:
@@ -134,13 +142,15 @@ def test_a_stream_answers_with_headers_while_it_waits(
 ) -> None:
     busy = threading.Thread(
         target=lambda: httpx.post(
-            f"{server.url}/v1/chat/completions", json=long_body(eos_token), timeout=120
+            f"{server.url}/v1/chat/completions",
+            json={**long_body(eos_token), "max_tokens": 120},
+            timeout=600,
         )
     )
     busy.start()
     wait_until(lambda: in_flight(server.url) == 1, timeout=5)
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=600) as r:
         # The headers came while the long request still holds the engine.
         assert r.status_code == 200 and r.headers["x-reef-release-id"] == "base"
         assert in_flight(server.url) == 2

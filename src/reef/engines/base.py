@@ -176,6 +176,9 @@ class Completion:
     token_ids: list[int] | None = None
     token_logprobs: list[float] | None = None
     ttft_ms: float | None = None
+    # The prompt exactly as the model read it (after a harness and the chat template), where the
+    # engine renders it itself: training learns from what was served, not what was sent.
+    prompt_token_ids: list[int] | None = None
 
     @property
     def usage(self) -> dict[str, Any] | None:

@@ -194,7 +194,8 @@ class LlamaCppEngine:
     # -- the async surface ----------------------------------------------------------------
 
     async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
-        prepared = await asyncio.to_thread(self._prepare, request)
+        # Checked on the event loop (a few milliseconds), so requests queue in arrival order.
+        prepared = self._prepare(request)
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
         work = functools.partial(self._generate, prepared, adapter, None, cancel)
@@ -208,7 +209,7 @@ class LlamaCppEngine:
     async def stream(
         self, request: ChatRequest, adapter: Path | None = None
     ) -> AsyncIterator[StreamItem]:
-        prepared = await asyncio.to_thread(self._prepare, request)
+        prepared = self._prepare(request)
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
@@ -315,6 +316,7 @@ class LlamaCppEngine:
             token_ids=state.token_ids,
             token_logprobs=state.token_logprobs,
             ttft_ms=ttft_ms,
+            prompt_token_ids=prompt,
         )
 
     def _use_adapter(self, adapter: Path | None) -> None:

@@ -85,6 +85,7 @@ class ServerModel:
             token_ids=data.get("token_ids"),
             token_logprobs=data.get("token_logprobs"),
             ttft_ms=data.get("ttft_ms"),
+            prompt_token_ids=data.get("prompt_token_ids"),
         )
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +121,7 @@ def completion_json(completion: Completion) -> dict[str, Any]:
         "token_ids": completion.token_ids,
         "token_logprobs": completion.token_logprobs,
         "ttft_ms": completion.ttft_ms,
+        "prompt_token_ids": completion.prompt_token_ids,
     }
 
 

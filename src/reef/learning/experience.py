@@ -33,6 +33,11 @@ class Turn:
     release_id: str
     reports: list[dict[str, Any]] = field(default_factory=list)
     next_state: list[dict[str, Any]] | None = None  # what the next call added, if any
+    # What the model read and produced, token by token, where the engine captured it: the
+    # prompt after the harness and chat template, the sampled ids and their serving logprobs.
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
 
     @property
     def score(self) -> float | None:
@@ -164,6 +169,9 @@ def _turn(record: dict[str, Any]) -> Turn:
         answer=dict(choices[0].get("message") or {}),
         release_id=record["release_id"],
         reports=list(record.get("reports", [])),
+        prompt_token_ids=record.get("prompt_token_ids"),
+        completion_token_ids=record.get("completion_token_ids"),
+        completion_logprobs=record.get("completion_logprobs"),
     )
 
 

@@ -21,7 +21,7 @@ from reef.store import ExperienceStore, new_id
 
 STATES = ("proposed", "evaluating", "released", "rejected", "held")
 OPEN_STATES = ("proposed", "evaluating", "held")
-_JSON_FIELDS = ("evaluation", "consumed_record_ids")
+_JSON_FIELDS = ("evaluation", "consumed_record_ids", "metrics")
 
 
 @dataclass
@@ -38,6 +38,8 @@ class Candidate:
     release_id: str | None = None
     consumed_record_ids: list[str] = field(default_factory=list)
     evaluating_pid: int | None = None  # the process running its gate, while it is evaluating
+    # What the recipe measured while building it (a training run's loss per step, ...).
+    metrics: dict[str, Any] | None = None
     id: str = field(default_factory=lambda: new_id("cand"))
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)

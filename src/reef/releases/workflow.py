@@ -92,6 +92,7 @@ class ReleaseWorkflow:
         source: str = "cli",
         reason: str | None = None,
         consumed_record_ids: list[str] | None = None,
+        metrics: dict[str, Any] | None = None,
     ) -> Candidate:
         """Store a candidate built on the scenario's current head. An artifact that could not
         serve (settings a request would refuse, a LoRA folder without an adapter) is stored as
@@ -108,6 +109,7 @@ class ReleaseWorkflow:
             source=source,
             reason=reason,
             consumed_record_ids=consumed_record_ids or [],
+            metrics=metrics,
         )
         folder = self.candidate_folders / candidate.id
         _write_files(folder, files)

@@ -136,6 +136,7 @@ def _record(
         stream=stream,
         completion_token_ids=completion.token_ids,
         completion_logprobs=completion.token_logprobs,
+        prompt_token_ids=completion.prompt_token_ids,
         usage=completion.usage,
         latency_ms=(time.perf_counter() - started) * 1000,
         ttft_ms=completion.ttft_ms,

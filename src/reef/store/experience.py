@@ -30,7 +30,14 @@ from reef.store.migrations import apply_migrations
 
 T = TypeVar("T")
 
-JSON_COLUMNS = ("request", "response", "completion_token_ids", "completion_logprobs", "usage")
+JSON_COLUMNS = (
+    "request",
+    "response",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+    "usage",
+)
 
 
 class StoreError(Exception):
@@ -88,6 +95,8 @@ class Record:
     stream: bool = False
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
+    # The prompt's token ids as the engine read it, where the engine renders prompts itself.
+    prompt_token_ids: list[int] | None = None
     usage: dict[str, Any] | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None

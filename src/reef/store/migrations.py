@@ -132,6 +132,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE candidates ADD COLUMN evaluating_pid INTEGER;
         """,
     ),
+    (
+        "0005_records_prompt_token_ids",
+        # The prompt as the model read it (harness applied, chat template rendered), so training
+        # learns from exactly what was served and its importance ratios match the logprobs.
+        """
+        ALTER TABLE records ADD COLUMN prompt_token_ids TEXT;
+        """,
+    ),
+    (
+        "0006_candidates_metrics",
+        # What a recipe measured while building a candidate: a training run's loss per step.
+        """
+        ALTER TABLE candidates ADD COLUMN metrics TEXT;
+        """,
+    ),
 ]
 
 
