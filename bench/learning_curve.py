@@ -8,8 +8,10 @@ separate eval prompts), and the server follows the release head. After each roun
 prompts, never used for training or evaluation, measure the pass rate.
 
 The baseline is round 0: the base model on the same held-out prompts, in the same run. It runs
-once with the deterministic rule proposer and once with the LLM proposer (the served model itself
-reflecting on the failures), and draws both curves into bench/out/learning_curve.png.
+once with the hindsight proposer (the served model answers the failing prompts again with the
+feedback beside them; answers that meet the scorer become worked examples) and once with the LLM
+proposer (the served model itself reflecting on the failures), and draws both curves into
+bench/out/learning_curve.png.
 
     .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/learning_curve.py [--rounds 4]
 """
@@ -29,8 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 from reef.config import load_config
-from reef.engines import build_engine
-from reef.inference.model import LocalModel
+from reef.inference.model import ServerModel
+from reef.inference.server_file import find_running_server
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
@@ -83,7 +85,9 @@ def project(folder: Path, proposer: str) -> Path:
         f"state_dir: {folder}/.reef\nevals_dir: {folder}/evals\n"
         "engine:\n  llamacpp: {n_ctx: 2048, n_threads: 2}\n"
         "gate:\n  policy: improve\n  max_tokens: 48\n"
-        f"learning:\n  recipe: harness_evolve\n  proposer: {proposer}\n  batch_size: 2\n"
+        # manual: the server's own worker waits for instructions; this script steps itself.
+        f"learning:\n  recipe: harness_evolve\n  mode: manual\n  proposer: {proposer}\n"
+        "  batch_size: 2\n"
         f"  scorer: {{type: regex, pattern: '{PATTERN}'}}\n"
     )
     return folder / "reef.yaml"
@@ -114,10 +118,11 @@ async def curve(proposer: str, rounds: int, per_round: int) -> list[dict]:
     points = []
     with reef_serve(config_path.parent, free_port()).start() as server:
         store = ExperienceStore(config.experience_db)
-        engine = build_engine(config.engine)
-        await engine.start()
+        running = find_running_server(config.state_dir)
+        assert running is not None, "the server did not advertise itself"
+        model = ServerModel(running.url, running.token)  # one model: the server's
         recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
-        worker = LearningWorker(config, store, recipe, LocalModel(engine))
+        worker = LearningWorker(config, store, recipe, model)
         feedback = 0
         points.append(
             {
@@ -159,7 +164,7 @@ async def curve(proposer: str, rounds: int, per_round: int) -> list[dict]:
                 )
                 console.print(f"{proposer} round {n}: {points[-1]}", highlight=False)
         finally:
-            await engine.close()
+            await model.close()
             store.close()
     return points
 
@@ -195,7 +200,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--per-round", type=int, default=3)
     args = parser.parse_args()
-    curves = {p: asyncio.run(curve(p, args.rounds, args.per_round)) for p in ("rule", "llm")}
+    curves = {p: asyncio.run(curve(p, args.rounds, args.per_round)) for p in ("hindsight", "llm")}
     table = Table(title="held-out pass rate (answers ending with the sign-off)")
     for column in ("proposer", "before (base)", "after", "change", "releases", "steps"):
         table.add_column(column)

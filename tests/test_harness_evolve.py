@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from recipes.harness_evolve.mutations import Mutation, MutationRefused, apply, parse_mutation
-from recipes.harness_evolve.proposers import RuleProposer
+from recipes.harness_evolve.proposers import HindsightProposer, RuleProposer
 from recipes.harness_evolve.recipe import HarnessEvolve
 
+from reef.engines.base import ChatRequest, Completion
+from reef.engines.llamacpp import LlamaCppEngine
+from reef.evaluation.tasks import ScorerSpec
+from reef.inference.model import LocalModel
 from reef.learning.experience import Trajectory, Turn
 from reef.learning.recipe import RecipeError, StepContext, load_recipe
 
@@ -79,18 +84,33 @@ def test_a_mutation_is_found_inside_chatter_and_applied_to_a_copy() -> None:
         apply(files, Mutation("remove", "rules/none.md", "", "x"))
 
 
-def test_rule_proposer_turns_a_sign_off_request_into_examples() -> None:
+@pytest.mark.slow
+def test_hindsight_proposer_shows_answers_given_under_the_feedback(
+    engine: LlamaCppEngine,
+) -> None:
+    """The real model answers the failing prompts with the feedback beside them; answers that meet
+    the scorer become worked examples. No code reads the feedback's wording."""
+    model = LocalModel(engine)
+
+    def generate(body: dict) -> Completion:
+        return asyncio.run(model.complete(ChatRequest.model_validate(body)))
+
+    wanted = "Start your answer with the word 'Sure!'"
     failures = [
-        turn("r1", "What is 2+2?", "The answer is 4. It is simple."),
-        turn("r2", "Name a fruit.", "An apple."),
+        turn(f"r{n}", prompt, "An answer.", feedback=wanted)
+        for n, prompt in enumerate(["What is 2+2?", "Name a fruit.", "What colour is the sky?"])
     ]
-    mutation = RuleProposer(max_examples=4).propose(failures, context())
-    assert isinstance(mutation, Mutation) and mutation.path == "examples.jsonl"
+    scorer = ScorerSpec(type="regex", pattern="^\\W*Sure")
+    mutation = HindsightProposer(generate, scorer, max_examples=4, samples=4).propose(
+        failures, context()
+    )
+    assert isinstance(mutation, Mutation) and mutation.path == "examples.jsonl", mutation
     examples = [json.loads(line) for line in mutation.content.splitlines()]
-    assert examples == [
-        {"user": "What is 2+2?", "assistant": "The answer is 4.\nCheers, Reef"},
-        {"user": "Name a fruit.", "assistant": "An apple.\nCheers, Reef"},
-    ]
+    assert examples and all(e["assistant"].lstrip(" '\"*").startswith("Sure") for e in examples)
+    assert {e["user"] for e in examples} <= {t.prompt for t in failures}
+    unreachable = ScorerSpec(type="contains", value="zebra-quartz-91")
+    refused = HindsightProposer(generate, unreachable, samples=2).propose(failures, context())
+    assert refused == "no answer given under the feedback met the scorer"
 
 
 def test_rule_proposer_keeps_other_feedback_as_a_rule() -> None:
@@ -118,7 +138,7 @@ def test_recipe_batches_failing_turns_and_proposes_with_the_rule_proposer() -> N
     bad = [Trajectory(f"b{n}", [turn(f"b{n}", f"Question {n}?", "An answer.")]) for n in range(2)]
     proposal = recipe.propose([good, *bad], context({"AGENTS.md": b"You help."}))
     assert proposal is not None and proposal.kind == "harness"
-    assert set(proposal.files) == {"AGENTS.md", "examples.jsonl"}
+    assert set(proposal.files) == {"AGENTS.md", "rules/feedback.md"}
     assert proposal.consumed_record_ids == ["g", "b0", "b1"]
     assert [t.id for t in proposal.eval_tasks] == ["failing:b0", "failing:b1"]
 

@@ -1,7 +1,7 @@
 """The whole loop on the real engine: traffic, feedback, harness evolution, gate, release, hot-swap.
 
 A scripted user wants every answer to end with a sign-off line the base model never writes. It
-talks to `reef serve` (with the harness_evolve recipe and its deterministic rule proposer) and
+talks to `reef serve` (with the harness_evolve recipe and its hindsight proposer) and
 scores each answer. The learning worker, a separate process started by the server, turns the
 feedback into a harness candidate, the gate checks it against the eval tasks, and the server
 switches to the release: held-out prompts then end with the sign-off far more often.
@@ -35,7 +35,7 @@ learning:
   recipe: harness_evolve
   mode: auto
   interval_s: 0.5
-  proposer: rule
+  proposer: hindsight
   batch_size: 3
   scorer: {{type: regex, pattern: "{SIGN_OFF}\\\\s*$"}}
 """

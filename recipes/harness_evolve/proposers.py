@@ -1,27 +1,24 @@
 """Proposers: reflect on failing turns and propose one harness mutation.
 
-`RuleProposer` is deterministic: it turns feedback into worked examples or a rule. `ModelProposer`
-asks a model (the served one, or any OpenAI-compatible endpoint) to reflect and answer with a JSON
-mutation, and is told about recent rejections so that it does not repeat them.
+`HindsightProposer` asks the served model the failing prompts again with the feedback beside them
+and shows the answers that meet the scorer as worked examples (small models follow examples far
+better than rules). `RuleProposer` keeps the feedback as a rule, for models that follow rules.
+`ModelProposer` asks a model (the served one, or any OpenAI-compatible endpoint) to reflect and
+answer with a JSON mutation, and is told about recent rejections so that it does not repeat them.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 
 from recipes.harness_evolve.mutations import Mutation
 
+from reef.evaluation.tasks import ScorerSpec
 from reef.learning.experience import Turn
+from reef.learning.hindsight import Generate, hints, relabel
 from reef.learning.recipe import StepContext
 
-# "end every answer with the line: Cheers, Reef" and close variants.
-SIGN_OFF = re.compile(
-    r"end (?:every|each|all|your)?\s*(?:answers?|replies|reply|responses?)?\s*with"
-    r"(?: the line| the words| the phrase)?\s*[:\-]?\s*[\"'“]?(?P<line>[^\"'”\n]+?)[\"'”]?\s*\.?$",
-    re.IGNORECASE,
-)
 PROPOSER_PROMPT = """You improve the harness of an AI assistant: its system prompt (AGENTS.md), \
 rules (rules/<name>.md), skills (skills/<name>/SKILL.md) and worked examples (examples.jsonl, \
 one {{"user": "...", "assistant": "..."}} per line).
@@ -47,42 +44,47 @@ def describe_failures(turns: list[Turn], limit: int = 6) -> str:
     return "\n".join(lines)
 
 
-class RuleProposer:
-    """Feedback that asks for a sign-off becomes worked examples; other feedback becomes a rule."""
+class HindsightProposer:
+    """Failing prompts answered again under their feedback; answers that meet `scorer` become
+    worked examples (the newest replace the oldest beyond `max_examples`)."""
 
-    def __init__(self, max_examples: int = 4) -> None:
+    def __init__(
+        self, generate: Generate, scorer: ScorerSpec | None, max_examples: int = 4, samples: int = 4
+    ) -> None:
+        self.generate = generate
+        self.scorer = scorer
         self.max_examples = max_examples
+        self.samples = samples
 
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
-        feedback = [str(f).strip() for turn in failures for f in turn.feedback if str(f).strip()]
+        if not any(hints(turn) for turn in failures):
+            return "the failing turns carry no feedback text to act on"
+        answers = relabel(failures, self.generate, self.scorer, self.samples, keep=1)
+        if not answers:
+            return "no answer given under the feedback met the scorer"
+        existing = context.files.get("examples.jsonl", b"").decode().splitlines()
+        shown = [json.loads(line) for line in existing if line.strip()]
+        for item in answers:
+            shown = [e for e in shown if e["user"] != item.turn.prompt]
+            shown.append({"user": item.turn.prompt, "assistant": item.answer.strip()})
+        shown = shown[-self.max_examples :]
+        content = "".join(json.dumps(e) + "\n" for e in shown)
+        op = "update" if "examples.jsonl" in context.files else "create"
+        reason = f"answers given with the feedback in view ({answers[0].hint[:120]!r}) as examples"
+        return Mutation(op, "examples.jsonl", content, reason)
+
+
+class RuleProposer:
+    """The feedback, kept as a rule in the system prompt (for models that follow rules)."""
+
+    def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
+        feedback = [text for turn in failures for text in hints(turn)]
         if not feedback:
             return "the failing turns carry no feedback text to act on"
-        for text in feedback:
-            match = SIGN_OFF.search(text)
-            if match:
-                return self._examples(failures, context, match.group("line").strip())
         rule = "\n".join(f"- {text}" for text in dict.fromkeys(feedback)) + "\n"
         path = "rules/feedback.md"
         op = "update" if path in context.files else "create"
         return Mutation(op, path, rule, "users' feedback, kept as a rule")
-
-    def _examples(self, failures: list[Turn], context: StepContext, line: str) -> Mutation:
-        existing = context.files.get("examples.jsonl", b"").decode().splitlines()
-        shown = [json.loads(e) for e in existing if e.strip()]
-        for turn in failures:
-            first_sentence = re.split(r"(?<=[.!?])\s", turn.answer_text.strip(), maxsplit=1)[0]
-            answer = (first_sentence[:160] or "Here you are.") + f"\n{line}"
-            if turn.prompt and all(e["user"] != turn.prompt for e in shown):
-                shown.append({"user": turn.prompt, "assistant": answer})
-        shown = shown[-self.max_examples :]  # the newest failures replace the oldest examples
-        content = "".join(json.dumps(e) + "\n" for e in shown)
-        op = "update" if "examples.jsonl" in context.files else "create"
-        return Mutation(
-            op,
-            "examples.jsonl",
-            content,
-            f"feedback asks every answer to end with {line!r}: shown in worked examples",
-        )
 
 
 class ModelProposer:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
 from recipes.harness_evolve.mutations import MutationRefused, apply
-from recipes.harness_evolve.proposers import ModelProposer, RuleProposer
+from recipes.harness_evolve.proposers import HindsightProposer, ModelProposer, RuleProposer
 
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.learning.experience import ExperienceView, Trajectory, Turn
@@ -30,10 +31,14 @@ from reef.learning.recipe import (
 class HarnessEvolveSettings(RecipeSettings):
     batch_size: int = 2
     threshold: float = 0.5
-    # llm: a model reflects and proposes (learning.proposer_*); rule: deterministic, from feedback
-    proposer: Literal["llm", "rule"] = "llm"
+    # llm: a model reflects and proposes a mutation (learning.proposer_*); hindsight: the served
+    # model answers the failing prompts with the feedback in view, and answers that meet `scorer`
+    # become worked examples; rule: the feedback becomes a rule.
+    proposer: Literal["llm", "hindsight", "rule"] = "llm"
     max_examples: int = 4
-    # Scores the failing prompts as extra gate tasks; without it only evals/<scenario>.jsonl runs.
+    hindsight_samples: int = Field(4, ge=1, le=16)
+    # Scores the failing prompts as extra gate tasks, and hindsight answers; without it only
+    # evals/<scenario>.jsonl runs and every hindsight answer counts.
     scorer: ScorerSpec | None = None
     # incumbent: mutate the current release; pareto: mutate a tree from the Pareto set of earlier
     # candidates across tasks (GEPA-style), so strengths on different tasks are all explored.
@@ -70,7 +75,17 @@ class HarnessEvolve(Recipe):
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         failures = self.failing_turns(batch)
         if self.settings.proposer == "rule":
-            proposal = RuleProposer(self.settings.max_examples).propose(failures, context)
+            proposal = RuleProposer().propose(failures, context)
+        elif self.settings.proposer == "hindsight":
+            if context.generate is None:
+                raise RecipeError("the hindsight proposer needs the served model: none was given")
+            proposer = HindsightProposer(
+                context.generate,
+                self.settings.scorer,
+                self.settings.max_examples,
+                self.settings.hindsight_samples,
+            )
+            proposal = proposer.propose(failures, context)
         else:
             if context.ask is None:
                 raise RecipeError("the llm proposer needs a model: the worker gives none")

@@ -9,7 +9,15 @@ from reef.config import EngineConfig
 from reef.engines.base import Capabilities, ChatRequest, Completion, Engine
 from reef.errors import EngineUnavailable
 
-__all__ = ["Capabilities", "ChatRequest", "Completion", "Engine", "build_engine", "resolve_kind"]
+__all__ = [
+    "Capabilities",
+    "ChatRequest",
+    "Completion",
+    "Engine",
+    "build_engine",
+    "resolve_kind",
+    "served_model_path",
+]
 
 
 def resolve_kind(config: EngineConfig) -> tuple[str, str]:
@@ -21,6 +29,21 @@ def resolve_kind(config: EngineConfig) -> tuple[str, str]:
     if importlib.util.find_spec("vllm") is not None and cuda_available():
         return "vllm", "auto: CUDA and vLLM are present"
     return "llamacpp", "auto: no CUDA GPU with vLLM here, so llama.cpp on the CPU"
+
+
+def served_model_path(config: EngineConfig) -> Path | None:
+    """The weights the configured engine serves, for recipes that train on them: a GGUF file
+    (llama.cpp) or a model folder (vLLM); None for an upstream engine, whose weights are remote."""
+    kind, _ = resolve_kind(config)
+    if kind == "llamacpp":
+        from reef.engines.llamacpp import embedded_model_path
+
+        model = config.llamacpp.model
+        return Path(model).expanduser() if model else embedded_model_path()
+    if kind == "vllm":
+        model = config.vllm.model or config.llamacpp.model
+        return Path(model).expanduser() if model and Path(model).expanduser().exists() else None
+    return None
 
 
 def build_engine(

@@ -35,12 +35,14 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reef.engines.base import Completion
 from reef.errors import ReefError, describe_validation_error
 from reef.evaluation.tasks import EvalTask
 from reef.learning.experience import ExperienceView, Trajectory
 
 BUILTIN_RECIPES = {
     "harness_evolve": "recipes.harness_evolve.recipe:HarnessEvolve",
+    "sft": "recipes.sft.recipe:SFT",
 }
 # Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`).
 ENTRY_POINT_GROUP = "reef.recipes"
@@ -89,6 +91,13 @@ class StepContext:
     ask: Callable[[list[dict[str, str]]], str] | None = None
     # Earlier candidates with their per-task scores, newest first (for population-based recipes).
     evaluated: list[Evaluated] = field(default_factory=list)
+    # Runs an OpenAI chat request body on the served model under the current release, without
+    # recording it, and returns the Completion (text, token ids, the prompt's token ids).
+    generate: Callable[[dict[str, Any]], Completion] | None = None
+    # The served model's weights (a GGUF file or a Hugging Face folder), for recipes that train.
+    model_path: Path | None = None
+    # A folder the recipe may keep files in between steps (caches, scratch).
+    work_dir: Path | None = None
 
 
 @dataclass
@@ -98,6 +107,8 @@ class Proposal:
     reason: str
     consumed_record_ids: list[str]
     eval_tasks: list[EvalTask] = field(default_factory=list)  # run by the gate beside evals/
+    # What the recipe measured while building it (e.g. {"loss": [...]}), kept on the candidate.
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class Recipe:

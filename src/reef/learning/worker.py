@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -23,8 +24,10 @@ from typing import Any
 import httpx
 
 from reef.config import ReefConfig
-from reef.engines.base import ChatRequest
+from reef.engines import served_model_path
+from reef.engines.base import ChatRequest, Completion
 from reef.evaluation.runner import model_generate
+from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
 from reef.learning.experience import ExperienceView
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
@@ -134,6 +137,7 @@ class LearningWorker:
             source=self.recipe.name,
             reason=proposal.reason,
             consumed_record_ids=proposal.consumed_record_ids,
+            metrics=proposal.metrics or None,
         )
         generate = model_generate(self.model, self.workflow.eval_settings(scenario))
         gated = await self.workflow.gate(candidate, generate, extra_tasks=proposal.eval_tasks)
@@ -145,6 +149,7 @@ class LearningWorker:
         files = self.workflow.chain.files(head.release_id) if head else {}
         candidates = self.workflow.candidates.list(scenario)
         rejected = [c for c in candidates if c.state == "rejected"][:5]
+        serving = self.workflow.binding(head)
         return StepContext(
             scenario=scenario,
             release_id=head.release_id if head else "base",
@@ -153,7 +158,20 @@ class LearningWorker:
             instruction=instruction,
             ask=self.ask,
             evaluated=[e for c in candidates[:20] if (e := _evaluated(c)) is not None],
+            generate=functools.partial(self.generate, binding=serving),
+            model_path=served_model_path(self.config.engine),
+            work_dir=self.config.state_dir / "learning" / self.recipe.name,
         )
+
+    def generate(self, body: dict[str, Any], binding: Binding) -> Completion:
+        """A completion from the served model under `binding`, not recorded (called from the
+        recipe's thread)."""
+        assert self._loop is not None
+        request = ChatRequest.model_validate(body)
+        running = asyncio.run_coroutine_threadsafe(
+            self.model.complete(request, binding), self._loop
+        )
+        return running.result()
 
     def ask(self, messages: list[dict[str, str]]) -> str:
         """The proposer model's reply (called from the recipe's thread)."""
