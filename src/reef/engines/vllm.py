@@ -40,6 +40,13 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def peft_folder(adapter: Path) -> Path:
+    """The PEFT adapter vLLM loads: the folder itself, or its `peft/` (as `reef.training`
+    exports a LoRA release: `peft/` beside `adapter.gguf`)."""
+    nested = adapter / "peft"
+    return nested if (nested / "adapter_config.json").is_file() else adapter
+
+
 class VLLMEngine(UpstreamEngine):
     name = "vllm"
     # Responses are relayed as vLLM sends them; token ids and logprobs are not captured.
@@ -145,7 +152,7 @@ class VLLMEngine(UpstreamEngine):
 
     async def _load_adapter(self, name: str, adapter: Path) -> None:
         url = f"http://127.0.0.1:{self.port}/v1/load_lora_adapter"
-        body = {"lora_name": name, "lora_path": str(adapter)}
+        body = {"lora_name": name, "lora_path": str(peft_folder(adapter))}
         response = await self._http.post(url, json=body)
         if response.status_code >= 400:
             raise EngineUnavailable(

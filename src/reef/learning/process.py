@@ -30,8 +30,11 @@ def start_worker(config: ReefConfig, server: RunningServer) -> subprocess.Popen[
     """A fresh interpreter, so nothing of the server's threads or model is inherited. The config
     and the server's internal token travel on its standard input, never in its arguments or
     environment (which other users can read)."""
+    # Training recipes run torch here: passive OpenMP threads do not spin-wait on the cores the
+    # server's engine needs.
+    environment = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "reef.learning.process"], stdin=subprocess.PIPE
+        [sys.executable, "-m", "reef.learning.process"], stdin=subprocess.PIPE, env=environment
     )
     assert process.stdin is not None
     process.stdin.write(pickle.dumps((config, server)))

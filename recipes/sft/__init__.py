@@ -1,0 +1,1 @@
+"""sft: a LoRA fine-tuned on good answers, demonstrations and hindsight answers."""
