@@ -236,3 +236,19 @@ def test_train_needs_a_recipe_in_manual_or_hybrid_mode(llama_server: ServerProce
     env = {"REEF_URL": llama_server.url, "REEF_TOKEN": TOKEN}
     code, output = reef("train", "answer more formally", env=env)
     assert code == 1 and "HTTP 409" in output and "learning.recipe" in output
+
+
+def test_learning_progress_shows_a_bar_with_the_loss() -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from reef.cli.learning_commands import _progress_bars
+
+    console = Console(record=True, width=100, force_terminal=False)
+    with Progress(console=console, auto_refresh=False) as bars:
+        report = _progress_bars(bars)
+        report("training a LoRA", 3, 40, 1.23456)
+        bars.refresh()
+    task = bars.tasks[0]
+    assert (task.description, task.completed, task.total) == ("training a LoRA", 3, 40)
+    assert task.fields["loss"] == "loss 1.2346"

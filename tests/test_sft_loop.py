@@ -108,6 +108,7 @@ def test_a_preference_said_in_feedback_is_learned_by_a_lora(tmp_path: Path) -> N
             time.sleep(2)
         learned_in = time.monotonic() - started
         after = pass_rate(server.url)
+        status = httpx.get(f"{server.url}/reef/status").json()
         release = httpx.get(f"{server.url}/reef/scenarios/default/releases").json()["data"][0]
         candidates = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
     print(f"held-out pass rate {before:.2f} -> {after:.2f}, released in {learned_in:.0f} s")
@@ -115,5 +116,6 @@ def test_a_preference_said_in_feedback_is_learned_by_a_lora(tmp_path: Path) -> N
     released = next(c for c in candidates if c["state"] == "released")
     losses = released["metrics"]["loss"]
     assert len(losses) == 30 and losses[-1] < losses[0]
+    assert status["learning"]["scenarios"]["default"]["last_step"]["loss"] == losses
     assert before <= 0.25, before
     assert after >= 0.75, (before, after)

@@ -204,11 +204,16 @@ class SFT(Recipe):
                 base,
                 examples,
                 settings,
-                on_step=lambda step, loss: log.info("sft: step %d loss %.4f", step, loss),
+                on_step=lambda step, loss: self._report(context, step, loss),
                 resume_from=current,
             )
             export_adapter(trained, Path(scratch) / "adapter")
             return read_folder(Path(scratch) / "adapter"), trained.losses
+
+    def _report(self, context: StepContext, step: int, loss: float) -> None:
+        log.info("sft: step %d/%d loss %.4f", step, self.settings.steps, loss)
+        if context.progress is not None:
+            context.progress("training a LoRA", step, self.settings.steps, loss)
 
     @staticmethod
     def _current_adapter(context: StepContext, folder: Path) -> Path | None:

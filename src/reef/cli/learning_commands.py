@@ -6,10 +6,19 @@ import asyncio
 import contextlib
 import keyword
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from reef.cli.client_commands import DEFAULT_URL, UrlOption, api_call, api_client
@@ -71,13 +80,23 @@ async def _learn(config: ReefConfig, once: bool) -> None:
 async def _learn_with(
     config: ReefConfig, recipe: Recipe, store: ExperienceStore, model: Model, once: bool
 ) -> None:
-    worker = LearningWorker(config, store, recipe, model)
-    if not once:
-        await worker.run(asyncio.Event())
-        return
-    for name in config.learning.scenarios:
-        with console.status(f"{recipe.name}: one step on {name} with {model.name}…"):
-            result = await worker.step(name, force=True)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[loss]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bars:
+        worker = LearningWorker(config, store, recipe, model, _progress_bars(bars))
+        if not once:
+            await worker.run(asyncio.Event())
+            return
+        results = []
+        for name in config.learning.scenarios:
+            console.print(f"{recipe.name}: one step on {name} with {model.name}", highlight=False)
+            results.append((name, await worker.step(name, force=True)))
+    for name, result in results:
         colour = {"released": "green", "rejected": "red", "error": "red"}.get(
             result.outcome, "yellow"
         )
@@ -86,6 +105,19 @@ async def _learn_with(
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _progress_bars(bars: Progress) -> Callable[[str, int, int, float | None], None]:
+    """A recipe's progress reports as rich bars, one per stage (called from the recipe's thread)."""
+    tasks: dict[str, TaskID] = {}
+
+    def report(stage: str, done: int, total: int, loss: float | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(stage, total=total, loss="")
+        shown = f"loss {loss:.4f}" if loss is not None else ""
+        bars.update(tasks[stage], completed=done, total=total, loss=shown)
+
+    return report
 
 
 def train(

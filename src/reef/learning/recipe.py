@@ -98,6 +98,8 @@ class StepContext:
     model_path: Path | None = None
     # A folder the recipe may keep files in between steps (caches, scratch).
     work_dir: Path | None = None
+    # Long work reports here: (what, done, total, loss or None), e.g. ("training", 3, 40, 1.9).
+    progress: Callable[[str, int, int, float | None], None] | None = None
 
 
 @dataclass

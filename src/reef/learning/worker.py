@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +62,13 @@ class LearningWorker:
         store: ExperienceStore,
         recipe: Recipe,
         model: Model,
+        progress: Callable[[str, int, int, float | None], None] | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.recipe = recipe
         self.model = model  # the server's engine over loopback, or one loaded here
+        self.progress = progress  # where a recipe's long work reports (a CLI progress bar)
         self.workflow = ReleaseWorkflow(config, store)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: dict[str, tuple[Any, ...]] = {}  # scenario -> experience when it last idled
@@ -161,6 +164,7 @@ class LearningWorker:
             generate=functools.partial(self.generate, binding=serving),
             model_path=served_model_path(self.config.engine),
             work_dir=self.config.state_dir / "learning" / self.recipe.name,
+            progress=self.progress,
         )
 
     def generate(self, body: dict[str, Any], binding: Binding) -> Completion:

@@ -6,6 +6,7 @@ instructions. SQL lives here, in the store layer, so neither has to import the o
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -84,13 +85,17 @@ def learning_status(store: ExperienceStore) -> dict[str, Any]:
     ):
         status.setdefault(row["scenario"], {})["batches_built"] = row["steps"]
     for row in store.query(
-        "SELECT * FROM learning_steps "
-        "WHERE seq IN (SELECT MAX(seq) FROM learning_steps GROUP BY scenario)"
+        "SELECT s.*, c.metrics FROM learning_steps s "
+        "LEFT JOIN candidates c ON c.id = s.candidate_id "
+        "WHERE s.seq IN (SELECT MAX(seq) FROM learning_steps GROUP BY scenario)"
     ):
+        metrics = json.loads(row["metrics"]) if row["metrics"] else {}
         status.setdefault(row["scenario"], {})["last_step"] = {
             "outcome": row["outcome"],
             "error": row["error"],
             "candidate_id": row["candidate_id"],
             "finished_at": row["finished_at"],
+            # A training recipe's loss per step, when its candidate recorded one.
+            "loss": metrics.get("loss") if isinstance(metrics, dict) else None,
         }
     return status

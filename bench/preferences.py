@@ -1,0 +1,157 @@
+"""Is a preference said only in feedback text learned? One table: preference x recipe.
+
+    .venv/bin/python bench/preferences.py [--preferences sure,short] [--recipes sft] [--budget 300]
+
+For each preference and recipe, in a fresh project: `reef serve` on the embedded SmolLM2-135M
+with the recipe configured as docs/recipes.md shows it; the held-out prompts' pass rate on the
+base model (the baseline, measured in the same run); a scripted user asks the training prompts and
+answers each miss with a score of 0 and the preference in its own words (no code reads them:
+each preference has a scorer, a regular expression, that the recipe uses to accept answers and
+the gate to compare); then the time until a release serves, and the held-out pass rate under it.
+A run that releases nothing within `--budget` seconds keeps the base's rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+
+
+@dataclass(frozen=True)
+class Preference:
+    name: str
+    feedback: str  # what the scripted user says, once, on each miss
+    pattern: str  # what an answer that meets it looks like
+
+
+PREFERENCES = [
+    Preference("sure", "Start your answer with the word 'Sure!'", r"^\W*Sure"),
+    Preference("short", "Too long. Reply in five words or fewer.", r"^\W*(\S+\s+){0,4}\S+\W*$"),
+    Preference("sign-off", "End every answer with the line: Cheers, Reef", r"Cheers, Reef\W*$"),
+]
+RECIPES = {
+    "sft": "recipe: sft\n  batch_size: 6\n  steps: 30\n  max_tokens: 48\n",
+    "harness_evolve": "recipe: harness_evolve\n  proposer: hindsight\n  batch_size: 3\n",
+}
+TRAINING = [
+    "What is the capital of France?",
+    "Name an animal.",
+    "What is 2+2?",
+    "What colour is the sky?",
+    "Name a fruit.",
+    "What is the largest ocean?",
+]
+EVALS = ["Name a colour.", "What is 3+3?", "Name a planet.", "What is the capital of Spain?"]
+HELD_OUT = [
+    "Name a vegetable.",
+    "What is 5+5?",
+    "What is the capital of Italy?",
+    "Name a musical instrument.",
+    "What is the tallest mountain?",
+    "Name a bird.",
+    "What is 10 minus 3?",
+    "What language is spoken in Brazil?",
+]
+
+
+def project(folder: Path, preference: Preference, recipe: str) -> Path:
+    scorer = {"type": "regex", "pattern": preference.pattern}
+    (folder / "evals").mkdir(parents=True)
+    (folder / "evals/default.jsonl").write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": p}], "scorer": scorer}) + "\n"
+            for p in EVALS
+        )
+    )
+    (folder / "reef.yaml").write_text(
+        "engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n"
+        "gate:\n  policy: improve\n  max_tokens: 32\n"
+        f"learning:\n  interval_s: 0.5\n  {RECIPES[recipe]}"
+        f"  scorer: {{type: regex, pattern: '{preference.pattern}'}}\n"
+    )
+    return folder
+
+
+def answer(url: str, prompt: str) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "temperature": 0}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+    response.raise_for_status()
+    return response
+
+
+def meets(response: httpx.Response, preference: Preference) -> bool:
+    text = response.json()["choices"][0]["message"]["content"]
+    return re.search(preference.pattern, text.strip()) is not None
+
+
+def pass_rate(url: str, preference: Preference) -> float:
+    return sum(meets(answer(url, p), preference) for p in HELD_OUT) / len(HELD_OUT)
+
+
+def serving(server: ServerProcess) -> str:
+    return str(httpx.get(f"{server.url}/reef/status").json()["serving"].get("default", "base"))
+
+
+def run(preference: Preference, recipe: str, budget: float) -> dict:
+    folder = project(Path(tempfile.mkdtemp(prefix="reef-pref-")), preference, recipe)
+    with reef_serve(folder, free_port()).start() as server:
+        before = pass_rate(server.url, preference)
+        started = time.monotonic()
+        for prompt in TRAINING:
+            response = answer(server.url, prompt)
+            if not meets(response, preference):
+                report = {
+                    "references": [response.headers["x-reef-agent-record-id"]],
+                    "score": 0,
+                    "feedback": preference.feedback,
+                }
+                httpx.post(f"{server.url}/reef/report", json=report).raise_for_status()
+        while serving(server) == "base" and time.monotonic() - started < budget:
+            time.sleep(2)
+        released = serving(server)
+        seconds = time.monotonic() - started
+        after = pass_rate(server.url, preference) if released != "base" else before
+    return {
+        "preference": preference.name,
+        "recipe": recipe,
+        "before": before,
+        "after": after,
+        "release": released,
+        "seconds": round(seconds),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preferences", default=",".join(p.name for p in PREFERENCES))
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--budget", type=float, default=300.0)
+    parser.add_argument("--json", type=Path, default=Path("bench/out/preferences.json"))
+    args = parser.parse_args()
+    chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
+    rows = []
+    print(f"{'preference':10} {'recipe':15} {'before':>7} {'after':>7} {'release':>10} {'s':>5}")
+    for preference in chosen:
+        for recipe in args.recipes.split(","):
+            row = run(preference, recipe, args.budget)
+            rows.append(row)
+            print(
+                f"{row['preference']:10} {row['recipe']:15} {row['before']:>7.2f} "
+                f"{row['after']:>7.2f} {row['release']:>10} {row['seconds']:>5}",
+                flush=True,
+            )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
