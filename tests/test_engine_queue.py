@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -18,8 +19,8 @@ import pytest
 from openai import OpenAI
 
 from reef.engines.llamacpp import LlamaCppEngine
-from reef.testing.processes import ServerProcess, free_port, reef_serve
-from tests.conftest import SMALL_ENGINE, write_config
+from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from tests.conftest import SMALL_ENGINE, needs_git_lfs, write_config
 
 LONG_TOKENS = 400
 
@@ -179,3 +180,28 @@ def test_logit_bias_steers_the_model(server: ServerProcess, eos_token: int) -> N
 def test_server_state_file_is_private(server: ServerProcess) -> None:
     path = Path(server.cwd) / ".reef" / "server.json"
     assert path.stat().st_mode & 0o077 == 0
+
+
+def test_a_stream_the_engine_fails_after_its_headers_ends_with_an_error_event(
+    tmp_path: Path,
+) -> None:
+    """A LoRA release whose adapter llama.cpp cannot load (approved by hand, past the gate): the
+    stream has answered 200 before the engine tries it, so the failure must arrive as an event."""
+    needs_git_lfs()
+    write_config(tmp_path, SMALL_ENGINE)
+    broken = tmp_path / "broken-lora"
+    broken.mkdir()
+    (broken / "adapter.gguf").write_bytes(b"GGUF but not really an adapter")
+    published = run_reef(tmp_path, "release", "publish", str(broken), "--kind", "lora", "--approve")
+    assert published.returncode == 0, published.stderr
+    with reef_serve(tmp_path, free_port()).start() as running:
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+        with httpx.stream(
+            "POST", f"{running.url}/v1/chat/completions", json=body, timeout=120
+        ) as response:
+            assert response.status_code == 200
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert "[DONE]" not in events[-1]
+        error = json.loads(events[-1].removeprefix("data: "))["error"]
+        assert "LoRA adapter" in error["message"]
+        assert records(running.url) == 0  # a failed call is never stored
