@@ -186,10 +186,17 @@ def test_prompt_longer_than_the_context_is_refused(engine: LlamaCppEngine) -> No
         complete(engine, chat(messages=[{"role": "user", "content": long}]))
 
 
-def test_forced_tool_choice_is_refused(engine: LlamaCppEngine) -> None:
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    with pytest.raises(Unsupported, match="tool_choice"):
-        complete(engine, chat(tools=[tool], tool_choice="required"))
+def test_forced_tool_choice_returns_a_tool_call(engine: LlamaCppEngine) -> None:
+    choice = {"type": "string", "enum": ["yes", "no"]}
+    parameters = {"type": "object", "properties": {"ok": choice}, "required": ["ok"]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    result = complete(engine, chat(tools=[tool], tool_choice="required", max_tokens=40))
+    choice = result.response["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "f"
+    # Captured for training like any completion: the tokens are the wrapper the grammar forced.
+    assert result.token_ids and len(result.token_ids) == len(result.token_logprobs or [])
 
 
 def test_tools_with_auto_choice_are_accepted(engine: LlamaCppEngine) -> None:

@@ -22,6 +22,8 @@ TEXT_PART_TYPES = ("text", "input_text")
 # OpenAI sends logit_bias keys as token ids written in digits, as JSON object keys must be strings.
 TOKEN_ID_KEY = re.compile(r"^[0-9]{1,10}$")
 MAX_LOGIT_BIAS = 100
+# Choices per request (`n`): llama.cpp generates them one after another, holding its one worker.
+MAX_CHOICES = 8
 
 
 def message_text(content: Any, *, only_text: bool = False) -> str:
@@ -100,9 +102,9 @@ class ChatRequest(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("n must be 1: Reef returns one choice per request, so send n copies")
+    def _choices(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_CHOICES:
+            raise ValueError(f"n must be from 1 to {MAX_CHOICES}: send more requests for more")
         return value
 
     @field_validator("stop")
@@ -229,8 +231,14 @@ class ChunkFactory:
         delta: dict[str, Any],
         finish_reason: str | None = None,
         logprobs: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         return self._envelope("chat.completion.chunk", [choice])
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +257,11 @@ class ChunkFactory:
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
-        return {**self._envelope("chat.completion", [choice]), "usage": usage}
+        return self.completion_of([choice], usage)
+
+    def completion_of(self, choices: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+        """A `chat.completion` holding `choices` (each with its `index`)."""
+        return {**self._envelope("chat.completion", choices), "usage": usage}
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -262,42 +274,59 @@ class ChunkFactory:
         }
 
 
+@dataclass
+class _AssembledChoice:
+    role: str = "assistant"
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprob_items: list[Any] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta") or {}
+        self.role = delta.get("role") or self.role
+        if delta.get("content"):
+            self.content.append(delta["content"])
+        for call in delta.get("tool_calls") or []:
+            _merge_tool_call(self.tool_calls, call)
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+        if choice.get("logprobs") and choice["logprobs"].get("content"):
+            self.logprob_items.extend(choice["logprobs"]["content"])
+
+    def choice(self, index: int) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": self.role,
+            "content": "".join(self.content) if self.content else None,
+        }
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        elif message["content"] is None:
+            message["content"] = ""
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": {"content": self.logprob_items} if self.logprob_items else None,
+            "finish_reason": self.finish_reason,
+        }
+
+
 def assemble_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rebuild the `chat.completion` object a streamed response amounts to."""
-    content: list[str] = []
-    tool_calls: dict[int, dict[str, Any]] = {}
-    logprob_items: list[Any] = []
-    role, finish_reason, usage, head = "assistant", None, None, chunks[0] if chunks else {}
+    """Rebuild the `chat.completion` object a streamed response amounts to (every choice)."""
+    choices: dict[int, _AssembledChoice] = {}
+    usage, head = None, chunks[0] if chunks else {}
     for chunk in chunks:
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            role = delta.get("role") or role
-            if delta.get("content"):
-                content.append(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                _merge_tool_call(tool_calls, call)
-            if choice.get("finish_reason"):
-                finish_reason = choice["finish_reason"]
-            if choice.get("logprobs") and choice["logprobs"].get("content"):
-                logprob_items.extend(choice["logprobs"]["content"])
-    message: dict[str, Any] = {"role": role, "content": "".join(content) if content else None}
-    if tool_calls:
-        message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
-    elif message["content"] is None:
-        message["content"] = ""
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": {"content": logprob_items} if logprob_items else None,
-        "finish_reason": finish_reason,
-    }
+            choices.setdefault(int(choice.get("index") or 0), _AssembledChoice()).add(choice)
+    if not choices:
+        choices[0] = _AssembledChoice()
     return {
         "id": head.get("id"),
         "object": "chat.completion",
         "created": head.get("created"),
         "model": head.get("model"),
-        "choices": [choice],
+        "choices": [choices[index].choice(index) for index in sorted(choices)],
         "usage": usage,
     }
 

