@@ -9,6 +9,7 @@ from reef.cli import (
     init_command,
     learning_commands,
     release_commands,
+    review_command,
     serve_command,
 )
 
@@ -27,6 +28,7 @@ app.command("report")(client_commands.report)
 app.command("export")(client_commands.export)
 app.command("learn")(learning_commands.learn)
 app.command("train")(learning_commands.train)
+app.command("review")(review_command.review)
 app.add_typer(release_commands.app, name="release")
 app.add_typer(learning_commands.recipe_app, name="recipe")
 

@@ -18,6 +18,7 @@ from reef.server import (
     openai_routes,
     reef_routes,
     release_routes,
+    review_routes,
 )
 from reef.server.auth import BearerAuth
 from reef.server.browser import browser_middleware
@@ -75,6 +76,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/reef/status", reef_routes.status, methods=["GET"]),
         Route("/reef/train", reef_routes.train, methods=["POST"]),
         *release_routes.routes,
+        *review_routes.routes,
         *harness_routes.routes,
         *internal_routes.routes,
     ]

@@ -1,0 +1,139 @@
+"""What the review screens show: plain dataclasses, the same over the stores and over HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from reef.errors import Conflict, ReefError
+
+
+class ReviewError(ReefError):
+    """An action or a read that failed; the message says why, for the reviewer."""
+
+
+class DecisionConflict(Conflict):
+    """The head or the candidate changed since the screen was drawn: refresh and decide again."""
+
+
+@dataclass
+class Access:
+    can_decide: bool
+    why: str = ""  # why decisions are disabled, when they are
+
+
+@dataclass
+class ScorePoint:
+    created_at: float
+    score: float
+
+
+@dataclass
+class ScenarioSummary:
+    scenario: str
+    head: str | None
+    serving: str
+    records: int
+    reports: int
+    recent_mean: float | None
+    waiting: int  # candidates held or proposed
+    last_step: dict[str, Any] | None
+    scores: list[ScorePoint] = field(default_factory=list)
+    switches: list[tuple[float, str]] = field(default_factory=list)  # (time, release id)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScenarioSummary:
+        scores = [ScorePoint(**point) for point in data.pop("scores", [])]
+        switches = [(float(t), str(r)) for t, r in data.pop("switches", [])]
+        return cls(**data, scores=scores, switches=switches)
+
+
+@dataclass
+class CandidateRow:
+    id: str
+    scenario: str
+    kind: str
+    state: str
+    source: str
+    reason: str | None
+    decision: str | None
+    base_release_id: str | None
+    release_id: str | None
+    created_at: float
+    current_mean: float | None
+    candidate_mean: float | None
+
+    @property
+    def delta(self) -> float | None:
+        if self.current_mean is None or self.candidate_mean is None:
+            return None
+        return self.candidate_mean - self.current_mean
+
+
+@dataclass
+class TaskView:
+    task_id: str
+    prompt: str
+    current_answer: str
+    candidate_answer: str
+    current_score: float
+    candidate_score: float
+
+
+@dataclass
+class WeightFile:
+    path: str
+    size: int
+    lfs_oid: str | None
+
+
+@dataclass
+class CandidateDetail:
+    row: CandidateRow
+    tasks: list[TaskView]
+    diff: str
+    weights: list[WeightFile]
+    loss: list[float]
+    record_ids: list[str]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CandidateDetail:
+        return cls(
+            row=CandidateRow(**data["row"]),
+            tasks=[TaskView(**task) for task in data["tasks"]],
+            diff=data["diff"],
+            weights=[WeightFile(**weight) for weight in data["weights"]],
+            loss=list(data["loss"]),
+            record_ids=list(data["record_ids"]),
+        )
+
+
+@dataclass
+class ReleaseRow:
+    release_id: str
+    scenario: str
+    kind: str
+    parent_release_id: str | None
+    created_at: float
+    reason: str | None
+    candidate_id: str | None
+    candidate_mean: float | None
+    serving: bool
+
+
+@dataclass
+class RecordRow:
+    id: str
+    scenario: str
+    release_id: str
+    created_at: float
+    prompt: str
+    answer: str
+    feedback: str
+
+
+def to_json(value: Any) -> Any:
+    """A dataclass (or a list of them) as JSON-ready data."""
+    if isinstance(value, list):
+        return [to_json(item) for item in value]
+    return asdict(value)

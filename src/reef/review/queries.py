@@ -1,0 +1,351 @@
+"""The reads behind the review screens, on the stores: paged SQL, never everything.
+
+Both the local source and the server's review routes call these, so the screens see the same
+data either way. No Textual here: the server imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from reef.engines.base import message_text
+from reef.errors import ReefError
+from reef.evaluation.tasks import load_tasks, tasks_path
+from reef.releases.chain import Release, is_weight_file, lfs_size, read_folder, text_diff
+from reef.releases.workflow import ReleaseWorkflow
+from reef.review.model import (
+    CandidateDetail,
+    CandidateRow,
+    RecordRow,
+    ReleaseRow,
+    ScenarioSummary,
+    ScorePoint,
+    TaskView,
+    WeightFile,
+)
+from reef.store import ExperienceStore
+from reef.store.learning import learning_status
+
+CURVE_POINTS = 120  # scored reports in a scenario's curve
+RECENT_SCORES = 50  # reports in "mean feedback score of recent traffic"
+_CANDIDATE_COLUMNS = (
+    "id, scenario, kind, state, source, reason, decision, base_release_id, release_id, "
+    "created_at, json_extract(evaluation, '$.current_mean') AS current_mean, "
+    "json_extract(evaluation, '$.candidate_mean') AS candidate_mean"
+)
+
+
+def _store(workflow: ReleaseWorkflow) -> ExperienceStore:
+    return workflow.candidates.store
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+def scenario_summaries(
+    workflow: ReleaseWorkflow, serving: dict[str, str] | None = None
+) -> list[ScenarioSummary]:
+    """Each scenario with records or releases. `serving` maps a scenario to the release a
+    server serves; without one, the head is what a server would switch to."""
+    store = _store(workflow)
+    counts = store.stats()["scenarios"]
+    heads = {name: workflow.chain.head(name) for name in workflow.chain.scenarios()}
+    steps = learning_status(store)
+    summaries = []
+    for name in sorted(set(counts) | set(heads)):
+        head = heads.get(name)
+        head_id = head.release_id if head else None
+        scores = score_points(store, name)
+        summaries.append(
+            ScenarioSummary(
+                scenario=name,
+                head=head_id,
+                serving=(serving or {}).get(name, head_id or "base"),
+                records=counts.get(name, {}).get("records", 0),
+                reports=counts.get(name, {}).get("reports", 0),
+                recent_mean=_recent_mean(store, name),
+                waiting=_waiting(store, name),
+                last_step=steps.get(name, {}).get("last_step"),
+                scores=scores,
+                switches=_switches(workflow, head, scores),
+            )
+        )
+    return summaries
+
+
+def score_points(store: ExperienceStore, scenario: str) -> list[ScorePoint]:
+    rows = store.query(
+        "SELECT created_at, score FROM reports WHERE scenario = ? AND score IS NOT NULL "
+        "ORDER BY seq DESC LIMIT ?",
+        [scenario, CURVE_POINTS],
+    )
+    return [ScorePoint(row["created_at"], row["score"]) for row in reversed(rows)]
+
+
+def _recent_mean(store: ExperienceStore, scenario: str) -> float | None:
+    (row,) = store.query(
+        "SELECT AVG(score) AS mean FROM (SELECT score FROM reports "
+        "WHERE scenario = ? AND score IS NOT NULL ORDER BY seq DESC LIMIT ?)",
+        [scenario, RECENT_SCORES],
+    )
+    return None if row["mean"] is None else float(row["mean"])
+
+
+def _waiting(store: ExperienceStore, scenario: str) -> int:
+    (row,) = store.query(
+        "SELECT COUNT(*) AS n FROM candidates WHERE scenario = ? AND state IN ('held', 'proposed')",
+        [scenario],
+    )
+    return int(row["n"])
+
+
+def _switches(
+    workflow: ReleaseWorkflow, head: Release | None, scores: list[ScorePoint]
+) -> list[tuple[float, str]]:
+    """The releases published since the curve's first point, oldest first."""
+    if head is None or not scores:
+        return []
+    since = scores[0].created_at
+    found = [
+        (release.created_at, release.release_id)
+        for release in walk_releases(workflow, head, limit=50)
+        if release.created_at >= since
+    ]
+    return sorted(found)
+
+
+# -- candidates -----------------------------------------------------------------------------
+
+
+def candidate_rows(
+    workflow: ReleaseWorkflow,
+    state: str | None = None,
+    scenario: str | None = None,
+    limit: int = 200,
+) -> list[CandidateRow]:
+    """Held candidates first, then the others; newest first within each."""
+    where, params = _where(scenario=scenario, state=state)
+    rows = _store(workflow).query(
+        f"SELECT {_CANDIDATE_COLUMNS} FROM candidates {where} "
+        "ORDER BY state = 'held' DESC, seq DESC LIMIT ?",
+        [*params, limit],
+    )
+    return [CandidateRow(**row) for row in rows]
+
+
+def _where(**equal: str | None) -> tuple[str, list[Any]]:
+    clauses = [f"{name} = ?" for name, value in equal.items() if value]
+    params = [value for value in equal.values() if value]
+    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), params
+
+
+def candidate_detail(workflow: ReleaseWorkflow, candidate_id: str) -> CandidateDetail:
+    candidate = workflow.candidates.get(candidate_id)
+    (row,) = _store(workflow).query(
+        f"SELECT {_CANDIDATE_COLUMNS} FROM candidates WHERE id = ?", [candidate_id]
+    )
+    evaluation = candidate.evaluation or {}
+    prompts = _task_prompts(workflow, candidate.scenario)
+    tasks = [
+        TaskView(
+            task_id=result["task_id"],
+            prompt=prompts.get(result["task_id"], "(task no longer in the eval file)"),
+            current_answer=result["current_answer"],
+            candidate_answer=result["candidate_answer"],
+            current_score=result["current_score"],
+            candidate_score=result["candidate_score"],
+        )
+        for result in evaluation.get("results", [])
+    ]
+    files = _candidate_files(workflow, candidate.files_path, candidate.release_id)
+    loss = (candidate.metrics or {}).get("loss") or []
+    return CandidateDetail(
+        row=CandidateRow(**row),
+        tasks=tasks,
+        diff=_candidate_diff(workflow, candidate.base_release_id, candidate.id, files),
+        weights=_weights(files),
+        loss=[float(value) for value in loss if isinstance(value, int | float)],
+        record_ids=list(candidate.consumed_record_ids),
+    )
+
+
+def _task_prompts(workflow: ReleaseWorkflow, scenario: str) -> dict[str, str]:
+    try:
+        tasks = load_tasks(tasks_path(workflow.config.evals_dir, scenario))
+    except ReefError:
+        return {}
+    return {task.id: last_user_text(task.messages) for task in tasks}
+
+
+def _candidate_files(
+    workflow: ReleaseWorkflow, folder: str, release_id: str | None
+) -> dict[str, bytes] | None:
+    """The candidate's files, weights as LFS pointers where they come from the chain; None when
+    its folder was pruned and it was never released."""
+    with contextlib.suppress(ReefError, OSError):
+        return read_folder(Path(folder))
+    if release_id:
+        return workflow.chain.stored_files(release_id)
+    return None
+
+
+def _candidate_diff(
+    workflow: ReleaseWorkflow, base: str | None, name: str, files: dict[str, bytes] | None
+) -> str:
+    if files is None:
+        return "(its files were pruned: only the newest decided candidates keep theirs)"
+    old = workflow.chain.stored_files(base) if base else {}
+    return text_diff(old, files, base or "empty", name) or "(same files as its parent)"
+
+
+def _weights(files: dict[str, bytes] | None) -> list[WeightFile]:
+    weights = []
+    for path, data in sorted((files or {}).items()):
+        if not is_weight_file(path):
+            continue
+        pointer = data.startswith(b"version https://git-lfs")
+        oid = _pointer_oid(data) if pointer else hashlib.sha256(data).hexdigest()
+        weights.append(WeightFile(path, lfs_size(data) if pointer else len(data), oid))
+    return weights
+
+
+def _pointer_oid(pointer: bytes) -> str | None:
+    for line in pointer.decode(errors="replace").splitlines():
+        if line.startswith("oid sha256:"):
+            return line.removeprefix("oid sha256:")
+    return None
+
+
+# -- releases -------------------------------------------------------------------------------
+
+
+def walk_releases(workflow: ReleaseWorkflow, head: Release, limit: int) -> list[Release]:
+    """From `head` back along its parents, at most `limit`, newest first."""
+    releases = [head]
+    while len(releases) < limit and releases[-1].parent_release_id:
+        releases.append(workflow.chain.get(releases[-1].parent_release_id))
+    return releases
+
+
+def release_rows(
+    workflow: ReleaseWorkflow,
+    scenario: str | None = None,
+    serving: dict[str, str] | None = None,
+    limit: int = 200,
+) -> list[ReleaseRow]:
+    """The chains of one scenario or all, newest first."""
+    names = [scenario] if scenario else workflow.chain.scenarios()
+    rows = []
+    for name in names:
+        head = workflow.chain.head(name)
+        if head is None:
+            continue
+        serves = (serving or {}).get(name, head.release_id)
+        chain = walk_releases(workflow, head, limit)
+        rows += [_release_row(release, release.release_id == serves) for release in chain]
+    return sorted(rows, key=lambda row: row.created_at, reverse=True)[:limit]
+
+
+def _release_row(release: Release, serving: bool) -> ReleaseRow:
+    return ReleaseRow(
+        release_id=release.release_id,
+        scenario=release.scenario,
+        kind=release.kind,
+        parent_release_id=release.parent_release_id,
+        created_at=release.created_at,
+        reason=release.reason,
+        candidate_id=release.candidate_id,
+        candidate_mean=(release.evaluation or {}).get("candidate_mean"),
+        serving=serving,
+    )
+
+
+def release_diff(workflow: ReleaseWorkflow, release_id: str) -> str:
+    """The diff against its parent, as recorded when it was published, with weight sizes."""
+    release = workflow.chain.get(release_id)
+    weights = [
+        f"weights {path}: {lfs_size(data)} bytes\n"
+        for path, data in sorted(workflow.chain.stored_files(release_id).items())
+        if is_weight_file(path)
+    ]
+    parent = release.parent_release_id or "empty"
+    header = f"{release_id} against {parent}: {release.reason or ''}\n"
+    return header + (release.diff or "(same files as its parent)\n") + "".join(weights)
+
+
+# -- records --------------------------------------------------------------------------------
+
+
+def record_rows(
+    store: ExperienceStore, scenario: str | None = None, search: str = "", limit: int = 200
+) -> list[RecordRow]:
+    """The newest records, newest first; `search` matches their request or response text."""
+    clauses, params = [], []
+    if scenario:
+        clauses.append("scenario = ?")
+        params.append(scenario)
+    if search:
+        clauses.append("(request LIKE ? ESCAPE '\\' OR response LIKE ? ESCAPE '\\')")
+        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        params += [pattern, pattern]
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = store.query(
+        "SELECT id, scenario, release_id, created_at, request, response FROM records "
+        f"{where} ORDER BY seq DESC LIMIT ?",
+        [*params, limit],
+    )
+    feedback = _feedback(store, [row["id"] for row in rows])
+    return [
+        RecordRow(
+            id=row["id"],
+            scenario=row["scenario"],
+            release_id=row["release_id"],
+            created_at=row["created_at"],
+            prompt=last_user_text(json.loads(row["request"]).get("messages", [])),
+            answer=answer_text(json.loads(row["response"])),
+            feedback=feedback.get(row["id"], ""),
+        )
+        for row in rows
+    ]
+
+
+def _feedback(store: ExperienceStore, record_ids: list[str]) -> dict[str, str]:
+    if not record_ids:
+        return {}
+    marks = ",".join("?" * len(record_ids))
+    rows = store.query(
+        "SELECT rr.record_id, r.score, r.feedback FROM report_references rr "
+        f"JOIN reports r ON r.id = rr.report_id WHERE rr.record_id IN ({marks}) ORDER BY r.seq",
+        record_ids,
+    )
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        report = {**row, "feedback": json.loads(row["feedback"]) if row["feedback"] else None}
+        found.setdefault(row["record_id"], []).append(describe_report(report))
+    return {record_id: "; ".join(parts) for record_id, parts in found.items()}
+
+
+def describe_report(report: dict[str, Any]) -> str:
+    parts = []
+    if report.get("score") is not None:
+        parts.append(f"{report['score']:g}")
+    feedback = report.get("feedback")
+    if feedback is not None:
+        parts.append(feedback if isinstance(feedback, str) else json.dumps(feedback))
+    return " ".join(parts)
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return message_text(message.get("content"))
+    return ""
+
+
+def answer_text(response: dict[str, Any]) -> str:
+    choices = response.get("choices") or [{}]
+    return str((choices[0].get("message") or {}).get("content") or "")

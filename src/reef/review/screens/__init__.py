@@ -1,0 +1,1 @@
+"""The review's screens: the tab panes of the main screen, detail screens, and dialogs."""

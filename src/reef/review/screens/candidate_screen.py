@@ -1,0 +1,153 @@
+"""One candidate in detail: its evaluation task by task, its diff, weights and loss, its records."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static, TabbedContent
+
+from reef.review.model import CandidateDetail, ReviewError, TaskView
+from reef.review.widgets import cells
+from reef.review.widgets.diff_view import DiffView
+from reef.review.widgets.keyed_table import Cell, KeyedTable
+
+if TYPE_CHECKING:
+    from reef.review.app import ReviewApp
+
+
+def heading(detail: CandidateDetail) -> Text:
+    row = detail.row
+    return Text.assemble(
+        (row.id, "bold"),
+        "  ",
+        cells.state(row.state),
+        f"  {row.kind} · {row.scenario} · from {row.source}",
+        f" · built on {row.base_release_id or 'base'}",
+        "\nscore ",
+        cells.score(row.current_mean),
+        " → ",
+        cells.score(row.candidate_mean),
+        " (",
+        cells.delta(row.delta),
+        ")",
+        f"  released as {row.release_id}" if row.release_id else "",
+        f"\n{row.decision or row.reason or ''}",
+    )
+
+
+class TaskBlock(Vertical):
+    """One eval task: the prompt, then the current answer beside the candidate's."""
+
+    def __init__(self, task: TaskView) -> None:
+        super().__init__(classes="task")
+        self.result = task
+
+    def compose(self) -> ComposeResult:
+        task = self.result
+        yield Label(
+            Text.assemble(
+                (task.task_id, "bold"), "  ", cells.delta(task.candidate_score - task.current_score)
+            )
+        )
+        yield Static(Text(task.prompt, style="italic"), classes="prompt")
+        with Horizontal(classes="answers"):
+            yield Static(
+                _answer("current", task.current_score, task.current_answer), classes="answer"
+            )
+            yield Static(
+                _answer("candidate", task.candidate_score, task.candidate_answer), classes="answer"
+            )
+
+
+def _answer(side: str, score: float, text: str) -> Text:
+    return Text.assemble((f"{side} · score {score:g}\n", "bold"), text or "(empty answer)")
+
+
+class CandidateScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back", id="candidate.back"),
+        Binding("a", "approve", "Approve", id="candidate.approve"),
+        Binding("r", "reject", "Reject", id="candidate.reject"),
+    ]
+
+    def __init__(self, candidate_id: str) -> None:
+        super().__init__()
+        self.candidate_id = candidate_id
+        self.detail: CandidateDetail | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Label(f"loading {self.candidate_id}…", id="candidate-heading", classes="summary")
+        with TabbedContent("Evaluation", "Diff", "Weights", "Records", id="candidate-tabs"):
+            yield VerticalScroll(id="tasks")
+            yield DiffView(id="candidate-diff")
+            with Vertical(id="weights"):
+                yield KeyedTable(("file", "bytes", "LFS id"), id="weights-table")
+                yield Label("training loss per step", id="loss-label")
+                yield Sparkline([], id="loss")
+            yield KeyedTable(("record",), id="candidate-records")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.reload()
+
+    @work(thread=True, exclusive=True, group="candidate")
+    def reload(self) -> None:
+        from reef.review.app import ReviewApp
+
+        assert isinstance(self.app, ReviewApp)
+        try:
+            detail = self.app.source.candidate(self.candidate_id)
+        except ReviewError as error:
+            self.app.call_from_thread(self.app.notify, error.message, severity="error")
+            return
+        self.app.call_from_thread(self.show, detail)
+
+    def show(self, detail: CandidateDetail) -> None:
+        self.detail = detail
+        self.query_one("#candidate-heading", Label).update(heading(detail))
+        tasks = self.query_one("#tasks", VerticalScroll)
+        tasks.remove_children()
+        tasks.mount_all(
+            [TaskBlock(task) for task in detail.tasks]
+            or [Label("not evaluated (policy always, or refused before the gate)")]
+        )
+        self.query_one(DiffView).show(detail.diff)
+        weights: list[tuple[str, list[Cell]]] = [
+            (w.path, [w.path, str(w.size), w.lfs_oid or "-"]) for w in detail.weights
+        ]
+        self.query_one("#weights-table", KeyedTable).sync(weights)
+        self.query_one("#loss", Sparkline).data = detail.loss
+        loss = (
+            f"training loss per step: {detail.loss[0]:.3f} → {detail.loss[-1]:.3f}"
+            if detail.loss
+            else "no training metrics recorded"
+        )
+        self.query_one("#loss-label", Label).update(loss)
+        self.query_one("#candidate-records", KeyedTable).sync(
+            [(r, [Text(r)]) for r in detail.record_ids]
+        )
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "candidate-records" and event.row_key.value:
+            self._review().open_record(str(event.row_key.value))
+
+    def action_approve(self) -> None:
+        if self.detail is not None:
+            self._review().approve(self.detail.row)
+
+    def action_reject(self) -> None:
+        if self.detail is not None:
+            self._review().reject(self.detail.row)
+
+    def _review(self) -> ReviewApp:
+        from reef.review.app import ReviewApp
+
+        assert isinstance(self.app, ReviewApp)
+        return self.app

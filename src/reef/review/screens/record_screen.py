@@ -1,0 +1,68 @@
+"""One record: the whole exchange, what answered it, and its feedback."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+
+from reef.engines.base import message_text
+from reef.review.model import ReviewError
+from reef.review.queries import answer_text, describe_report
+
+ROLE_STYLES = {"system": "magenta", "user": "bold cyan", "assistant": "bold green"}
+
+
+def conversation(record: dict[str, Any]) -> Text:
+    text = Text.assemble(
+        (record["id"], "bold"),
+        f"  {record['scenario']} · served by {record['release_id']} · {record.get('engine', '')}",
+        f" · {record.get('latency_ms') or 0:.0f} ms\n\n",
+    )
+    for message in record["request"].get("messages", []):
+        role = str(message.get("role"))
+        text.append(f"{role}\n", style=ROLE_STYLES.get(role, "bold"))
+        text.append(message_text(message.get("content")) + "\n\n")
+    text.append("answer\n", style=ROLE_STYLES["assistant"])
+    text.append(answer_text(record["response"]) + "\n\n")
+    reports = record.get("reports") or []
+    text.append("feedback\n", style="bold yellow")
+    for report in reports:
+        text.append(f"{report['id']}: {describe_report(report)}\n")
+    if not reports:
+        text.append("none yet\n", style="dim")
+    return text
+
+
+class RecordScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back", id="record.back")
+    ]
+
+    def __init__(self, record_id: str) -> None:
+        super().__init__()
+        self.record_id = record_id
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll():
+            yield Static(f"loading {self.record_id}…", id="record-text")
+        yield Footer()
+
+    @work(thread=True)
+    def on_mount(self) -> None:
+        source = self.app.source  # type: ignore[attr-defined]
+        try:
+            found = conversation(source.record(self.record_id))
+        except ReviewError as error:
+            found = Text(error.message, style="red")
+        except (KeyError, TypeError, json.JSONDecodeError) as error:
+            found = Text(f"cannot show {self.record_id}: {error}", style="red")
+        self.app.call_from_thread(self.query_one("#record-text", Static).update, found)

@@ -1,0 +1,1 @@
+"""Widgets the review screens share."""
