@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from reef.errors import BadRequest
 
@@ -99,6 +99,19 @@ class ChatRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
+    # Set for a legacy text completion (POST /v1/completions): text to continue as it is, with
+    # no chat template; `messages` then only holds it as a user turn for engines that need one.
+    _raw_prompt: str | None = PrivateAttr(default=None)
+
+    @property
+    def raw_prompt(self) -> str | None:
+        return self._raw_prompt
+
+    def continuing(self, prompt: str) -> ChatRequest:
+        """This request as a text completion of `prompt` (no chat template)."""
+        copy = self.model_copy()
+        copy._raw_prompt = prompt
+        return copy
 
     @field_validator("n")
     @classmethod

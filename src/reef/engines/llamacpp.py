@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from reef.engines.base import Capabilities, ChatRequest, ChunkFactory, Completion, StreamItem
+from reef.engines.llamacpp_embeddings import LlamaEmbedder, embedding_tokens
 from reef.engines.structured import OutputConstraint, ToolCallText, output_constraint
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 
@@ -217,6 +218,7 @@ class LlamaCppEngine:
         self._formatter: Any = None
         self._adapter: Any = None  # the loaded llama_adapter_lora, if any
         self._adapter_path: Path | None = None
+        self._embedder: LlamaEmbedder | None = None  # made on first use, on the worker thread
 
     @property
     def model(self) -> str:
@@ -261,6 +263,9 @@ class LlamaCppEngine:
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         if self._adapter is not None:
             import llama_cpp
 
@@ -317,6 +322,23 @@ class LlamaCppEngine:
                 # or stop the worker at its next token step.
                 cancel.set()
                 future.cancel()
+
+    async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """Embeddings of `texts` and the tokens they took, queued with the chat requests."""
+        if self._llm is None:
+            raise EngineUnavailable(
+                "the llama.cpp engine is not loaded (server starting or stopping)"
+            )
+        inputs = [embedding_tokens(self._llm, text) for text in texts]
+        work = functools.partial(self._embed_on_worker, inputs)
+        with self._admission():
+            vectors = await asyncio.get_running_loop().run_in_executor(self._executor, work)
+        return vectors, sum(len(tokens) for tokens in inputs)
+
+    def _embed_on_worker(self, inputs: list[list[int]]) -> list[list[float]]:
+        if self._embedder is None:
+            self._embedder = LlamaEmbedder(self._llm, self.n_threads)
+        return [self._embedder.embed(tokens) for tokens in inputs]
 
     @contextlib.contextmanager
     def _admission(self) -> Iterator[None]:
@@ -451,6 +473,8 @@ class LlamaCppEngine:
         self._llm.reset()
 
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
+        if request.raw_prompt is not None:  # a legacy text completion: no chat template
+            return list(self._llm.tokenize(request.raw_prompt.encode("utf-8"), add_bos=True))
         messages = [_template_message(m.role, m.text(), m.tool_calls) for m in request.messages]
         try:
             rendered = self._formatter(messages=messages, tools=request.tools)

@@ -92,6 +92,28 @@ class UpstreamEngine:
         # A whole response has no first token to time: the record's latency_ms says it all.
         return Completion(response=data, model=data.get("model") or self.model)
 
+    async def forward_json(
+        self, path: str, body: dict[str, Any], adapter: Path | None = None
+    ) -> dict[str, Any]:
+        """POST `body` to another OpenAI route of the upstream (`/completions`, `/embeddings`)
+        and return its JSON answer; `model` is replaced as for chat requests."""
+        model = await self._model_for(adapter) or self._model
+        url = f"{self.base_url}{path}"
+        sent = {**body, "model": model} if model else body
+        try:
+            response = await self._http.post(url, json=sent)
+        except httpx.HTTPError as error:
+            raise _unreachable(url, error) from None
+        if response.status_code >= 400:
+            raise _relayed(response.status_code, response.content)
+        try:
+            data = response.json()
+        except ValueError:
+            raise UpstreamFailure(f"upstream at {url} answered with invalid JSON") from None
+        if not isinstance(data, dict):
+            raise UpstreamFailure(f"upstream at {url} answered with JSON that is not an object")
+        return data
+
     async def stream(
         self, request: ChatRequest, adapter: Path | None = None
     ) -> AsyncIterator[StreamItem]:

@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from reef.errors import ReefError
 from reef.server import (
+    completion_routes,
     harness_routes,
     internal_routes,
     openai_routes,
@@ -70,6 +71,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/healthz", reef_routes.healthz, methods=["GET"]),
         Route("/v1/models", openai_routes.list_models, methods=["GET"]),
         Route("/v1/chat/completions", openai_routes.chat_completions, methods=["POST"]),
+        Route("/v1/completions", completion_routes.completions, methods=["POST"]),
+        Route("/v1/embeddings", completion_routes.embeddings, methods=["POST"]),
         Route("/reef/report", reef_routes.report, methods=["POST"]),
         Route("/reef/records", reef_routes.list_records, methods=["GET"]),
         Route("/reef/records/{record_id}", reef_routes.get_record, methods=["GET"]),

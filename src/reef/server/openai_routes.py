@@ -12,10 +12,11 @@ before `data: [DONE]`. A failed call is never stored.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -36,21 +37,53 @@ async def chat_completions(request: Request) -> Response:
     call = state.call_context(request.headers)
     chat = call.binding.apply(parse(ChatRequest, body))
     if chat.stream:
-        return await _streamed(state, call, body, chat)
+        return await streamed(state, call, body, chat)
     started = time.perf_counter()
     completion = await until_disconnected(
         request, state.engine.complete(chat, adapter=call.binding.adapter)
     )
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
-        record = _record(state, call, body, completion, started, stream=False)
+        record = record_of(state, call, body, completion, started, stream=False)
         headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
     return JSONResponse(completion.response, headers=headers)
 
 
-async def _streamed(
-    state: ServerState, call: CallContext, body: dict[str, Any], chat: ChatRequest
+class StreamShape(Protocol):
+    """How an API other than chat completions shows a chat stream: each engine chunk as that
+    API's chunk (None: nothing to send), the receipt chunk, and the response it stores."""
+
+    def chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    def receipt(self, completion: Completion, record_id: str) -> dict[str, Any]: ...
+
+    def stored(self, completion: Completion) -> Completion: ...
+
+
+class ChatShape:
+    def chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        return chunk
+
+    def receipt(self, completion: Completion, record_id: str) -> dict[str, Any]:
+        return _receipt_chunk(completion, record_id)
+
+    def stored(self, completion: Completion) -> Completion:
+        return completion
+
+
+def with_response(completion: Completion, response: dict[str, Any]) -> Completion:
+    """`completion` answered in another API's shape (what that API's record stores)."""
+    return dataclasses.replace(completion, response=response)
+
+
+async def streamed(
+    state: ServerState,
+    call: CallContext,
+    body: dict[str, Any],
+    chat: ChatRequest,
+    shape: StreamShape | None = None,
 ) -> Response:
+    shape = shape or ChatShape()
     started = time.perf_counter()
     items = aiter(state.engine.stream(chat, adapter=call.binding.adapter))
     # Pull the first item before answering, so a request the engine refuses gets a real status.
@@ -65,12 +98,15 @@ async def _streamed(
         item: StreamItem = first
         try:
             while not isinstance(item, Completion):
-                yield sse(item)
+                shown = shape.chunk(item)
+                if shown is not None:
+                    yield sse(shown)
                 item = await anext(items)
             if call.capture:
-                record = _record(state, call, body, item, started, stream=True)
+                stored = shape.stored(item)
+                record = record_of(state, call, body, stored, started, stream=True)
                 record_id = await state.store.add_record_async(record)
-                yield sse(_receipt_chunk(item, record_id))
+                yield sse(shape.receipt(stored, record_id))
             yield sse("[DONE]")
         except ReefError as error:
             # Headers are gone: say it in the stream, as OpenAI does, and store nothing.
@@ -117,7 +153,7 @@ def _receipt_chunk(completion: Completion, record_id: str) -> dict[str, Any]:
     }
 
 
-def _record(
+def record_of(
     state: ServerState,
     call: CallContext,
     body: dict[str, Any],
