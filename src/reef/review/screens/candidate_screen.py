@@ -70,6 +70,7 @@ def _answer(side: str, score: float, text: str) -> Text:
 
 
 class CandidateScreen(Screen[None]):
+    AUTO_FOCUS = "#candidate-tabs"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "app.pop_screen", "Back", id="candidate.back"),
         Binding("a", "approve", "Approve", id="candidate.approve"),

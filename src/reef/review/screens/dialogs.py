@@ -14,6 +14,8 @@ from textual.widgets import Button, Input, Label
 class ConfirmDialog(ModalScreen[bool]):
     """Yes or no, saying exactly what will serve afterwards."""
 
+    AUTO_FOCUS = "#yes"
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "answer(True)", "Yes", id="dialog.yes"),
         Binding("n,escape", "answer(False)", "No", id="dialog.no"),
@@ -44,6 +46,8 @@ class ConfirmDialog(ModalScreen[bool]):
 
 class TextDialog(ModalScreen[str | None]):
     """One line of text (a reason, a scenario); None when cancelled, never empty."""
+
+    AUTO_FOCUS = "#dialog-input"
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="dialog.cancel")

@@ -15,6 +15,7 @@ from reef.review.widgets.diff_view import DiffView
 
 
 class ReleaseDiffScreen(Screen[None]):
+    AUTO_FOCUS = "DiffView"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "app.pop_screen", "Back", id="diff.back")
     ]

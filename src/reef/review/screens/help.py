@@ -37,6 +37,7 @@ disabled: `REEF_ADMIN_TOKEN` enables them.
 
 
 class HelpScreen(ModalScreen[None]):
+    AUTO_FOCUS = "VerticalScroll"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,question_mark,q", "dismiss_help", "Close", id="help.close")
     ]

@@ -42,6 +42,7 @@ def conversation(record: dict[str, Any]) -> Text:
 
 
 class RecordScreen(Screen[None]):
+    AUTO_FOCUS = "VerticalScroll"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "app.pop_screen", "Back", id="record.back")
     ]

@@ -1,0 +1,221 @@
+"""`reef review` on a real project's stores, driven by keys through Textual's pilot."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Input, Static
+
+from reef.config import load_config
+from reef.review.app import ReviewApp
+from reef.review.local_source import LocalSource
+from reef.review.screens.candidate_screen import CandidateScreen, TaskBlock
+from reef.review.screens.dialogs import ConfirmDialog, TextDialog
+from reef.review.screens.help import HelpScreen
+from reef.review.screens.record_screen import RecordScreen
+from reef.review.widgets.diff_view import DiffView
+from reef.review.widgets.keyed_table import KeyedTable
+from reef.testing.processes import run_reef
+from tests.test_review_project import candidates_by_reason, head, project
+
+__all__ = ["project"]  # the fixture, shared with test_review_project
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def until(pilot: Pilot[None], condition: Callable[[], bool], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        app = pilot.app
+        seen = [f"{n.title}: {n.message}" for n in app._notifications]
+        assert time.monotonic() < deadline, f"timed out on {app.screen!r}; notes: {seen}"
+        await pilot.pause(0.05)
+
+
+@asynccontextmanager
+async def review(
+    project: Path, monkeypatch: pytest.MonkeyPatch, size: tuple[int, int] = (100, 30)
+) -> AsyncIterator[tuple[ReviewApp, Pilot[None]]]:
+    monkeypatch.chdir(project)
+    source = LocalSource(load_config(None))
+    app = ReviewApp(source, poll_s=0.2)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.polls > 0 and app.access is not None)
+            yield app, pilot
+    finally:
+        source.close()
+
+
+def table(app: ReviewApp, name: str) -> KeyedTable:
+    return app.query_one(f"#{name}-table", KeyedTable)
+
+
+def notes(app: ReviewApp) -> str:
+    return "\n".join(f"{n.title}: {n.message}" for n in app._notifications)
+
+
+async def test_candidates_held_first_with_full_ids_and_scores(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = {reason: row["id"] for reason, row in candidates_by_reason(project).items()}
+    async with review(project, monkeypatch) as (app, _):
+        rows = table(app, "candidates")
+        assert rows.ordered_keys() == [
+            ids["held harness"],
+            ids["loser harness"],
+            ids["winner harness"],
+        ]
+        winner = rows.get_row(ids["winner harness"])
+        assert winner[0] == ids["winner harness"]  # the whole id, to copy
+        assert str(winner[1]) == "released" and str(winner[8]) == "+1.00"
+        assert str(rows.get_row(ids["loser harness"])[8]) == "-1.00"
+
+
+async def test_approve_key_releases_the_held_candidate_and_moves_the_head(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = candidates_by_reason(project)["held harness"]["id"]
+    async with review(project, monkeypatch) as (app, pilot):
+        assert table(app, "candidates").selected_key == held
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        consequence = str(app.screen.query_one("#consequence", Static).render())
+        assert f"default will serve {held}" in consequence and "default@1" in consequence
+        await pilot.press("y")
+        await until(pilot, lambda: head(project) == "default@2")
+        await until(pilot, lambda: str(table(app, "candidates").get_row(held)[1]) == "released")
+        assert "released as default@2" in notes(app)
+    assert candidates_by_reason(project)["held harness"]["state"] == "released"
+
+
+async def test_reject_records_the_typed_reason(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with review(project, monkeypatch) as (app, pilot):
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, TextDialog))
+        await pilot.press(*"too verbose", "enter")
+        await until(pilot, lambda: "is rejected" in notes(app))
+    held = candidates_by_reason(project)["held harness"]
+    assert held["state"] == "rejected"
+    assert held["decision"] == "rejected by a human: too verbose"
+    assert head(project) == "default@1"
+
+
+async def test_a_head_moved_by_another_process_is_a_conflict_not_a_crash(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with review(project, monkeypatch) as (app, pilot):
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        moved = run_reef(project, "release", "promote", "default@1")  # another process
+        assert moved.returncode == 0, moved.stderr
+        await pilot.press("y")
+        await until(pilot, lambda: "conflict" in notes(app))
+        assert "default@2" in notes(app) and "Nothing was changed" in notes(app)
+        assert app.is_running
+    assert head(project) == "default@2"  # the promotion, nothing on top of it
+    assert candidates_by_reason(project)["held harness"]["state"] == "held"
+
+
+async def test_rows_update_in_place_and_the_cursor_stays_on_its_row(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = {reason: row["id"] for reason, row in candidates_by_reason(project).items()}
+    async with review(project, monkeypatch) as (app, pilot):
+        rows = table(app, "candidates")
+        await pilot.press("down")
+        assert rows.selected_key == ids["loser harness"]
+        rejected = run_reef(project, "release", "reject", ids["held harness"], "--reason", "no")
+        assert rejected.returncode == 0, rejected.stderr
+        await until(pilot, lambda: str(rows.get_row(ids["held harness"])[1]) == "rejected")
+        assert rows.ordered_keys() == [ids[f"{r} harness"] for r in ("held", "loser", "winner")]
+        assert rows.selected_key == ids["loser harness"]
+
+
+async def test_candidate_detail_shows_the_paired_evaluation_and_the_diff(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with review(project, monkeypatch) as (app, pilot):
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, CandidateScreen))
+        await until(pilot, lambda: bool(app.screen.query(TaskBlock)))
+        (block,) = app.screen.query(TaskBlock)
+        assert block.result.prompt == "Say hello." and block.result.current_score == 1.0
+        diff = str(app.screen.query_one("#diff-text", Static).render())
+        assert "+You are held for review." in diff and "-You are terse." in diff
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CandidateScreen)
+
+
+async def test_releases_diff_and_promote_into_another_scenario(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with review(project, monkeypatch) as (app, pilot):
+        await pilot.press("3")
+        await until(pilot, lambda: table(app, "releases").ordered_keys() == ["default@1"])
+        await until(pilot, lambda: app.focused is table(app, "releases"))
+        assert "serving" in str(table(app, "releases").get_row("default@1")[1])
+        await pilot.press("enter")
+        await until(
+            pilot,
+            lambda: (
+                "You are terse" in str(app.screen.query_one(DiffView).query_one(Static).render())
+            ),
+        )
+        await pilot.press("escape", "p")
+        await until(pilot, lambda: isinstance(app.screen, TextDialog))
+        app.screen.query_one(Input).value = ""
+        await pilot.press(*"staging", "enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        assert "staging will serve a copy of default@1" in str(
+            app.screen.query_one("#consequence", Static).render()
+        )
+        await pilot.press("y")
+        await until(pilot, lambda: head(project, "staging") == "staging@1")
+        await until(pilot, lambda: "staging@1" in table(app, "releases").ordered_keys())
+
+
+async def test_records_search_and_open_with_feedback(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with review(project, monkeypatch) as (app, pilot):
+        await pilot.press("4")
+        await until(pilot, lambda: len(table(app, "records").ordered_keys()) == 2)
+        await pilot.press("slash", *"colours", "enter")
+        await until(pilot, lambda: len(table(app, "records").ordered_keys()) == 1)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RecordScreen))
+        text = lambda: str(app.screen.query_one("#record-text", Static).render())  # noqa: E731
+        await until(pilot, lambda: "scored 1" in text())
+        assert "Name three colours." in text() and "Red, green, blue." in text()
+
+
+async def test_scenarios_help_palette_and_a_small_terminal(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with review(project, monkeypatch, size=(80, 24)) as (app, pilot):
+        await pilot.press("2")
+        await until(pilot, lambda: table(app, "scenarios").ordered_keys() == ["default"])
+        row = table(app, "scenarios").get_row("default")
+        assert row[1:6] == ["default@1", "default@1", "2", "2", "0.50"]
+        assert app.query_one("#curve-default")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.press("escape")
+        titles = [command.title for command in app.get_system_commands(app.screen)]
+        assert {"Approve candidate", "Reject candidate", "Roll back", "Promote release"} <= set(
+            titles
+        )
+        await pilot.press("q")
+    assert not app.is_running
