@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from recipes.harness_evolve.mutations import Mutation
+from recipes.harness_evolve.mutations import EDITABLE, Mutation
 
 from reef.evaluation.tasks import ScorerSpec
 from reef.learning.experience import Turn
@@ -87,10 +87,34 @@ class RuleProposer:
         return Mutation(op, path, rule, "users' feedback, kept as a rule")
 
 
-class ModelProposer:
-    """Asks a model for a mutation; `ask` sends chat messages and returns the reply text."""
+# The reply the model proposer must give: llama.cpp enforces it with a grammar, so even the
+# 135M model always answers with a mutation the recipe can parse (the gate judges if it helps).
+# Paths are a choice among the prose files of the tree and a new rule (a grammar cannot check a
+# regex); worked examples, which must be JSON lines, are the hindsight proposer's job.
+NEW_RULE = "rules/feedback.md"
 
-    def __init__(self, ask: Callable[[list[dict[str, str]]], str]) -> None:
+
+def mutation_schema(files: dict[str, bytes]) -> dict[str, object]:
+    prose = (p for p in files if EDITABLE.match(p) and p != "examples.jsonl")
+    paths = sorted({"AGENTS.md", NEW_RULE, *prose})
+    return {
+        "type": "object",
+        "properties": {
+            "op": {"type": "string", "enum": ["create", "update", "remove"]},
+            "path": {"type": "string", "enum": paths},
+            # Bounded, so that the reply always closes before the proposer's token limit.
+            "content": {"type": "string", "maxLength": 600},
+            "reason": {"type": "string", "maxLength": 160},
+        },
+        "required": ["op", "path", "content", "reason"],
+        "additionalProperties": False,
+    }
+
+
+class ModelProposer:
+    """Asks a model for a mutation; `ask(messages, json_schema)` returns the reply text."""
+
+    def __init__(self, ask: Callable[..., str]) -> None:
         self.ask = ask
 
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
@@ -118,7 +142,8 @@ class ModelProposer:
             rejections=rejections,
             instruction=instruction,
         )
-        reply = self.ask([{"role": "user", "content": prompt}])
+        schema = mutation_schema(context.files)
+        reply = self.ask([{"role": "user", "content": prompt}], json_schema=schema)
         try:
             return parse_mutation(reply, max_bytes=8000)
         except MutationRefused as refused:

@@ -88,7 +88,8 @@ class StepContext:
     instruction: str | None = None  # from `reef train "…"` in manual or hybrid mode
     # Sends chat messages to the proposer model (learning.proposer_*; default: the served
     # model) and returns its reply: recipes reach models through this, never HTTP directly.
-    ask: Callable[[list[dict[str, str]]], str] | None = None
+    # ask(messages, json_schema=None): with a JSON schema, the reply is constrained to it.
+    ask: Callable[..., str] | None = None
     # Earlier candidates with their per-task scores, newest first (for population-based recipes).
     evaluated: list[Evaluated] = field(default_factory=list)
     # Runs an OpenAI chat request body on the served model under the current release, without

@@ -177,20 +177,26 @@ class LearningWorker:
         )
         return running.result()
 
-    def ask(self, messages: list[dict[str, str]]) -> str:
-        """The proposer model's reply (called from the recipe's thread)."""
+    def ask(self, messages: list[dict[str, str]], json_schema: dict[str, Any] | None = None) -> str:
+        """The proposer model's reply (called from the recipe's thread). With `json_schema`, the
+        reply is constrained to JSON of that schema (a grammar on llama.cpp), so even a small
+        model answers with something a recipe can parse."""
+        body: dict[str, Any] = {"messages": messages, "temperature": 0.7, "max_tokens": 400}
+        if json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "reply", "schema": json_schema, "strict": True},
+            }
         learning = self.config.learning
         if learning.proposer_url:
             return _ask_endpoint(
                 learning.proposer_url,
                 learning.proposer_model,
                 learning.proposer_api_key_env,
-                messages,
+                body,
             )
         assert self._loop is not None
-        request = ChatRequest.model_validate(
-            {"messages": messages, "temperature": 0.7, "max_tokens": 400}
-        )
+        request = ChatRequest.model_validate(body)
         running = asyncio.run_coroutine_threadsafe(self.model.complete(request), self._loop)
         return answer_text(running.result())
 
@@ -250,18 +256,11 @@ def _evaluated(candidate: Candidate) -> Evaluated | None:
     )
 
 
-def _ask_endpoint(
-    url: str, model: str | None, key_env: str | None, messages: list[dict[str, str]]
-) -> str:
+def _ask_endpoint(url: str, model: str | None, key_env: str | None, body: dict[str, Any]) -> str:
     headers = {"x-reef-capture": "false"}
     if key_env and os.environ.get(key_env):
         headers["Authorization"] = f"Bearer {os.environ[key_env]}"
-    body = {
-        "model": model or "default",
-        "messages": messages,
-        "temperature": 0.7,
-        "max_tokens": 400,
-    }
+    body = {"model": model or "default", **body}
     response = httpx.post(
         f"{url.rstrip('/')}/chat/completions", json=body, headers=headers, timeout=300
     )

@@ -1,0 +1,69 @@
+"""The llm proposer on the embedded model: constrained decoding makes every reply a mutation.
+
+Without a grammar, the 135M model never wrote a parseable mutation (every step ended "no
+proposal"). With the mutation's JSON schema enforced by llama.cpp, a step always proposes a
+candidate, and the gate decides whether it helps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+from recipes.harness_evolve.mutations import parse_mutation
+from recipes.harness_evolve.proposers import mutation_schema
+
+from reef.testing.processes import free_port, reef_serve
+from tests.conftest import SMALL_ENGINE, write_config
+
+CONFIG = (
+    SMALL_ENGINE
+    + "gate:\n  max_tokens: 16\n"
+    + "learning:\n  recipe: harness_evolve\n  mode: manual\n  proposer: llm\n  batch_size: 1\n"
+)
+
+
+def test_every_llm_proposal_parses_and_reaches_the_gate(tmp_path: Path) -> None:
+    write_config(tmp_path, CONFIG)
+    (tmp_path / "evals").mkdir()
+    task = {
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "scorer": {"type": "contains", "value": "blue"},
+    }
+    (tmp_path / "evals/default.jsonl").write_text(json.dumps(task) + "\n")
+    with reef_serve(tmp_path, free_port()).start() as server:
+        body = {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 16}
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+        report = {
+            "references": [reply.headers["x-reef-agent-record-id"]],
+            "score": 0,
+            "feedback": "Please answer in one word.",
+        }
+        httpx.post(f"{server.url}/reef/report", json=report).raise_for_status()
+        outcomes = []
+        for _ in range(2):
+            instruction = {"instruction": "make answers shorter"}
+            httpx.post(f"{server.url}/reef/train", json=instruction).raise_for_status()
+            deadline = time.monotonic() + 240
+            while True:
+                learning = httpx.get(f"{server.url}/reef/status").json()["learning"]
+                steps = learning["scenarios"].get("default", {}).get("batches_built", 0)
+                if steps > len(outcomes):
+                    outcomes.append(learning["scenarios"]["default"]["last_step"])
+                    break
+                assert time.monotonic() < deadline, server.log()[-2000:]
+                time.sleep(1)
+    assert all(o["outcome"] in ("released", "rejected", "held") for o in outcomes), outcomes
+    assert all(o["candidate_id"] for o in outcomes)
+
+
+def test_the_mutation_schema_offers_only_paths_parse_mutation_accepts() -> None:
+    files = {"AGENTS.md": b"x", "rules/tone.md": b"y", "notes.txt": b"z"}
+    schema = mutation_schema(files)
+    paths = schema["properties"]["path"]["enum"]  # type: ignore[index]
+    assert paths == ["AGENTS.md", "rules/feedback.md", "rules/tone.md"]
+    for path in paths:
+        reply = {"op": "create", "path": path, "content": "Be brief.", "reason": "asked"}
+        assert parse_mutation(json.dumps(reply), max_bytes=8000).path == path
