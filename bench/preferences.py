@@ -151,6 +151,30 @@ def main() -> None:
             )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
+    draw(rows, args.json.with_suffix(".png"))
+
+
+def draw(rows: list[dict], path: Path) -> None:
+    """Before and after bars, one group per preference and recipe (needs matplotlib: .[bench])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['preference']}\n{r['recipe']}\n{r['seconds']} s" for r in rows]
+    positions = range(len(rows))
+    figure, axis = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
+    axis.bar([p - 0.2 for p in positions], [r["before"] for r in rows], 0.4, label="base")
+    axis.bar([p + 0.2 for p in positions], [r["after"] for r in rows], 0.4, label="after learning")
+    axis.axhline(0.75, color="grey", linestyle="--", linewidth=0.8, label="goal 0.75")
+    axis.set_xticks(list(positions), labels, fontsize=8)
+    axis.set_ylim(0, 1.05)
+    axis.set_ylabel("held-out pass rate")
+    axis.set_title("A preference said only in feedback, SmolLM2-135M on 2 CPU cores")
+    axis.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"drawn: {path}")
 
 
 if __name__ == "__main__":
