@@ -219,3 +219,35 @@ async def test_scenarios_help_palette_and_a_small_terminal(
         )
         await pilot.press("q")
     assert not app.is_running
+
+
+async def test_a_lora_candidate_shows_its_weights_and_training_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A LoRA candidate as the sft recipe proposes one: adapter files and the loss per step."""
+    from reef.releases.chain import read_folder
+    from reef.releases.workflow import ReleaseWorkflow
+    from reef.store import ExperienceStore
+    from reef.testing.artifacts import random_lora
+
+    (tmp_path / "reef.yaml").write_text("gate:\n  policy: review\n")
+    config = load_config(tmp_path / "reef.yaml")
+    adapter = random_lora(tmp_path / "lora")
+    with ExperienceStore(config.experience_db) as store:
+        ReleaseWorkflow(config, store).propose(
+            "default",
+            "lora",
+            read_folder(adapter),
+            source="sft",
+            reason="LoRA r8 on 6 examples",
+            metrics={"loss": [2.5, 1.75, 1.0]},
+        )
+    async with review(tmp_path, monkeypatch) as (app, pilot):
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, CandidateScreen))
+        weights = app.screen.query_one("#weights-table", KeyedTable)
+        await until(pilot, lambda: weights.row_count > 0)
+        size = (adapter / "adapter.gguf").stat().st_size
+        assert [str(c) for c in weights.get_row_at(0)[:2]] == ["adapter.gguf", str(size)]
+        label = str(app.screen.query_one("#loss-label").render())
+        assert "2.500 → 1.000" in label

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, TabbedContent, TabPane
 
@@ -122,7 +124,9 @@ class ReviewApp(App[None]):
         if self._last_error:
             self._last_error = ""
             self.notify("reading again", title="reconnected")
-        target.show(data)
+        # Its widgets may have been taken down meanwhile (screen closed, app quitting).
+        with contextlib.suppress(NoMatches):
+            target.show(data)
         self._poll_finished()
 
     def _poll_failed(self, message: str) -> None:
