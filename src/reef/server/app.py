@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from reef.errors import ReefError
 from reef.server import (
+    anthropic_routes,
     completion_routes,
     harness_routes,
     internal_routes,
@@ -73,6 +74,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", openai_routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", completion_routes.completions, methods=["POST"]),
         Route("/v1/embeddings", completion_routes.embeddings, methods=["POST"]),
+        Route("/v1/messages", anthropic_routes.messages, methods=["POST"]),
         Route("/reef/report", reef_routes.report, methods=["POST"]),
         Route("/reef/records", reef_routes.list_records, methods=["GET"]),
         Route("/reef/records/{record_id}", reef_routes.get_record, methods=["GET"]),

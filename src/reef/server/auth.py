@@ -1,4 +1,8 @@
-"""Bearer-token authentication as ASGI middleware, compared in constant time."""
+"""Token authentication as ASGI middleware, compared in constant time.
+
+The token comes as `Authorization: Bearer TOKEN`, or (as Anthropic's clients send it) as
+`x-api-key: TOKEN`; a bearer header, when sent, is the one read.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from reef.errors import Forbidden, ReefError, Unauthorized
 
 OPEN_PATHS = frozenset({"/healthz"})
+# Routes of Anthropic's API: their refusals are in Anthropic's error shape.
+ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 ADMIN_PREFIX = "/reef/scenarios/"
 INTERNAL_PREFIX = "/reef/internal/"
 
@@ -66,16 +72,17 @@ class BearerAuth:
         if open_route or not (self.tokens or self.admin_tokens):
             await self.app(scope, receive, send)
             return
-        provided = _bearer(scope)
+        provided = _bearer(scope) or _api_key(scope)
         admin = bool(provided) and token_matches(provided, self.admin_tokens)
         user = admin or (bool(provided) and token_matches(provided, self.tokens))
         if not user:
             message = (
-                "invalid bearer token: send the value of REEF_TOKEN"
+                "invalid token: send the value of REEF_TOKEN"
                 if provided
-                else "missing bearer token: send `Authorization: Bearer $REEF_TOKEN`"
+                else "missing token: send `Authorization: Bearer $REEF_TOKEN` "
+                "(or `x-api-key: $REEF_TOKEN`)"
             )
-            await _refuse(send, Unauthorized(message))
+            await _refuse(send, Unauthorized(message), scope)
         elif needs_admin(scope["method"], scope["path"]) and not admin:
             await _refuse(
                 send,
@@ -83,6 +90,7 @@ class BearerAuth:
                     "this route changes what a scenario serves and needs an admin token: "
                     "send the value of REEF_ADMIN_TOKEN"
                 ),
+                scope,
             )
         else:
             await self.app(scope, receive, send)
@@ -99,6 +107,7 @@ class BearerAuth:
                 ".reef/server.json (or an admin token)",
                 code="internal_token_required",
             ),
+            scope,
         )
 
 
@@ -108,9 +117,16 @@ def _bearer(scope: Scope) -> str:
     return provided.strip() if scheme.lower() == "bearer" else ""
 
 
-async def _refuse(send: Send, error: ReefError) -> None:
+def _api_key(scope: Scope) -> str:
+    return dict(scope["headers"]).get(b"x-api-key", b"").decode("latin-1").strip()
+
+
+async def _refuse(send: Send, error: ReefError, scope: Scope) -> None:
     headers = [(b"content-type", b"application/json")]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    body = error.to_json()
+    if scope["path"] in ANTHROPIC_PATHS:
+        body = {"type": "error", "error": {"type": error.type, "message": error.message}}
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": json.dumps(error.to_json()).encode()})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})

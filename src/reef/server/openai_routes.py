@@ -49,13 +49,22 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse(completion.response, headers=headers)
 
 
+# What a stream shape sends: an object, framed as `data: JSON`, or bytes already framed (an API
+# with named events, such as Anthropic's `event: NAME\ndata: JSON`).
+Frame = dict[str, Any] | bytes
+
+
 class StreamShape(Protocol):
     """How an API other than chat completions shows a chat stream: each engine chunk as that
-    API's chunk (None: nothing to send), the receipt chunk, and the response it stores."""
+    API's chunk (None: nothing to send), the receipt chunk, and the response it stores.
 
-    def chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None: ...
+    A shape may also define `end(completion) -> bytes`, sent in place of `data: [DONE]`, and
+    `failed(error) -> bytes`, sent in place of the `data: {"error": ...}` event (`error` is that
+    OpenAI-shaped object); without them the stream ends as chat completions' does."""
 
-    def receipt(self, completion: Completion, record_id: str) -> dict[str, Any]: ...
+    def chunk(self, chunk: dict[str, Any]) -> Frame | None: ...
+
+    def receipt(self, completion: Completion, record_id: str) -> Frame: ...
 
     def stored(self, completion: Completion) -> Completion: ...
 
@@ -100,21 +109,22 @@ async def streamed(
             while not isinstance(item, Completion):
                 shown = shape.chunk(item)
                 if shown is not None:
-                    yield sse(shown)
+                    yield _framed(shown)
                 item = await anext(items)
             if call.capture:
                 stored = shape.stored(item)
                 record = record_of(state, call, body, stored, started, stream=True)
                 record_id = await state.store.add_record_async(record)
-                yield sse(shape.receipt(stored, record_id))
-            yield sse("[DONE]")
+                yield _framed(shape.receipt(stored, record_id))
+            end = getattr(shape, "end", None)
+            yield sse("[DONE]") if end is None else end(item)
         except ReefError as error:
             # Headers are gone: say it in the stream, as OpenAI does, and store nothing.
             log.warning("stream failed: %s", error.message)
-            yield sse(error.to_json())
+            yield _failed(shape, error.to_json())
         except Exception as error:  # a store or engine failure: an error event, not a silent cut
             log.exception("stream failed")
-            yield sse(_stream_failure(error))
+            yield _failed(shape, _stream_failure(error))
         finally:
             await _close(items)
 
@@ -123,6 +133,15 @@ async def streamed(
         media_type="text/event-stream",
         headers={"x-reef-release-id": call.release_id, "cache-control": "no-cache"},
     )
+
+
+def _framed(shown: Frame) -> bytes:
+    return shown if isinstance(shown, bytes) else sse(shown)
+
+
+def _failed(shape: StreamShape, error: dict[str, Any]) -> bytes:
+    failed = getattr(shape, "failed", None)
+    return sse(error) if failed is None else failed(error)
 
 
 async def _close(items: AsyncIterator[StreamItem]) -> None:

@@ -1,0 +1,66 @@
+"""`POST /v1/messages`: the Anthropic Messages API on the same engines, queue and store as chat.
+
+The request is validated (`MessagesRequest`), translated into a chat request, rewritten by the
+scenario's release like any chat request, and served; the answer is the chat completion read
+back as an Anthropic message (or Anthropic's stream events). The record stores the translated
+chat request and the chat completion, so recipes see one kind of trajectory. The receipt is the
+`x-reef-agent-record-id` header on a whole response, and a `ping` event carrying
+`{"reef": {"agent_record_id": ...}}` before `message_delta` on a stream. Errors, the request's
+own included, answer in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from reef.engines.base import ChatRequest
+from reef.errors import ReefError
+from reef.server.anthropic_messages import (
+    MessagesRequest,
+    MessageStreamShape,
+    anthropic_message,
+    error_body,
+    error_of,
+)
+from reef.server.cancellation import until_disconnected
+from reef.server.http import parse, read_json
+from reef.server.openai_routes import record_of, streamed
+from reef.server.state import ServerState
+
+log = logging.getLogger("reef.server")
+
+
+async def messages(request: Request) -> Response:
+    try:
+        return await _messages(request)
+    except ReefError as error:
+        if error.status >= 500:
+            log.warning("POST /v1/messages -> %s: %s", error.status, error.message)
+        return JSONResponse(error_of(error), status_code=error.status, headers=error.headers)
+    except Exception as error:
+        log.exception("unexpected error on POST /v1/messages")
+        message = f"internal error ({type(error).__name__}); see the server log"
+        return JSONResponse(error_body(500, message), status_code=500)
+
+
+async def _messages(request: Request) -> Response:
+    state: ServerState = request.app.state.reef
+    asked = parse(MessagesRequest, await read_json(request, state.config.server.max_body_bytes))
+    body = asked.as_chat()
+    call = state.call_context(request.headers)
+    chat = call.binding.apply(parse(ChatRequest, body))
+    if chat.stream:
+        return await streamed(state, call, body, chat, MessageStreamShape())
+    started = time.perf_counter()
+    completion = await until_disconnected(
+        request, state.engine.complete(chat, adapter=call.binding.adapter)
+    )
+    headers = {"x-reef-release-id": call.release_id}
+    if call.capture:
+        record = record_of(state, call, body, completion, started, stream=False)
+        headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
+    return JSONResponse(anthropic_message(completion.response), headers=headers)
