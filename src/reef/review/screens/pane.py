@@ -44,5 +44,12 @@ class Pane(Vertical):
 
         self.query(KeyedTable).first().focus()
 
+    def on_show(self) -> None:
+        # A pane is shown when its tab becomes active; only then can its table take focus (a
+        # hidden widget refuses it). A late Show of a pane whose tab is no longer active must
+        # not take focus: TabbedContent would switch back to the tab holding the focus.
+        if self.review.active_pane() is self:
+            self.focus_table()
+
     def focus_filter(self) -> None:
         """`/`: panes with a filter focus it."""
