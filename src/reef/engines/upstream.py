@@ -78,17 +78,7 @@ class UpstreamEngine:
 
     async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
         model = await self._model_for(adapter)
-        url = f"{self.base_url}/chat/completions"
-        try:
-            response = await self._http.post(url, json=self._body(request, False, model))
-        except httpx.HTTPError as error:
-            raise _unreachable(url, error) from None
-        if response.status_code >= 400:
-            raise _relayed(response.status_code, response.content)
-        try:
-            data = response.json()
-        except ValueError:
-            raise UpstreamFailure(f"upstream at {url} answered with invalid JSON") from None
+        data = await self._post_json("/chat/completions", self._body(request, False, model))
         # A whole response has no first token to time: the record's latency_ms says it all.
         return Completion(response=data, model=data.get("model") or self.model)
 
@@ -98,10 +88,13 @@ class UpstreamEngine:
         """POST `body` to another OpenAI route of the upstream (`/completions`, `/embeddings`)
         and return its JSON answer; `model` is replaced as for chat requests."""
         model = await self._model_for(adapter) or self._model
+        return await self._post_json(path, {**body, "model": model} if model else body)
+
+    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST to an upstream route; its JSON object, or its error relayed with its status."""
         url = f"{self.base_url}{path}"
-        sent = {**body, "model": model} if model else body
         try:
-            response = await self._http.post(url, json=sent)
+            response = await self._http.post(url, json=body)
         except httpx.HTTPError as error:
             raise _unreachable(url, error) from None
         if response.status_code >= 400:

@@ -12,7 +12,6 @@ own included, answer in Anthropic's shape: `{"type": "error", "error": {"type", 
 from __future__ import annotations
 
 import logging
-import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,9 +25,8 @@ from reef.server.anthropic_messages import (
     error_body,
     error_of,
 )
-from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json
-from reef.server.openai_routes import record_of, streamed
+from reef.server.openai_routes import served_whole, streamed
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -55,12 +53,5 @@ async def _messages(request: Request) -> Response:
     chat = call.binding.apply(parse(ChatRequest, body))
     if chat.stream:
         return await streamed(state, call, body, chat, MessageStreamShape())
-    started = time.perf_counter()
-    completion = await until_disconnected(
-        request, state.engine.complete(chat, adapter=call.binding.adapter)
-    )
-    headers = {"x-reef-release-id": call.release_id}
-    if call.capture:
-        record = record_of(state, call, body, completion, started, stream=False)
-        headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
+    completion, headers = await served_whole(request, state, call, body, chat)
     return JSONResponse(anthropic_message(completion.response), headers=headers)

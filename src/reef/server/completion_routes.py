@@ -22,7 +22,7 @@ from reef.engines.base import Completion
 from reef.errors import ReefError, Unsupported
 from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json
-from reef.server.openai_routes import record_of, streamed, with_response
+from reef.server.openai_routes import stored, streamed, with_response
 from reef.server.state import CallContext, ServerState
 from reef.server.text_completions import TextCompletionRequest, TextStreamShape, text_completion
 
@@ -59,10 +59,7 @@ async def completions(request: Request) -> Response:
     completion = with_response(
         completion, text_completion(completion.response, asked.text(), asked.echo)
     )
-    headers = {"x-reef-release-id": call.release_id}
-    if call.capture:
-        record = record_of(state, call, body, completion, started, stream=False)
-        headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
+    headers = await stored(state, call, body, completion, started)
     return JSONResponse(completion.response, headers=headers)
 
 
@@ -74,11 +71,7 @@ async def _answer(
     started: float,
 ) -> Response:
     completion = Completion(response=answer, model=str(answer.get("model") or state.engine.model))
-    headers = {"x-reef-release-id": call.release_id}
-    if call.capture:
-        record = record_of(state, call, body, completion, started, stream=False)
-        headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
-    return JSONResponse(answer, headers=headers)
+    return JSONResponse(answer, headers=await stored(state, call, body, completion, started))
 
 
 def _base64(vector: list[float]) -> str:

@@ -38,15 +38,36 @@ async def chat_completions(request: Request) -> Response:
     chat = call.binding.apply(parse(ChatRequest, body))
     if chat.stream:
         return await streamed(state, call, body, chat)
+    completion, headers = await served_whole(request, state, call, body, chat)
+    return JSONResponse(completion.response, headers=headers)
+
+
+async def served_whole(
+    request: Request, state: ServerState, call: CallContext, body: dict[str, Any], chat: ChatRequest
+) -> tuple[Completion, dict[str, str]]:
+    """A whole (not streamed) completion, stored before its receipt is handed out; the headers
+    carry the release id and the receipt. Any API translated onto chat answers through this."""
     started = time.perf_counter()
     completion = await until_disconnected(
         request, state.engine.complete(chat, adapter=call.binding.adapter)
     )
+    return completion, await stored(state, call, body, completion, started)
+
+
+async def stored(
+    state: ServerState,
+    call: CallContext,
+    body: dict[str, Any],
+    completion: Completion,
+    started: float,
+) -> dict[str, str]:
+    """Store a whole response's record (unless the caller opted out); the headers that answer
+    it: the release id, and the receipt once the record is on disk."""
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
         record = record_of(state, call, body, completion, started, stream=False)
         headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
-    return JSONResponse(completion.response, headers=headers)
+    return headers
 
 
 # What a stream shape sends: an object, framed as `data: JSON`, or bytes already framed (an API
