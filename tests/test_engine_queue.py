@@ -101,8 +101,9 @@ def test_abandoned_requests_free_the_engine(server: ServerProcess, eos_token: in
         thread.start()
     for thread in hangers:
         thread.join()
-    # One long request takes several seconds; three abandoned ones are gone well before.
-    freed_after = wait_until(lambda: in_flight(server.url) == 0, timeout=3.0)
+    # One long request runs about 9 s here and the three, uncancelled, about 27 s: freed within
+    # 6 s means they were stopped (the figure printed is the one in the closing note).
+    freed_after = wait_until(lambda: in_flight(server.url) == 0, timeout=6.0)
     print(f"engine free {freed_after:.2f} s after the clients hung up")
     assert records(server.url) == before  # an abandoned call is not a completion
     client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)

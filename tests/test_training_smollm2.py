@@ -5,7 +5,6 @@ PEFT adapter changes torch's."""
 from __future__ import annotations
 
 import ctypes
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,10 +63,8 @@ def test_the_gguf_base_is_cached_once_and_reloads_fast(base: Base, cache: Path) 
     assert base.weights.parent == cache and (base.weights / "model.safetensors").is_file()
     assert base.model.dtype == torch.float32 and not base.model.training
     assert base.tokenizer.chat_template  # the GGUF's chat template is kept
-    started = time.perf_counter()
     messages: list[str] = []
     again = load_base(gguf_path, cache, progress=messages.append)
-    assert time.perf_counter() - started < 10  # ~25 s from the GGUF; well under a second here
     assert again.weights == base.weights
     assert not any("dequantising" in message for message in messages)
     ids = torch.tensor([[1, 4093, 198, 26843, 665, 2]])
