@@ -143,7 +143,8 @@ def recipe_class(reference: str, base_dir: Path | None = None) -> type[Recipe]:
     A reference is one of (checked in this order):
     - a built-in short name: `harness_evolve`;
     - a file and a class: `recipes/mine.py:MyRecipe`, a relative path resolved against
-      `base_dir` (the folder of reef.yaml; the current folder when None);
+      `base_dir` (the current folder when None; `load_config` has already made a relative
+      file in reef.yaml absolute against the config's folder);
     - an installed module and a class: `package.module:MyRecipe`;
     - the name of an entry point in the `reef.recipes` group of an installed package.
     Nothing is added to `sys.path`: a project's recipe is loaded from its file.
