@@ -72,7 +72,7 @@ class BearerAuth:
         if open_route or not (self.tokens or self.admin_tokens):
             await self.app(scope, receive, send)
             return
-        provided = _bearer(scope) or _api_key(scope)
+        provided = provided_token(scope)
         admin = bool(provided) and token_matches(provided, self.admin_tokens)
         user = admin or (bool(provided) and token_matches(provided, self.tokens))
         if not user:
@@ -119,6 +119,11 @@ def _bearer(scope: Scope) -> str:
 
 def _api_key(scope: Scope) -> str:
     return dict(scope["headers"]).get(b"x-api-key", b"").decode("latin-1").strip()
+
+
+def provided_token(scope: Scope) -> str:
+    """The token a request sends: a bearer header when there is one, else `x-api-key`."""
+    return _bearer(scope) or _api_key(scope)
 
 
 async def _refuse(send: Send, error: ReefError, scope: Scope) -> None:

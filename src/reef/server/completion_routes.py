@@ -48,7 +48,9 @@ async def completions(request: Request) -> Response:
                 f"the {state.engine.name} engine forwards text completions whole: send "
                 "stream false, or stream /v1/chat/completions"
             )
-        answer = await until_disconnected(request, forward("/completions", body, call.binding.adapter))
+        answer = await until_disconnected(
+            request, forward("/completions", body, call.binding.adapter)
+        )
         return await _answer(state, call, body, answer, started)
     chat = call.binding.apply(asked.as_chat()).continuing(asked.text())
     if asked.stream:

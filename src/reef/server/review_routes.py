@@ -19,7 +19,7 @@ from starlette.routing import Route
 from reef.releases.chain import ReleaseConflict
 from reef.review import queries
 from reef.review.model import to_json
-from reef.server.auth import token_matches
+from reef.server.auth import provided_token, token_matches
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState
 
@@ -48,8 +48,7 @@ async def access(request: Request) -> Response:
     """Whether the caller's token may decide (approve, reject, roll back, promote)."""
     config = _state(request).config
     admins, anyone = config.admin_token_values(), config.token_values()
-    scheme, _, provided = request.headers.get("authorization", "").partition(" ")
-    provided = provided.strip() if scheme.lower() == "bearer" else ""
+    provided = provided_token(request.scope)
     can_decide = not (admins or anyone) or (bool(provided) and token_matches(provided, admins))
     why = "" if can_decide else "this token is not an admin token: set REEF_ADMIN_TOKEN to decide"
     return JSONResponse({"can_decide": can_decide, "why": why})
