@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -73,6 +74,10 @@ class SFT(Recipe):
     Settings = SFTSettings
     settings: SFTSettings
 
+    def __init__(self, settings: RecipeSettings) -> None:
+        super().__init__(settings)
+        self._loaded: Any = None  # the base weights (reef.training.Base), once loaded
+
     # -- what can be learned from ----------------------------------------------------------------
 
     def good(self, turn: Turn) -> bool:
@@ -109,6 +114,13 @@ class SFT(Recipe):
                 "sft trains the served model's weights: it needs the llama.cpp or vLLM engine "
                 "(an upstream engine's weights are remote)"
             )
+        if context.files and PEFT_CONFIG not in context.files:
+            # Prompts are rendered under the current release, and a LoRA release serves no
+            # harness: training under a harness's prompt would teach what is never served.
+            raise RecipeError(
+                f"{context.release_id} is a harness release and sft proposes LoRA releases: "
+                "roll the scenario back to a LoRA or base release, or use harness_evolve"
+            )
         from reef.training import TrainingExample
 
         turns = [turn for t in batch for turn in t.turns]
@@ -116,8 +128,9 @@ class SFT(Recipe):
         if not pairs:
             raise ProposalRefused("nothing to train on: no good answer, demonstration or hint")
         base = self._base(context)
+        prompts: dict[str, list[int]] = {}  # record id -> rendered prompt, once per turn
         examples = [
-            TrainingExample(self._prompt_ids(turn, context), completion)
+            TrainingExample(self._prompt_ids(turn, context, prompts), completion)
             for turn, completion in self._tokenized(pairs, base)
         ]
         files, losses = self._train(base, examples, context)
@@ -158,20 +171,33 @@ class SFT(Recipe):
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))
         return pairs
 
-    def _prompt_ids(self, turn: Turn, context: StepContext) -> list[int]:
+    def _prompt_ids(
+        self, turn: Turn, context: StepContext, rendered: dict[str, list[int]]
+    ) -> list[int]:
         """The turn's prompt as the engine renders it for the candidate: the client's messages
-        under the current release (a LoRA release applies no harness)."""
+        under the current release (base or LoRA: no harness), asked of the engine once per turn.
+        """
         assert context.generate is not None
-        rendered = context.generate({"messages": turn.messages, "max_tokens": 1})
-        if not rendered.prompt_token_ids:
-            raise RecipeError("the engine does not report prompt token ids: sft needs llama.cpp")
-        return list(rendered.prompt_token_ids)
+        if turn.record_id not in rendered:
+            completion = context.generate({"messages": turn.messages, "max_tokens": 1})
+            if not completion.prompt_token_ids:
+                raise RecipeError(
+                    "the engine does not report prompt token ids: sft needs llama.cpp"
+                )
+            rendered[turn.record_id] = list(completion.prompt_token_ids)
+        return rendered[turn.record_id]
 
     def _base(self, context: StepContext):  # type: ignore[no-untyped-def]
+        """The base weights, loaded on the first step and kept by the worker's recipe: each
+        load hashes the GGUF and checks the tokenizer against llama.cpp."""
         from reef.training import load_base
 
         assert context.model_path is not None and context.work_dir is not None
-        return load_base(context.model_path, context.work_dir / "base", progress=log.info)
+        if self._loaded is None or self._loaded.source != context.model_path:
+            self._loaded = load_base(
+                context.model_path, context.work_dir / "base", progress=log.info
+            )
+        return self._loaded
 
     @staticmethod
     def _tokenized(pairs, base):  # type: ignore[no-untyped-def]
