@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -22,30 +21,17 @@ from reef.training import (
     TrainingExample,
     encode_completion,
     export_adapter,
-    load_base,
     train_lora,
 )
 from reef.training import export as export_module
 from reef.training.export import GGUF_NAMES, gguf_lora, permute_rows
 from reef.training.lora import new_lora
-from reef.training.tiny import tiny_model_folder
+from tests.training_fixtures import base, one_thread
+
+__all__ = ["base", "one_thread"]  # shared fixtures, used by name
 
 ALL_SEVEN = list(GGUF_NAMES)
 SETTINGS = LoraSettings(target_modules=ALL_SEVEN, steps=8, learning_rate=1e-2, alpha=32)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
-    folder = tmp_path_factory.mktemp("tiny")
-    return load_base(tiny_model_folder(folder / "model"), folder / "cache")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,14 @@ from reef.training import (
     completion_logprobs,
     encode_completion,
     export_adapter,
-    load_base,
     train_lora,
 )
 from reef.training import lora as lora_module
 from reef.training.lora import new_lora
 from reef.training.loss import batch_loss, make_batch
-from reef.training.tiny import tiny_model_folder
+from tests.training_fixtures import base, one_thread
+
+__all__ = ["base", "one_thread"]  # shared fixtures, used by name
 
 QUESTIONS = [
     ("Name a colour.", "Red."),
@@ -34,21 +34,6 @@ QUESTIONS = [
     ("Say hi.", "Hi!"),
 ]
 FAST = LoraSettings(steps=25, learning_rate=1e-2, batch_size=4)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One thread: a tiny model gains nothing from two, and on a shared CPU loses a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
-    folder = tmp_path_factory.mktemp("tiny")
-    return load_base(tiny_model_folder(folder / "model"), folder / "cache")
 
 
 @pytest.fixture(scope="module")

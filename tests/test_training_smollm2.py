@@ -27,6 +27,9 @@ from reef.training import (
 from reef.training.export import GGUF_NAMES, gguf_lora, write_gguf_lora
 from reef.training.lora import new_lora
 from reef.training.tiny import tiny_tokenizer
+from tests.training_fixtures import one_thread
+
+__all__ = ["one_thread"]  # shared fixtures, used by name
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +39,6 @@ TEXTS = [
     "def add(a, b):\n    return a + b  # ünïcödé, 日本語, emoji 🙂",
 ]
 PROMPT = [{"role": "user", "content": "Name three colours and say why the sky is blue."}]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread: on a shared CPU two spin-wait for each other (docs/training.md)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
