@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,6 +23,9 @@ from pathlib import Path
 import httpx
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.testing.scripted_user import EVALS, HELD_OUT, TRAINING, ask, eval_tasks
+from reef.testing.scripted_user import meets as matches
+from reef.testing.scripted_user import pass_rate as held_out_rate
 
 
 @dataclass(frozen=True)
@@ -42,36 +44,11 @@ RECIPES = {
     "sft": "recipe: sft\n  batch_size: 6\n  steps: 30\n  max_tokens: 48\n",
     "harness_evolve": "recipe: harness_evolve\n  proposer: hindsight\n  batch_size: 3\n",
 }
-TRAINING = [
-    "What is the capital of France?",
-    "Name an animal.",
-    "What is 2+2?",
-    "What colour is the sky?",
-    "Name a fruit.",
-    "What is the largest ocean?",
-]
-EVALS = ["Name a colour.", "What is 3+3?", "Name a planet.", "What is the capital of Spain?"]
-HELD_OUT = [
-    "Name a vegetable.",
-    "What is 5+5?",
-    "What is the capital of Italy?",
-    "Name a musical instrument.",
-    "What is the tallest mountain?",
-    "Name a bird.",
-    "What is 10 minus 3?",
-    "What language is spoken in Brazil?",
-]
 
 
 def project(folder: Path, preference: Preference, recipe: str) -> Path:
-    scorer = {"type": "regex", "pattern": preference.pattern}
     (folder / "evals").mkdir(parents=True)
-    (folder / "evals/default.jsonl").write_text(
-        "".join(
-            json.dumps({"messages": [{"role": "user", "content": p}], "scorer": scorer}) + "\n"
-            for p in EVALS
-        )
-    )
+    (folder / "evals/default.jsonl").write_text(eval_tasks(EVALS, preference.pattern))
     (folder / "reef.yaml").write_text(
         "engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n"
         "gate:\n  policy: improve\n  max_tokens: 32\n"
@@ -82,19 +59,15 @@ def project(folder: Path, preference: Preference, recipe: str) -> Path:
 
 
 def answer(url: str, prompt: str) -> httpx.Response:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "temperature": 0}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
-    response.raise_for_status()
-    return response
+    return ask(url, prompt, max_tokens=32)
 
 
 def meets(response: httpx.Response, preference: Preference) -> bool:
-    text = response.json()["choices"][0]["message"]["content"]
-    return re.search(preference.pattern, text.strip()) is not None
+    return matches(response, preference.pattern)
 
 
 def pass_rate(url: str, preference: Preference) -> float:
-    return sum(meets(answer(url, p), preference) for p in HELD_OUT) / len(HELD_OUT)
+    return held_out_rate(url, HELD_OUT, preference.pattern, max_tokens=32)
 
 
 def serving(server: ServerProcess) -> str:

@@ -9,33 +9,18 @@ Held-out prompts are measured on the base and on the released adapter in the sam
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from reef.testing import scripted_user
 from reef.testing.processes import free_port, reef_serve
 
 WANTED = "Start your answer with the word 'Sure!'"
 PATTERN = r"^\W*Sure"
-TRAINING = [
-    "What is the capital of France?",
-    "Name an animal.",
-    "What is 2+2?",
-    "What colour is the sky?",
-    "Name a fruit.",
-    "What is the largest ocean?",
-]
-EVALS = ["Name a colour.", "What is 3+3?", "Name a planet.", "What is the capital of Spain?"]
-HELD_OUT = [
-    "Name a vegetable.",
-    "What is 5+5?",
-    "What is the capital of Italy?",
-    "Name a musical instrument.",
-]
+HELD_OUT = scripted_user.HELD_OUT[:4]
 CONFIG = f"""
 engine:
   llamacpp: {{n_ctx: 1024, n_threads: 2}}
@@ -55,36 +40,29 @@ learning:
 
 
 def ask(url: str, prompt: str) -> httpx.Response:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 24, "temperature": 0}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
-    response.raise_for_status()
-    return response
+    return scripted_user.ask(url, prompt, max_tokens=24)
 
 
 def meets(response: httpx.Response) -> bool:
-    text = response.json()["choices"][0]["message"]["content"]
-    return re.search(PATTERN, text) is not None
+    return scripted_user.meets(response, PATTERN)
 
 
 def pass_rate(url: str) -> float:
-    return sum(meets(ask(url, prompt)) for prompt in HELD_OUT) / len(HELD_OUT)
+    return scripted_user.pass_rate(url, HELD_OUT, PATTERN, max_tokens=24)
 
 
 @pytest.mark.slow
 def test_a_preference_said_in_feedback_is_learned_by_a_lora(tmp_path: Path) -> None:
     (tmp_path / "reef.yaml").write_text(CONFIG)
     (tmp_path / "evals").mkdir()
-    scorer = {"type": "regex", "pattern": PATTERN}
     (tmp_path / "evals/default.jsonl").write_text(
-        "".join(
-            json.dumps({"messages": [{"role": "user", "content": p}], "scorer": scorer}) + "\n"
-            for p in EVALS
-        )
+        scripted_user.eval_tasks(scripted_user.EVALS, PATTERN)
     )
     server = reef_serve(tmp_path, free_port())
     with server.start():
         before = pass_rate(server.url)
-        for prompt in TRAINING:  # the scripted user: it says what it wants, in words only
+        # The scripted user says what it wants, in words only.
+        for prompt in scripted_user.TRAINING:
             response = ask(server.url, prompt)
             if not meets(response):
                 report = {
