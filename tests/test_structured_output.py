@@ -212,3 +212,19 @@ def test_shapes_that_cannot_be_honoured_are_refused(
             model="default", messages=ASK, tools=[GET_WEATHER], max_tokens=5, **fields
         )
     assert says in str(caught.value.body)
+
+
+def test_grammar_strings_refuse_raw_control_characters() -> None:
+    """JSON strings may hold a newline or a tab only escaped. llama-cpp-python's converter allows
+    them raw, and sampled tool arguments then failed to parse now and then; if its rule text
+    changes, this says so instead of the fix silently doing nothing."""
+    from reef.engines.structured import (
+        JSON_STRING_CHAR,
+        LOOSE_STRING_CHAR,
+        _schema_grammar,
+        _tool_call_grammar,
+    )
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    for grammar in (_schema_grammar(schema, "test"), _tool_call_grammar([("f", schema)])):
+        assert JSON_STRING_CHAR in grammar and LOOSE_STRING_CHAR not in grammar

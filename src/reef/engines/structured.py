@@ -134,13 +134,24 @@ def _converter() -> Any:
     return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
+# llama-cpp-python's converter lets a JSON string hold raw control characters (a newline, a
+# tab), which JSON forbids: sampled output then fails to parse now and then. Strings may hold
+# them only escaped, as the JSON grammar says.
+LOOSE_STRING_CHAR = r'char ::= [^"\\] |'
+JSON_STRING_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
+def _grammar_text(converter: Any) -> str:
+    return str(converter.format_grammar()).replace(LOOSE_STRING_CHAR, JSON_STRING_CHAR)
+
+
 def _schema_grammar(schema: dict[str, Any], where: str) -> str:
     converter = _converter()
     try:
         converter.visit(converter.resolve_refs(schema, "request"), "")
     except Exception as error:  # the converter raises plain exceptions for what it cannot read
         raise Unsupported(f"{where} cannot be turned into a grammar: {error}") from None
-    return str(converter.format_grammar())
+    return _grammar_text(converter)
 
 
 def _tool_call_grammar(functions: list[tuple[str, dict[str, Any]]]) -> str:
@@ -158,7 +169,7 @@ def _tool_call_grammar(functions: list[tuple[str, dict[str, Any]]]) -> str:
         opening = TOOL_CALL_START + json.dumps(name) + TOOL_CALL_ARGUMENTS
         alternatives.append(f'{converter._format_literal(opening)} {rule} "}}"')
     converter._add_rule("root", " | ".join(alternatives))
-    return str(converter.format_grammar())
+    return _grammar_text(converter)
 
 
 @dataclass
