@@ -4,6 +4,7 @@
     check_tokenizer(base.tokenizer, gguf_path, texts)  # refuse if the engine tokenizes otherwise
     trained = train_lora(base, examples, LoraSettings(steps=40), on_step=print)
     export_adapter(trained, folder)                    # folder/peft/ and folder/adapter.gguf
+    train_policy(base, policy_examples, PolicySettings())  # PPO-style, per-token advantages
 
 Importing `reef.training` costs nothing: each name imports its module (and torch) on first use,
 so the server, which never trains, never loads torch. See docs/training.md.
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from reef.training.logprobs import completion_logprobs, truncated_ratios
     from reef.training.lora import LoraSettings, TrainedAdapter, choose_backend, train_lora
     from reef.training.loss import TrainingExample
+    from reef.training.policy import PolicyExample, PolicySettings, train_policy
     from reef.training.tokens import TokenizerMismatch, check_tokenizer, encode_completion
 
 _WHERE = {
@@ -36,11 +38,16 @@ _WHERE = {
     "completion_logprobs": "logprobs",
     "truncated_ratios": "logprobs",
     "export_adapter": "export",
+    "PolicyExample": "policy",
+    "PolicySettings": "policy",
+    "train_policy": "policy",
 }
 
 __all__ = [
     "Base",
     "LoraSettings",
+    "PolicyExample",
+    "PolicySettings",
     "TokenizerMismatch",
     "TrainedAdapter",
     "TrainingExample",
@@ -51,6 +58,7 @@ __all__ = [
     "export_adapter",
     "load_base",
     "train_lora",
+    "train_policy",
     "truncated_ratios",
 ]
 

@@ -1,0 +1,211 @@
+"""Policy-gradient LoRA updates: a PPO-style clipped loss on per-token advantages, with a KL
+penalty that keeps the policy near the base model.
+
+Each example is a completion the policy sampled, with an advantage for each of its tokens (a
+sequence-level advantage is the same number on every token). At the start of an update the
+trainer computes, once and without gradients:
+
+- the **old** log-probs: the policy as it was when the update began (the adapter being trained,
+  resumed from the current release), so the first gradient step is exactly on-policy;
+- the **base** log-probs: the same tokens with the adapter switched off.
+
+Then for `steps` gradient steps, on each token t with ratio r = exp(new - old) and advantage A:
+
+    loss_t = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) + kl_beta * k3(base, new)
+    k3(base, new) = exp(base - new) - (base - new) - 1        (>= 0, an unbiased KL estimator)
+
+An example's loss is the mean over its completion tokens; the batch loss is the mean over
+examples. The asymmetric clip (0.2 low, 0.28 high) lets a token's probability rise further than
+it may fall in one update, as DAPO does. Tokens whose advantage is masked out (`mask` 0, e.g. a
+session's last turn) contribute nothing, not even to the KL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from pydantic import Field
+
+from reef.errors import BadRequest
+from reef.training.base import Base
+from reef.training.lora import (
+    LoraSettings,
+    TrainedAdapter,
+    load_lora,
+    new_lora,
+    peak_rss_bytes,
+    seed_everything,
+)
+from reef.training.loss import Batch, TrainingExample, fit, make_batch
+
+OnStep = Callable[[int, float], None]
+
+
+class PolicySettings(LoraSettings):
+    """A LoRA run (rank, learning rate, steps…) plus the policy loss's own knobs."""
+
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_high: float = Field(0.28, ge=0.0)
+    kl_beta: float = Field(0.02, ge=0.0)
+    steps: int = Field(4, ge=1)  # gradient steps on the batch (PPO epochs over it)
+
+
+@dataclass
+class PolicyExample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantages: list[float]  # one per completion token
+    mask: list[float] | None = None  # 1 where a token is trained, 0 where it is masked out
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids or not self.completion_ids:
+            raise ValueError("a policy example needs at least one prompt and one completion id")
+        if len(self.advantages) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.advantages)} advantages for {len(self.completion_ids)} tokens"
+            )
+        if self.mask is not None and len(self.mask) != len(self.completion_ids):
+            raise ValueError(f"{len(self.mask)} mask values for {len(self.completion_ids)} tokens")
+
+    @classmethod
+    def sequence(
+        cls, prompt_ids: list[int], completion_ids: list[int], advantage: float
+    ) -> PolicyExample:
+        """Every token of the completion gets the same advantage."""
+        return cls(prompt_ids, completion_ids, [advantage] * len(completion_ids))
+
+
+@dataclass
+class PolicyBatch:
+    """A padded batch plus per-position tensors in the shifted frame: column t is the token at
+    t + 1, predicted by the logits at t."""
+
+    batch: Batch
+    advantages: torch.Tensor  # (examples, length - 1)
+    mask: torch.Tensor  # (examples, length - 1): 1 on trained completion tokens
+
+    def to(self, device: torch.device) -> PolicyBatch:
+        return PolicyBatch(self.batch.to(device), self.advantages.to(device), self.mask.to(device))
+
+
+def make_policy_batch(examples: list[PolicyExample], max_length: int, pad_id: int) -> PolicyBatch:
+    """Examples cut as `loss.fit` cuts them (the prompt loses its oldest tokens first), padded."""
+    plain = [TrainingExample(e.prompt_ids, e.completion_ids) for e in examples]
+    batch = make_batch(plain, max_length, pad_id)
+    width = batch.input_ids.shape[1] - 1
+    advantages = torch.zeros((len(examples), width), dtype=torch.float32)
+    mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    for row, (example, cut) in enumerate(zip(examples, plain, strict=True)):
+        prompt, completion = fit(cut, max_length)
+        start = len(prompt) - 1  # the logits at the prompt's last token predict the first one
+        end = start + len(completion)
+        advantages[row, start:end] = torch.tensor(example.advantages[: len(completion)])
+        kept = example.mask[: len(completion)] if example.mask is not None else None
+        mask[row, start:end] = torch.tensor(kept) if kept is not None else 1.0
+    return PolicyBatch(batch, advantages, mask)
+
+
+def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """log p(token t + 1 | tokens ≤ t) at every position, shape (examples, length - 1)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    predicted = F.log_softmax(logits[:, :-1, :].float(), dim=-1)
+    return predicted.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+
+
+def clipped_objective(
+    new: torch.Tensor,
+    old: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> torch.Tensor:
+    """Per token -min(r A, clip(r, 1 - low, 1 + high) A), r = exp(new - old): the PPO loss."""
+    ratio = torch.exp(new - old)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def k3_kl(new: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Per token exp(base - new) - (base - new) - 1: an estimate of KL(policy ‖ base), ≥ 0."""
+    difference = base - new
+    return torch.exp(difference) - difference - 1.0
+
+
+def policy_loss(
+    new: torch.Tensor,
+    old: torch.Tensor,
+    base: torch.Tensor,
+    batch: PolicyBatch,
+    settings: PolicySettings,
+) -> torch.Tensor:
+    """The batch loss: each example's mean over its trained tokens, then the mean over examples."""
+    per_token = clipped_objective(
+        new, old, batch.advantages, settings.clip_low, settings.clip_high
+    ) + settings.kl_beta * k3_kl(new, base)
+    tokens = batch.mask.sum(dim=1)
+    per_example = (per_token * batch.mask).sum(dim=1) / tokens.clamp(min=1.0)
+    trained = (tokens > 0).float()
+    return (per_example * trained).sum() / trained.sum().clamp(min=1.0)
+
+
+def train_policy(
+    base: Base,
+    examples: list[PolicyExample],
+    settings: PolicySettings | None = None,
+    on_step: OnStep | None = None,
+    resume_from: Path | None = None,
+) -> TrainedAdapter:
+    """`settings.steps` gradient steps of the policy loss on all `examples` at once (a LoRA on a
+    copy of the base, or the adapter in `resume_from` trained further)."""
+    settings = settings or PolicySettings()
+    if not examples:
+        raise BadRequest("no policy examples: nothing to train on")
+    seed_everything(settings.seed)
+    model = load_lora(base, resume_from) if resume_from is not None else new_lora(base, settings)
+    device = next(model.parameters()).device
+    pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
+    batch = make_policy_batch(examples, settings.max_length, pad_id).to(device)
+    old, reference = reference_logprobs(model, batch.batch)
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(
+        trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay
+    )
+    losses: list[float] = []
+    model.train()
+    started = time.perf_counter()
+    for step in range(1, settings.steps + 1):
+        loss = policy_loss(token_logprobs(model, batch.batch), old, reference, batch, settings)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    seconds = time.perf_counter() - started
+    model.eval()
+    return TrainedAdapter(
+        model=model,
+        losses=losses,
+        peak_memory_bytes=peak_rss_bytes(),
+        seconds=seconds,
+        backend="peft",
+        settings=settings,
+        peak_gpu_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+    )
+
+
+def reference_logprobs(model: PeftModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy's log-probs before any update (old) and the base's (the adapter switched off),
+    without gradients and without dropout."""
+    model.eval()
+    with torch.no_grad():
+        old = token_logprobs(model, batch)
+        with model.disable_adapter():
+            base = token_logprobs(model, batch)
+    return old, base
