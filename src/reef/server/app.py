@@ -20,6 +20,7 @@ from reef.server import (
     openai_routes,
     reef_routes,
     release_routes,
+    responses_routes,
     review_routes,
 )
 from reef.server.auth import BearerAuth
@@ -75,6 +76,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completion_routes.completions, methods=["POST"]),
         Route("/v1/embeddings", completion_routes.embeddings, methods=["POST"]),
         Route("/v1/messages", anthropic_routes.messages, methods=["POST"]),
+        Route("/v1/responses", responses_routes.responses, methods=["POST"]),
         Route("/reef/report", reef_routes.report, methods=["POST"]),
         Route("/reef/records", reef_routes.list_records, methods=["GET"]),
         Route("/reef/records/{record_id}", reef_routes.get_record, methods=["GET"]),

@@ -43,15 +43,21 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def served_whole(
-    request: Request, state: ServerState, call: CallContext, body: dict[str, Any], chat: ChatRequest
+    request: Request,
+    state: ServerState,
+    call: CallContext,
+    body: dict[str, Any],
+    chat: ChatRequest,
+    record_id: str | None = None,
 ) -> tuple[Completion, dict[str, str]]:
     """A whole (not streamed) completion, stored before its receipt is handed out; the headers
-    carry the release id and the receipt. Any API translated onto chat answers through this."""
+    carry the release id and the receipt. Any API translated onto chat answers through this.
+    `record_id` names the record in advance (an API whose answer's id names its record)."""
     started = time.perf_counter()
     completion = await until_disconnected(
         request, state.engine.complete(chat, adapter=call.binding.adapter)
     )
-    return completion, await stored(state, call, body, completion, started)
+    return completion, await stored(state, call, body, completion, started, record_id)
 
 
 async def stored(
@@ -60,12 +66,13 @@ async def stored(
     body: dict[str, Any],
     completion: Completion,
     started: float,
+    record_id: str | None = None,
 ) -> dict[str, str]:
     """Store a whole response's record (unless the caller opted out); the headers that answer
     it: the release id, and the receipt once the record is on disk."""
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
-        record = record_of(state, call, body, completion, started, stream=False)
+        record = record_of(state, call, body, completion, started, False, record_id)
         headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
     return headers
 
@@ -112,6 +119,7 @@ async def streamed(
     body: dict[str, Any],
     chat: ChatRequest,
     shape: StreamShape | None = None,
+    record_id: str | None = None,
 ) -> Response:
     shape = shape or ChatShape()
     started = time.perf_counter()
@@ -134,9 +142,9 @@ async def streamed(
                 item = await anext(items)
             if call.capture:
                 stored = shape.stored(item)
-                record = record_of(state, call, body, stored, started, stream=True)
-                record_id = await state.store.add_record_async(record)
-                yield _framed(shape.receipt(stored, record_id))
+                record = record_of(state, call, body, stored, started, True, record_id)
+                receipt = await state.store.add_record_async(record)
+                yield _framed(shape.receipt(stored, receipt))
             end = getattr(shape, "end", None)
             yield sse("[DONE]") if end is None else end(item)
         except ReefError as error:
@@ -200,8 +208,9 @@ def record_of(
     completion: Completion,
     started: float,
     stream: bool,
+    record_id: str | None = None,
 ) -> Record:
-    return Record(
+    record = Record(
         scenario=call.scenario,
         session=call.session,
         request=body,
@@ -217,6 +226,7 @@ def record_of(
         latency_ms=(time.perf_counter() - started) * 1000,
         ttft_ms=completion.ttft_ms,
     )
+    return dataclasses.replace(record, id=record_id) if record_id else record
 
 
 async def list_models(request: Request) -> Response:
