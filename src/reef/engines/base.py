@@ -102,15 +102,28 @@ class ChatRequest(BaseModel):
     # Set for a legacy text completion (POST /v1/completions): text to continue as it is, with
     # no chat template; `messages` then only holds it as a user turn for engines that need one.
     _raw_prompt: str | None = PrivateAttr(default=None)
+    # The client's body exactly as sent, set only while this request is what the client asked
+    # (no harness applied): an engine that forwards JSON may send these bytes as they are.
+    _raw_body: bytes | None = PrivateAttr(default=None)
 
     @property
     def raw_prompt(self) -> str | None:
         return self._raw_prompt
 
+    @property
+    def raw_body(self) -> bytes | None:
+        return self._raw_body
+
+    def sent_as(self, body: bytes) -> ChatRequest:
+        """Mark this request, freshly parsed from `body` and unchanged since, as those bytes."""
+        self._raw_body = body
+        return self
+
     def continuing(self, prompt: str) -> ChatRequest:
         """This request as a text completion of `prompt` (no chat template)."""
         copy = self.model_copy()
         copy._raw_prompt = prompt
+        copy._raw_body = None
         return copy
 
     @field_validator("n")
@@ -194,6 +207,9 @@ class Completion:
     # The prompt exactly as the model read it (after a harness and the chat template), where the
     # engine renders it itself: training learns from what was served, not what was sent.
     prompt_token_ids: list[int] | None = None
+    # `response` as the bytes the engine received (an upstream's body), answered and stored as
+    # they are; whatever changes `response` drops them (see `reef.server.openai_routes`).
+    raw_response: bytes | None = None
 
     @property
     def usage(self) -> dict[str, Any] | None:

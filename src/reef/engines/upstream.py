@@ -2,7 +2,11 @@
 
 Requests are forwarded as the server hands them over (tools, tool calls and unknown fields
 included, after the release's harness was applied), with `model` replaced when `upstream.model`
-is set. Streams are parsed by httpx-sse. Upstream HTTP errors are relayed with their status; an
+is set. A request nothing changed (no harness, no model to replace) goes upstream as the bytes
+the client sent, and a whole answer comes back as the bytes the upstream sent, read once with
+orjson for the record. Whole responses go through aiohttp, whose connection pool costs little per
+request (httpx's scans every pooled connection with system calls on each request); streams go
+through httpx and are parsed by httpx-sse. Upstream HTTP errors are relayed with their status; an
 upstream that cannot be reached is a 502. The API key is sent upstream and never stored.
 """
 
@@ -10,11 +14,15 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
 from reef.engines.base import Capabilities, ChatRequest, Completion, StreamItem, assemble_chunks
@@ -37,6 +45,8 @@ class UpstreamEngine:
         self._api_key = api_key
         self._timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._proxy: str | None = None
 
     @property
     def model(self) -> str:
@@ -49,18 +59,31 @@ class UpstreamEngine:
             timeout=httpx.Timeout(self._timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
+        self._session = aiohttp.ClientSession(
+            headers={**headers, "Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s, connect=10.0),
+            connector=aiohttp.TCPConnector(limit=256),
+        )
+        self._proxy = environment_proxy(self.base_url)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
-    def _body(self, request: ChatRequest, stream: bool, model: str | None = None) -> dict[str, Any]:
+    def _payload(self, request: ChatRequest, stream: bool, model: str | None = None) -> bytes:
+        """The JSON to send: the client's own bytes when nothing about the request changed."""
+        model = model or self._model
+        if request.raw_body is not None and request.stream == stream and not model:
+            return request.raw_body
         body = request.model_dump(exclude_unset=True, exclude_none=False)
         body["stream"] = stream
-        if model or self._model:
-            body["model"] = model or self._model
-        return body
+        if model:
+            body["model"] = model
+        return dumps(body)
 
     async def _model_for(self, adapter: Path | None) -> str | None:
         """The model name to request; engines that serve adapters by name override this."""
@@ -76,11 +99,20 @@ class UpstreamEngine:
             raise UpstreamFailure("the upstream engine is not started", status=503)
         return self._client
 
+    @property
+    def _aiohttp(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise UpstreamFailure("the upstream engine is not started", status=503)
+        return self._session
+
     async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
         model = await self._model_for(adapter)
-        data = await self._post_json("/chat/completions", self._body(request, False, model))
+        payload = self._payload(request, False, model)
+        data, content = await self._post_json("/chat/completions", payload)
         # A whole response has no first token to time: the record's latency_ms says it all.
-        return Completion(response=data, model=data.get("model") or self.model)
+        return Completion(
+            response=data, model=data.get("model") or self.model, raw_response=content
+        )
 
     async def forward_json(
         self, path: str, body: dict[str, Any], adapter: Path | None = None
@@ -88,24 +120,27 @@ class UpstreamEngine:
         """POST `body` to another OpenAI route of the upstream (`/completions`, `/embeddings`)
         and return its JSON answer; `model` is replaced as for chat requests."""
         model = await self._model_for(adapter) or self._model
-        return await self._post_json(path, {**body, "model": model} if model else body)
+        data, _ = await self._post_json(path, dumps({**body, "model": model} if model else body))
+        return data
 
-    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST to an upstream route; its JSON object, or its error relayed with its status."""
+    async def _post_json(self, path: str, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """POST to an upstream route; its JSON object and its bytes, or its error relayed with
+        its status."""
         url = f"{self.base_url}{path}"
         try:
-            response = await self._http.post(url, json=body)
-        except httpx.HTTPError as error:
+            async with self._aiohttp.post(url, data=payload, proxy=self._proxy) as response:
+                content = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
             raise _unreachable(url, error) from None
-        if response.status_code >= 400:
-            raise _relayed(response.status_code, response.content)
+        if response.status >= 400:
+            raise _relayed(response.status, content)
         try:
-            data = response.json()
-        except ValueError:
+            data = orjson.loads(content)
+        except orjson.JSONDecodeError:
             raise UpstreamFailure(f"upstream at {url} answered with invalid JSON") from None
         if not isinstance(data, dict):
             raise UpstreamFailure(f"upstream at {url} answered with JSON that is not an object")
-        return data
+        return data, content
 
     async def stream(
         self, request: ChatRequest, adapter: Path | None = None
@@ -117,7 +152,10 @@ class UpstreamEngine:
         ttft_ms = None
         try:
             async with self._http.stream(
-                "POST", url, json=self._body(request, True, model)
+                "POST",
+                url,
+                content=self._payload(request, True, model),
+                headers={"Content-Type": "application/json"},
             ) as response:
                 if response.status_code >= 400:
                     raise _relayed(response.status_code, await response.aread())
@@ -196,7 +234,25 @@ def _relayed(status: int, content: bytes) -> UpstreamFailure:
     return UpstreamFailure(f"upstream returned HTTP {status}: {detail}", status=status)
 
 
-def _unreachable(url: str, error: httpx.HTTPError) -> UpstreamFailure:
+def environment_proxy(url: str) -> str | None:
+    """The proxy that HTTP_PROXY, HTTPS_PROXY and NO_PROXY name for `url`, as httpx reads them.
+    Read once: aiohttp's own `trust_env` also looks up ~/.netrc on a thread for every request."""
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
+
+
+def dumps(body: dict[str, Any]) -> bytes:
+    """JSON bytes by orjson; by the standard library where orjson refuses (integers past 64
+    bits, keys that are not strings)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, ensure_ascii=False).encode()
+
+
+def _unreachable(url: str, error: Exception) -> UpstreamFailure:
     reason = type(error).__name__
     return UpstreamFailure(
         f"cannot reach the upstream engine at {url} ({reason}: {error}); "

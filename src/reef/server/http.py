@@ -7,6 +7,7 @@ import math
 import re
 from typing import Any, TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
@@ -21,14 +22,21 @@ _BRACKETS = re.compile(r"[\[\]{}]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # json.loads joins escaped pairs into one character, so a surrogate left in a string is alone.
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# orjson reads an integer past 64 bits as a float: such a value sends the body down the exact path.
+_BIG_NUMBER = float(2**63)
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
     """The request body as a JSON object, refusing bodies over `limit` bytes before reading them."""
+    return (await read_json_bytes(request, limit))[0]
+
+
+async def read_json_bytes(request: Request, limit: int) -> tuple[dict[str, Any], bytes]:
+    """`read_json`, and the body's bytes as they came (to store, hash or forward unchanged)."""
     body = await read_bounded(request, limit)
     if not body:
         raise BadRequest("the request body is empty: send a JSON object")
-    return json_object(body)
+    return json_object(body), body
 
 
 async def read_optional_json(request: Request, limit: int) -> dict[str, Any]:
@@ -55,7 +63,41 @@ async def read_bounded(request: Request, limit: int) -> bytes:
 
 
 def json_object(body: bytes) -> dict[str, Any]:
-    """Strict JSON: UTF-8, nested at most MAX_JSON_DEPTH deep, no NaN, valid Unicode, an object."""
+    """Strict JSON: UTF-8, nested at most MAX_JSON_DEPTH deep, no NaN, valid Unicode, an object.
+
+    orjson reads a body that is all of that about twenty times faster than the standard library;
+    whatever it refuses or might have read inexactly goes the exact way, which names the problem.
+    """
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _exact_object(body)
+    if type(data) is dict and _plain(data):
+        return data
+    return _exact_object(body)
+
+
+def _plain(value: dict[str, Any]) -> bool:
+    """No container nested deeper than MAX_JSON_DEPTH and no float that may be an integer orjson
+    rounded (it reads integers past 64 bits as floats); level by level, no recursion."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        deeper: list[Any] = []
+        for container in level:
+            for item in container.values() if type(container) is dict else container:
+                kind = type(item)
+                if kind is dict or kind is list:
+                    deeper.append(item)
+                elif kind is float and abs(item) >= _BIG_NUMBER:
+                    return False
+        if not deeper:
+            return True
+        level = deeper
+    return False
+
+
+def _exact_object(body: bytes) -> dict[str, Any]:
+    """The standard library's reading, with every check that explains a refusal."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:

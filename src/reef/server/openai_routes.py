@@ -3,16 +3,21 @@
 Each call is served under the release its scenario serves when the call arrives (its binding:
 a harness applied to the request, or a LoRA adapter), and is stamped and recorded with that
 release's id even if the head moves while it runs. The record keeps the request as the client
-sent it; the release id says which harness was applied. Every served call is stored as a record
-before its receipt is handed out: in the
+sent it (its bytes, where the route has them); the release id says which harness was applied.
+Every served call is stored as a record before its receipt is handed out: in the
 `x-reef-agent-record-id` header for a whole response, and for a stream in a last chunk
 `{"object": "chat.completion.chunk", "choices": [], "reef": {"agent_record_id": ...}}` sent just
 before `data: [DONE]`. A failed call is never stored.
+
+A request no harness changed reaches an engine that forwards JSON as the client's bytes, and a
+whole answer the engine received as bytes (`Completion.raw_response`) is answered and stored as
+those bytes. Records are built on the store's writer thread, off the event loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from reef.engines.base import ChatRequest, Completion, StreamItem
 from reef.errors import ReefError
 from reef.server.cancellation import until_disconnected
-from reef.server.http import parse, read_json, sse
+from reef.server.http import parse, read_json_bytes, sse
 from reef.server.state import CallContext, ServerState
 from reef.store import Record
 
@@ -33,12 +38,22 @@ log = logging.getLogger("reef.server")
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.reef
-    body = await read_json(request, state.config.server.max_body_bytes)
+    body, raw = await read_json_bytes(request, state.config.server.max_body_bytes)
     call = state.call_context(request.headers)
-    chat = call.binding.apply(parse(ChatRequest, body))
+    asked = parse(ChatRequest, body)
+    chat = call.binding.apply(asked)
+    if chat is asked:  # no harness changed it: it may travel as the client's bytes
+        chat.sent_as(raw)
     if chat.stream:
-        return await streamed(state, call, body, chat)
-    completion, headers = await served_whole(request, state, call, body, chat)
+        return await streamed(state, call, body, chat, raw_body=raw)
+    completion, headers = await served_whole(request, state, call, body, chat, raw_body=raw)
+    return answered(completion, headers)
+
+
+def answered(completion: Completion, headers: dict[str, str]) -> Response:
+    """A whole chat completion: the engine's own bytes where it has them, else its JSON."""
+    if completion.raw_response is not None:
+        return Response(completion.raw_response, media_type="application/json", headers=headers)
     return JSONResponse(completion.response, headers=headers)
 
 
@@ -49,15 +64,17 @@ async def served_whole(
     body: dict[str, Any],
     chat: ChatRequest,
     record_id: str | None = None,
+    raw_body: bytes | None = None,
 ) -> tuple[Completion, dict[str, str]]:
     """A whole (not streamed) completion, stored before its receipt is handed out; the headers
     carry the release id and the receipt. Any API translated onto chat answers through this.
-    `record_id` names the record in advance (an API whose answer's id names its record)."""
+    `record_id` names the record in advance (an API whose answer's id names its record);
+    `raw_body`, the bytes `body` was read from, is stored as they are."""
     started = time.perf_counter()
     completion = await until_disconnected(
         request, state.engine.complete(chat, adapter=call.binding.adapter)
     )
-    return completion, await stored(state, call, body, completion, started, record_id)
+    return completion, await stored(state, call, body, completion, started, record_id, raw_body)
 
 
 async def stored(
@@ -67,14 +84,41 @@ async def stored(
     completion: Completion,
     started: float,
     record_id: str | None = None,
+    raw_body: bytes | None = None,
 ) -> dict[str, str]:
     """Store a whole response's record (unless the caller opted out); the headers that answer
     it: the release id, and the receipt once the record is on disk."""
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
-        record = record_of(state, call, body, completion, started, False, record_id)
-        headers["x-reef-agent-record-id"] = await state.store.add_record_async(record)
+        build = _builder(state, call, body, completion, started, False, record_id, raw_body)
+        headers["x-reef-agent-record-id"] = await state.store.add_record_async(build)
     return headers
+
+
+def _builder(
+    state: ServerState,
+    call: CallContext,
+    body: dict[str, Any],
+    completion: Completion,
+    started: float,
+    stream: bool,
+    record_id: str | None,
+    raw_body: bytes | None,
+) -> functools.partial[Record]:
+    """`record_of`, for the store's writer thread to call, with the latency taken now."""
+    latency_ms = (time.perf_counter() - started) * 1000
+    return functools.partial(
+        record_of,
+        state,
+        call,
+        body,
+        completion,
+        started,
+        stream,
+        record_id,
+        latency_ms=latency_ms,
+        raw_body=raw_body,
+    )
 
 
 # What a stream shape sends: an object, framed as `data: JSON`, or bytes already framed (an API
@@ -110,7 +154,7 @@ class ChatShape:
 
 def with_response(completion: Completion, response: dict[str, Any]) -> Completion:
     """`completion` answered in another API's shape (what that API's record stores)."""
-    return dataclasses.replace(completion, response=response)
+    return dataclasses.replace(completion, response=response, raw_response=None)
 
 
 async def streamed(
@@ -120,7 +164,9 @@ async def streamed(
     chat: ChatRequest,
     shape: StreamShape | None = None,
     record_id: str | None = None,
+    raw_body: bytes | None = None,
 ) -> Response:
+    """`raw_body`: the bytes `body` was read from, stored as they are."""
     shape = shape or ChatShape()
     started = time.perf_counter()
     items = aiter(state.engine.stream(chat, adapter=call.binding.adapter))
@@ -142,8 +188,8 @@ async def streamed(
                 item = await anext(items)
             if call.capture:
                 stored = shape.stored(item)
-                record = record_of(state, call, body, stored, started, True, record_id)
-                receipt = await state.store.add_record_async(record)
+                build = _builder(state, call, body, stored, started, True, record_id, raw_body)
+                receipt = await state.store.add_record_async(build)
                 yield _framed(shape.receipt(stored, receipt))
             end = getattr(shape, "end", None)
             yield sse("[DONE]") if end is None else end(item)
@@ -209,7 +255,15 @@ def record_of(
     started: float,
     stream: bool,
     record_id: str | None = None,
+    latency_ms: float | None = None,
+    raw_body: bytes | None = None,
 ) -> Record:
+    """The record of a served call. `latency_ms` defaults to the time since `started`;
+    `raw_body` (the bytes `body` was read from) and the engine's `raw_response` are stored as
+    they are, not serialised again."""
+    if latency_ms is None:
+        latency_ms = (time.perf_counter() - started) * 1000
+    raw_response = completion.raw_response
     record = Record(
         scenario=call.scenario,
         session=call.session,
@@ -223,8 +277,10 @@ def record_of(
         completion_logprobs=completion.token_logprobs,
         prompt_token_ids=completion.prompt_token_ids,
         usage=completion.usage,
-        latency_ms=(time.perf_counter() - started) * 1000,
+        latency_ms=latency_ms,
         ttft_ms=completion.ttft_ms,
+        request_json=None if raw_body is None else raw_body.decode(),
+        response_json=None if raw_response is None else raw_response.decode(),
     )
     return dataclasses.replace(record, id=record_id) if record_id else record
 

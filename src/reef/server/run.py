@@ -10,6 +10,7 @@ import asyncio
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 
 import uvicorn
 
@@ -94,4 +95,15 @@ class _ReefServer(uvicorn.Server):
 
 
 def run(state: ServerState) -> None:
-    asyncio.run(serve(state))
+    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+        runner.run(serve(state))
+
+
+def _fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (not on Windows): each request's socket reads,
+    writes and wake-ups cost several times less than on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

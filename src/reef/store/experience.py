@@ -2,7 +2,9 @@
 
 One SQLite file in WAL mode. All writes go through one writer thread that commits in groups: each
 caller waits until the transaction holding its row has committed, so a receipt handed out is a row
-on disk, and many concurrent callers share one commit (and one fsync).
+on disk, and many concurrent callers share one commit (and one fsync). A record may be handed over
+as a function that builds it, so that building, hashing and serialising run on the writer thread
+rather than on the caller's event loop.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -81,6 +83,10 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
 @dataclass
 class Record:
     """One served call, as stored. `request` and `response` are OpenAI-shaped JSON objects."""
@@ -103,6 +109,10 @@ class Record:
     id: str = field(default_factory=lambda: new_id("rec"))
     created_at: float = field(default_factory=time.time)
     content_hash: str = ""
+    # `request` and `response` as JSON text where the caller has it already (the bytes a client
+    # sent, the bytes an upstream answered): stored as it is instead of serialised again.
+    request_json: str | None = field(default=None, repr=False, compare=False)
+    response_json: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.content_hash:
@@ -115,15 +125,37 @@ class Record:
             self.content_hash = canonical_hash(asked)
 
     def to_row(self) -> dict[str, Any]:
-        row = asdict(self)
-        for column in JSON_COLUMNS:
-            if row[column] is not None:
-                row[column] = json.dumps(row[column], ensure_ascii=False)
-        row["stream"] = int(self.stream)
         usage = self.usage or {}
-        row["prompt_tokens"] = usage.get("prompt_tokens")
-        row["completion_tokens"] = usage.get("completion_tokens")
-        return row
+        return {
+            "id": self.id,
+            "scenario": self.scenario,
+            "session": self.session,
+            "created_at": self.created_at,
+            "request": self.request_json or _json_text(self.request),
+            "response": self.response_json or _json_text(self.response),
+            "engine": self.engine,
+            "model": self.model,
+            "release_id": self.release_id,
+            "stream": int(self.stream),
+            "completion_token_ids": _json_text(self.completion_token_ids),
+            "completion_logprobs": _json_text(self.completion_logprobs),
+            "prompt_token_ids": _json_text(self.prompt_token_ids),
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "usage": _json_text(self.usage),
+            "latency_ms": self.latency_ms,
+            "ttft_ms": self.ttft_ms,
+            "content_hash": self.content_hash,
+        }
+
+
+RECORD_COLUMNS = tuple(
+    Record(scenario="", request={}, response={}, engine="", release_id="").to_row()
+)
+_INSERT_RECORD = (
+    f"INSERT INTO records ({', '.join(RECORD_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + column for column in RECORD_COLUMNS)})"
+)
 
 
 @dataclass
@@ -336,17 +368,18 @@ class ExperienceStore:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def add_record(self, record: Record) -> Future[str]:
-        """Queue a record; the future resolves to its id once it is committed."""
-        row = record.to_row()
+    def add_record(self, record: Record | Callable[[], Record]) -> Future[str]:
+        """Queue a record, or a function that builds it (called on the writer thread); the
+        future resolves to its id once it is committed."""
 
         def insert(db: sqlite_utils.Database) -> str:
-            db.table("records").insert(row)
-            return record.id
+            built = record if isinstance(record, Record) else record()
+            db.execute(_INSERT_RECORD, built.to_row())
+            return built.id
 
         return self._writer.submit(insert)
 
-    async def add_record_async(self, record: Record) -> str:
+    async def add_record_async(self, record: Record | Callable[[], Record]) -> str:
         return await asyncio.wrap_future(self.add_record(record))
 
     def add_report(self, report: Report) -> Future[tuple[dict[str, Any], bool]]:
