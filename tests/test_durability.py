@@ -1,21 +1,24 @@
-"""Kill -9 in the middle of a burst: every receipt a client received survives, intact."""
+"""Kill -9 in the middle of a burst: every receipt a client received survives, intact, whether
+the server runs the model itself or records calls as a proxy in front of an upstream."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-from reef.testing.processes import free_port, reef_serve
+from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, TOKEN, write_config
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def _ask(url: str, n: int) -> tuple[str, str, str] | None:
+def _ask(url: str, n: int, client: httpx.Client | None = None) -> tuple[str, str, str] | None:
     """One call; (receipt, prompt, answer) if the whole response arrived, None if cut off."""
     prompt = f"Request {n}: name a fruit."
     body = {
@@ -23,17 +26,16 @@ def _ask(url: str, n: int) -> tuple[str, str, str] | None:
         "max_tokens": 12,
         "stream": n % 2 == 1,
     }
+    http = client or httpx.Client(timeout=60)
     try:
         if not body["stream"]:
-            response = httpx.post(
-                url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=60
-            )
+            response = http.post(url + "/v1/chat/completions", json=body, headers=HEADERS)
             response.raise_for_status()
             answer = response.json()["choices"][0]["message"]["content"]
             return response.headers["x-reef-agent-record-id"], prompt, answer
         text, receipt = "", None
-        with httpx.stream(
-            "POST", url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=60
+        with http.stream(
+            "POST", url + "/v1/chat/completions", json=body, headers=HEADERS
         ) as response:
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -46,6 +48,9 @@ def _ask(url: str, n: int) -> tuple[str, str, str] | None:
         return (receipt, prompt, text) if receipt else None
     except (httpx.HTTPError, ValueError):
         return None
+    finally:
+        if client is None:
+            http.close()
 
 
 def test_kill_9_mid_burst_loses_no_acknowledged_record(tmp_path: Path) -> None:
@@ -83,3 +88,47 @@ def test_kill_9_mid_burst_loses_no_acknowledged_record(tmp_path: Path) -> None:
             assert record["request"]["messages"][0]["content"] == prompt
             assert record["response"]["choices"][0]["message"]["content"] == answer
             assert record["completion_token_ids"]
+
+
+def test_kill_9_at_concurrency_32_through_the_proxy_loses_no_acknowledged_record(
+    tmp_path: Path, peer: ServerProcess
+) -> None:
+    """32 clients keep calling Reef in front of an upstream (half of them streaming) until 200
+    receipts are out, then the server is killed; every receipt is a whole record on restart."""
+    proxy = ("--engine", "upstream", "--upstream-url", f"{peer.url}/v1")
+    server = reef_serve(tmp_path, free_port(), *proxy, env={"REEF_TOKEN": TOKEN}).start()
+    received: list[tuple[str, str, str]] = []
+    numbers = itertools.count()
+    enough, lock = threading.Event(), threading.Lock()
+    deadline = time.monotonic() + 120
+
+    def keep_asking() -> None:
+        with httpx.Client(timeout=60) as client:
+            while not enough.is_set() and time.monotonic() < deadline:
+                result = _ask(server.url, next(numbers), client)
+                if result is None:
+                    return  # the server is gone
+                with lock:
+                    received.append(result)
+                    if len(received) >= 200:
+                        enough.set()
+
+    try:
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            for _ in range(32):
+                pool.submit(keep_asking)
+            assert enough.wait(120), f"too few receipts arrived:\n{server.log()}"
+            server.kill()
+    finally:
+        server.kill()
+
+    restarted = reef_serve(tmp_path, free_port(), *proxy, env={"REEF_TOKEN": TOKEN})
+    with restarted.start(), httpx.Client(headers=HEADERS) as http:
+        for receipt, prompt, answer in received:
+            response = http.get(f"{restarted.url}/reef/records/{receipt}")
+            assert response.status_code == 200, f"receipt {receipt} was lost"
+            record = response.json()
+            assert record["request"]["messages"][0]["content"] == prompt
+            assert record["response"]["choices"][0]["message"]["content"] == answer
+            if not record["stream"]:  # a stream carries usage only when asked for it
+                assert record["usage"]["completion_tokens"] > 0
