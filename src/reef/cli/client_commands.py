@@ -95,7 +95,15 @@ def records(
         console.print_json(data=rows)
         return
     table = Table(
-        "record", "time", "scenario", "release", "prompt", "answer", "feedback", show_lines=False
+        "record",
+        "time",
+        "scenario",
+        "release",
+        "prompt",
+        "answer",
+        "feedback",
+        "learned as",
+        show_lines=False,
     )
     for row in rows:
         table.add_row(
@@ -106,6 +114,7 @@ def records(
             _short(_last_user_text(row["request"])),
             _short(_answer_text(row["response"])),
             _short("; ".join(_describe_report(r) for r in row["reports"])),
+            _short("; ".join(_describe_annotation(a) for a in row.get("annotations", []))),
         )
     console.print(table)
 
@@ -189,6 +198,21 @@ def _last_user_text(request: dict[str, Any]) -> str:
 def _answer_text(response: dict[str, Any]) -> str:
     choices = response.get("choices") or [{}]
     return str((choices[0].get("message") or {}).get("content") or "")
+
+
+def _describe_annotation(annotation: dict[str, Any]) -> str:
+    """A recipe's conclusion about a record, e.g. `openclaw_rl: -1 by model (-1 -1 0): be brief`."""
+    parts = [f"{annotation['source']}:"]
+    if annotation.get("score") is not None:
+        parts.append(f"{annotation['score']:+g}")
+    if annotation.get("judge"):
+        parts.append(f"by {annotation['judge']}")
+    if annotation.get("votes"):
+        parts.append("(" + " ".join(f"{vote['score']:+d}" for vote in annotation["votes"]) + ")")
+    if annotation.get("hint"):
+        parts[-1] += ":"
+        parts.append(str(annotation["hint"]))
+    return " ".join(parts)
 
 
 def _describe_report(report: dict[str, Any]) -> str:

@@ -43,6 +43,8 @@ from reef.learning.experience import ExperienceView, Trajectory
 BUILTIN_RECIPES = {
     "harness_evolve": "recipes.harness_evolve.recipe:HarnessEvolve",
     "sft": "recipes.sft.recipe:SFT",
+    "openclaw_rl": "recipes.openclaw_rl.recipe:OpenClawRL",
+    "tttd": "recipes.tttd.recipe:TTTDiscover",
 }
 # Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`).
 ENTRY_POINT_GROUP = "reef.recipes"
@@ -101,6 +103,9 @@ class StepContext:
     work_dir: Path | None = None
     # Long work reports here: (what, done, total, loss or None), e.g. ("training", 3, 40, 1.9).
     progress: Callable[[str, int, int, float | None], None] | None = None
+    # Keeps what the recipe concluded about a record beside it (shown by `reef records`):
+    # annotate(record_id, {"score": -1, "votes": [...], "hint": "..."}).
+    annotate: Callable[[str, dict[str, Any]], None] | None = None
 
 
 @dataclass
@@ -120,6 +125,9 @@ class Recipe:
     experience: ClassVar[str] = ""
     target: ClassVar[str] = ""
     Settings: ClassVar[type[RecipeSettings]] = RecipeSettings
+    # False for a recipe that makes its own experience (rollouts on a task): the worker then
+    # steps it again even when no record, report or release came since it last proposed nothing.
+    waits_for_traffic: ClassVar[bool] = True
 
     def __init__(self, settings: RecipeSettings) -> None:
         self.settings = settings

@@ -38,6 +38,7 @@ from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 from reef.store.learning import (
     fingerprint,
+    save_annotation,
     save_counts,
     save_step,
     take_instruction,
@@ -95,7 +96,7 @@ class LearningWorker:
         self._loop = asyncio.get_running_loop()
         automatic = instruction is None and not force
         seen = await asyncio.to_thread(self._fingerprint, scenario)
-        if automatic and self._idle.get(scenario) == seen:
+        if automatic and self.recipe.waits_for_traffic and self._idle.get(scenario) == seen:
             # Nothing new since the recipe last waited or proposed nothing: don't rebuild the
             # view (it reads every record) or ask the proposer the same question again.
             return StepResult(scenario, "waiting", "no new experience")
@@ -165,6 +166,7 @@ class LearningWorker:
             model_path=served_model_path(self.config.engine),
             work_dir=self.config.state_dir / "learning" / self.recipe.name,
             progress=self.progress,
+            annotate=functools.partial(save_annotation, self.store, scenario, self.recipe.name),
         )
 
     def generate(self, body: dict[str, Any], binding: Binding) -> Completion:

@@ -16,7 +16,7 @@ from reef.scenario import check_scenario
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
 from reef.store import Report, ReportConflict, UnknownRecords
-from reef.store.learning import learning_status, queue_instruction
+from reef.store.learning import learning_status, queue_instruction, with_annotations
 
 REPORT_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -81,13 +81,19 @@ async def list_records(request: Request) -> Response:
         if after is not None:
             raise BadRequest("`after` pages oldest-first lists: drop it, or use order=asc")
         records = state.store.latest_records(scenario=scenario, limit=limit)
-        return JSONResponse({"object": "list", "data": records, "has_more": len(records) == limit})
+        return _record_list(state, records, limit)
     if after is not None and not state.store.record_exists(after):
         raise NotFound(
             f"unknown record {after!r} in `after`: pass the id of a record you have read"
         )
     records = state.store.list_records(scenario=scenario, after=after, limit=limit)
-    return JSONResponse({"object": "list", "data": records, "has_more": len(records) == limit})
+    return _record_list(state, records, limit)
+
+
+def _record_list(state: ServerState, records: list[dict[str, Any]], limit: int) -> Response:
+    """A page of records, each with what recipes concluded about it (`annotations`)."""
+    data = with_annotations(state.store, records)
+    return JSONResponse({"object": "list", "data": data, "has_more": len(records) == limit})
 
 
 async def get_record(request: Request) -> Response:
@@ -99,7 +105,7 @@ async def get_record(request: Request) -> Response:
             f"no record {record_id!r}: use a receipt from x-reef-agent-record-id",
             code="unknown_record",
         )
-    return JSONResponse(record)
+    return JSONResponse(with_annotations(state.store, [record])[0])
 
 
 async def status(request: Request) -> Response:

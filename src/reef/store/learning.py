@@ -99,3 +99,36 @@ def learning_status(store: ExperienceStore) -> dict[str, Any]:
             "loss": metrics.get("loss") if isinstance(metrics, dict) else None,
         }
     return status
+
+
+def save_annotation(
+    store: ExperienceStore, scenario: str, source: str, record_id: str, data: dict[str, Any]
+) -> None:
+    """What recipe `source` concluded about a record (e.g. a judge's votes), kept beside it."""
+    row = {
+        "record_id": record_id,
+        "scenario": scenario,
+        "source": source,
+        "created_at": time.time(),
+        "data": json.dumps(data),
+    }
+    store.write(lambda db: db.table("record_annotations").insert(row)).result()
+
+
+def with_annotations(store: ExperienceStore, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records, each with `annotations`: what recipes concluded about it, oldest first."""
+    ids = [record["id"] for record in records]
+    found: dict[str, list[dict[str, Any]]] = {record_id: [] for record_id in ids}
+    for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+        chunk = ids[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        for row in store.query(
+            "SELECT record_id, source, created_at, data FROM record_annotations "
+            f"WHERE record_id IN ({marks}) ORDER BY seq",
+            chunk,
+        ):
+            data = json.loads(row["data"])
+            found[row["record_id"]].append(
+                {**data, "source": row["source"], "created_at": row["created_at"]}
+            )
+    return [{**record, "annotations": found[record["id"]]} for record in records]

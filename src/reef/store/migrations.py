@@ -147,6 +147,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE candidates ADD COLUMN metrics TEXT;
         """,
     ),
+    (
+        "0007_record_annotations",
+        # What a recipe concluded about a record while learning from it (a judge's votes and
+        # hint), kept beside the record so that `reef records` can show why it was trained so.
+        """
+        CREATE TABLE record_annotations (
+            seq INTEGER PRIMARY KEY,
+            record_id TEXT NOT NULL REFERENCES records (id),
+            scenario TEXT NOT NULL,
+            source TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            data TEXT NOT NULL
+        );
+        CREATE INDEX record_annotations_record ON record_annotations (record_id);
+        """,
+    ),
 ]
 
 
