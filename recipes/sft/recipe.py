@@ -19,7 +19,7 @@ Training runs in the learning worker, never in the server: serving goes on meanw
 from __future__ import annotations
 
 import logging
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +28,16 @@ from pydantic import Field
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.learning.experience import ExperienceView, Trajectory, Turn
 from reef.learning.hindsight import demonstrations, hints, relabel
-from reef.learning.recipe import (
-    Proposal,
-    ProposalRefused,
-    Recipe,
-    RecipeError,
-    RecipeSettings,
-    StepContext,
+from reef.learning.recipe import Proposal, ProposalRefused, Recipe, RecipeSettings, StepContext
+from reef.learning.weights import (
+    BaseWeights,
+    rendered_prompt,
+    reporter,
+    require_weights,
+    train_on_current,
 )
-from reef.releases.chain import read_folder
 
 log = logging.getLogger("reef.learning")
-PEFT_CONFIG = "peft/adapter_config.json"
 
 
 class SFTSettings(RecipeSettings):
@@ -76,7 +74,7 @@ class SFT(Recipe):
 
     def __init__(self, settings: RecipeSettings) -> None:
         super().__init__(settings)
-        self._loaded: Any = None  # the base weights (reef.training.Base), once loaded
+        self._base = BaseWeights()
 
     # -- what can be learned from ----------------------------------------------------------------
 
@@ -109,31 +107,25 @@ class SFT(Recipe):
     # -- a step ---------------------------------------------------------------------------------
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        if context.generate is None or context.model_path is None or context.work_dir is None:
-            raise RecipeError(
-                "sft trains the served model's weights: it needs the llama.cpp or vLLM engine "
-                "(an upstream engine's weights are remote)"
-            )
-        if context.files and PEFT_CONFIG not in context.files:
-            # Prompts are rendered under the current release, and a LoRA release serves no
-            # harness: training under a harness's prompt would teach what is never served.
-            raise RecipeError(
-                f"{context.release_id} is a harness release and sft proposes LoRA releases: "
-                "roll the scenario back to a LoRA or base release, or use harness_evolve"
-            )
+        require_weights(context, self.name)
         from reef.training import TrainingExample
 
         turns = [turn for t in batch for turn in t.turns]
         pairs = self._completions(turns, context)
         if not pairs:
             raise ProposalRefused("nothing to train on: no good answer, demonstration or hint")
-        base = self._base(context)
+        base = self._base.get(context)
         prompts: dict[str, list[int]] = {}  # record id -> rendered prompt, once per turn
         examples = [
-            TrainingExample(self._prompt_ids(turn, context, prompts), completion)
+            TrainingExample(
+                rendered_prompt(context, turn.messages, prompts, turn.record_id), completion
+            )
             for turn, completion in self._tokenized(pairs, base)
         ]
-        files, losses = self._train(base, examples, context)
+        files, trained = train_on_current(
+            context, lambda resume_from: self._train(base, examples, context, resume_from)
+        )
+        losses = trained.losses
         failing = [turn for turn in turns if self.failing_with_hint(turn)]
         return Proposal(
             kind="lora",
@@ -171,36 +163,10 @@ class SFT(Recipe):
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))
         return pairs
 
-    def _prompt_ids(
-        self, turn: Turn, context: StepContext, rendered: dict[str, list[int]]
-    ) -> list[int]:
-        """The turn's prompt as the engine renders it for the candidate: the client's messages
-        under the current release (base or LoRA: no harness), asked of the engine once per turn.
-        """
-        assert context.generate is not None
-        if turn.record_id not in rendered:
-            completion = context.generate({"messages": turn.messages, "max_tokens": 1})
-            if not completion.prompt_token_ids:
-                raise RecipeError(
-                    "the engine does not report prompt token ids: sft needs llama.cpp"
-                )
-            rendered[turn.record_id] = list(completion.prompt_token_ids)
-        return rendered[turn.record_id]
-
-    def _base(self, context: StepContext):  # type: ignore[no-untyped-def]
-        """The base weights, loaded on the first step and kept by the worker's recipe: each
-        load hashes the GGUF and checks the tokenizer against llama.cpp."""
-        from reef.training import load_base
-
-        assert context.model_path is not None and context.work_dir is not None
-        if self._loaded is None or self._loaded.source != context.model_path:
-            self._loaded = load_base(
-                context.model_path, context.work_dir / "base", progress=log.info
-            )
-        return self._loaded
-
     @staticmethod
-    def _tokenized(pairs, base):  # type: ignore[no-untyped-def]
+    def _tokenized(
+        pairs: list[tuple[Turn, list[int] | str]], base: Any
+    ) -> Iterator[tuple[Turn, list[int]]]:
         from reef.training import encode_completion
 
         for turn, completion in pairs:
@@ -209,10 +175,12 @@ class SFT(Recipe):
             else:
                 yield turn, completion
 
-    def _train(self, base, examples, context: StepContext):  # type: ignore[no-untyped-def]
+    def _train(
+        self, base: Any, examples: list[Any], context: StepContext, resume_from: Path | None
+    ) -> Any:
         import torch
 
-        from reef.training import LoraSettings, export_adapter, train_lora
+        from reef.training import LoraSettings, train_lora
 
         torch.set_num_threads(self.settings.threads)
         settings = LoraSettings(
@@ -224,33 +192,8 @@ class SFT(Recipe):
             target_modules=self.settings.target_modules,
             seed=self.settings.seed,
         )
-        with tempfile.TemporaryDirectory(prefix="reef-sft-") as scratch:
-            current = self._current_adapter(context, Path(scratch) / "current")
-            trained = train_lora(
-                base,
-                examples,
-                settings,
-                on_step=lambda step, loss: self._report(context, step, loss),
-                resume_from=current,
-            )
-            export_adapter(trained, Path(scratch) / "adapter")
-            return read_folder(Path(scratch) / "adapter"), trained.losses
-
-    def _report(self, context: StepContext, step: int, loss: float) -> None:
-        log.info("sft: step %d/%d loss %.4f", step, self.settings.steps, loss)
-        if context.progress is not None:
-            context.progress("training a LoRA", step, self.settings.steps, loss)
-
-    @staticmethod
-    def _current_adapter(context: StepContext, folder: Path) -> Path | None:
-        """The adapter the scenario serves now, to keep training it (None: start afresh)."""
-        if PEFT_CONFIG not in context.files:
-            return None
-        for path, data in context.files.items():
-            target = folder / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        return folder
+        on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
+        return train_lora(base, examples, settings, on_step=on_step, resume_from=resume_from)
 
     def _failing_prompts(self, failing: list[Turn]) -> list[EvalTask]:
         if self.settings.scorer is None:

@@ -1,0 +1,112 @@
+"""What every recipe that trains the served model's weights needs from its step context.
+
+- `require_weights`: the step can train (a local engine's weights, a LoRA or base head);
+- `rendered_prompt`: a conversation's prompt token ids exactly as the engine renders them under
+  the current release, asked of the engine once per key;
+- `BaseWeights`: the training base, loaded on the first step and kept by the recipe;
+- `current_adapter`: the adapter the scenario serves now, written out to keep training it;
+- `adapter_files`: a trained adapter exported (PEFT folder and llama.cpp GGUF) as release files.
+
+Importing this module imports no torch: the server loads recipes too.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reef.learning.recipe import RecipeError, StepContext
+from reef.releases.chain import read_folder
+
+if TYPE_CHECKING:
+    from reef.training import Base, TrainedAdapter
+
+log = logging.getLogger("reef.learning")
+PEFT_CONFIG = "peft/adapter_config.json"
+
+
+def require_weights(context: StepContext, recipe: str) -> None:
+    """Refuse a step that cannot train: no local weights, or a harness release at the head."""
+    if context.generate is None or context.model_path is None or context.work_dir is None:
+        raise RecipeError(
+            f"{recipe} trains the served model's weights: it needs the llama.cpp or vLLM engine "
+            "(an upstream engine's weights are remote)"
+        )
+    if context.files and PEFT_CONFIG not in context.files:
+        # Prompts are rendered under the current release, and a LoRA release serves no
+        # harness: training under a harness's prompt would teach what is never served.
+        raise RecipeError(
+            f"{context.release_id} is a harness release and {recipe} proposes LoRA releases: "
+            "roll the scenario back to a LoRA or base release, or use harness_evolve"
+        )
+
+
+def rendered_prompt(
+    context: StepContext, messages: list[dict[str, Any]], cache: dict[str, list[int]], key: str
+) -> list[int]:
+    """The prompt's token ids as the engine renders `messages` for the candidate (the client's
+    messages under the current release, base or LoRA: no harness), cached under `key`."""
+    assert context.generate is not None
+    if key not in cache:
+        completion = context.generate({"messages": messages, "max_tokens": 1})
+        if not completion.prompt_token_ids:
+            raise RecipeError("the engine does not report prompt token ids: training needs them")
+        cache[key] = list(completion.prompt_token_ids)
+    return cache[key]
+
+
+class BaseWeights:
+    """The base weights, loaded on the first step and kept: each load hashes the GGUF and checks
+    the tokenizer against llama.cpp."""
+
+    def __init__(self) -> None:
+        self._loaded: Base | None = None
+
+    def get(self, context: StepContext) -> Base:
+        from reef.training import load_base
+
+        assert context.model_path is not None and context.work_dir is not None
+        if self._loaded is None or self._loaded.source != context.model_path:
+            self._loaded = load_base(
+                context.model_path, context.work_dir / "base", progress=log.info
+            )
+        return self._loaded
+
+
+def current_adapter(context: StepContext, folder: Path) -> Path | None:
+    """The adapter the scenario serves now, written into `folder` (None: start afresh)."""
+    if PEFT_CONFIG not in context.files:
+        return None
+    for path, data in context.files.items():
+        target = folder / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return folder
+
+
+def train_on_current(
+    context: StepContext, train: Callable[[Path | None], TrainedAdapter]
+) -> tuple[dict[str, bytes], TrainedAdapter]:
+    """`train(resume_from)` run on the current adapter, the result exported as release files."""
+    from reef.training import export_adapter
+
+    with tempfile.TemporaryDirectory(prefix="reef-train-") as scratch:
+        trained = train(current_adapter(context, Path(scratch) / "current"))
+        export_adapter(trained, Path(scratch) / "adapter")
+        return read_folder(Path(scratch) / "adapter"), trained
+
+
+def reporter(
+    context: StepContext, recipe: str, what: str, steps: int
+) -> Callable[[int, float], None]:
+    """An `on_step(step, loss)` that logs and drives the CLI's progress bar."""
+
+    def report(step: int, loss: float) -> None:
+        log.info("%s: step %d/%d loss %.4f", recipe, step, steps, loss)
+        if context.progress is not None:
+            context.progress(what, step, steps, loss)
+
+    return report
