@@ -62,3 +62,40 @@ def eval_tasks(prompts: list[str], pattern: str) -> str:
         json.dumps({"messages": [{"role": "user", "content": p}], "scorer": scorer}) + "\n"
         for p in prompts
     )
+
+
+# -- a user who says what it wants only in its next message (OpenClaw-style) ---------------------
+
+SHORT_WORDS = 12  # an answer of at most this many words is short enough for this user
+SHORT_PATTERN = rf"^\s*\S+(\s+\S+){{0,{SHORT_WORDS - 1}}}\s*$"
+CORRECTION = "No, shorter: answer in a few words."
+APPROVAL = "Thanks, that's what I wanted."
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def converse(url: str, prompt: str, session: str, max_tokens: int = 48) -> tuple[str, str]:
+    """One sampled answer to `prompt`, then the user's next message in the same session: a
+    correction when the answer is long, thanks when it is short. No score is ever reported.
+    Returns the answer and the user's reply."""
+    headers = {"x-reef-session": session}
+    messages = [{"role": "user", "content": prompt}]
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 1.0}
+    first = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
+    first.raise_for_status()
+    answer = first.json()["choices"][0]["message"]["content"] or ""
+    reply = APPROVAL if words(answer) <= SHORT_WORDS else CORRECTION
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": reply}]
+    body = {"messages": messages, "max_tokens": 16, "temperature": 1.0}
+    httpx.post(
+        f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600
+    ).raise_for_status()
+    return answer, reply
+
+
+def mean_words(url: str, prompts: list[str], max_tokens: int = 48) -> float:
+    """The mean length in words of the greedy answers to `prompts`."""
+    answers = [ask(url, p, max_tokens).json()["choices"][0]["message"]["content"] for p in prompts]
+    return sum(words(a or "") for a in answers) / len(answers)

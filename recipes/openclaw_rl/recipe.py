@@ -1,0 +1,261 @@
+"""openclaw_rl: learning from the conversation itself, as OpenClaw-RL does.
+
+Every turn of a session is followed by a next state: the user's next message or a tool's
+result. It says, without anyone scoring anything, whether the answer helped ("no, shorter"
+says it did not, and also what was wanted). A step:
+
+1. **judges** each turn that has a next state (`judge.py`): `votes` votes of +1/-1/0, the
+   majority (ties 0), and a hint when the next state says what should have been done. An
+   explicit score from `/reef/report` overrides the judge. A session's last turn has no next
+   state and is left for later (its session may go on). Each judgement is kept beside its record
+   (`reef records` shows it);
+2. builds a **token advantage** for each judged answer, as served (its token ids):
+   - binary RL: the turn's score on every token, times `w_rl`;
+   - hindsight on-policy distillation, when there is a hint: the same answer is scored under
+     the prompt with the hint beside the user's message (the teacher) and under the prompt
+     alone (the student); each token gets `w_opd * (teacher log-prob - student log-prob)`,
+     so the tokens the hint makes less likely are pushed down, the others up;
+3. **trains** the LoRA with the PPO-style clipped loss (clip 0.2 low, 0.28 high) and a KL
+   penalty to the base (β 0.02) of `reef.training.policy`, continuing the scenario's adapter;
+4. proposes it as a `lora` candidate; the gate compares it with the current release.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from recipes.openclaw_rl.judge import (
+    Judge,
+    Judgement,
+    KeywordJudge,
+    ModelJudge,
+    endpoint_ask,
+    judge_turn,
+)
+
+from reef.learning.experience import ExperienceView, Trajectory, Turn
+from reef.learning.hindsight import with_hint
+from reef.learning.recipe import (
+    Proposal,
+    ProposalRefused,
+    Recipe,
+    RecipeError,
+    RecipeSettings,
+    StepContext,
+)
+from reef.learning.weights import (
+    BaseWeights,
+    current_adapter,
+    rendered_prompt,
+    reporter,
+    require_weights,
+    train_on_current,
+)
+
+log = logging.getLogger("reef.learning")
+
+
+class OpenClawRLSettings(RecipeSettings):
+    batch_size: int = 4  # judgeable turns (a next state or a score) needed before a step
+    judge: Literal["model", "keywords"] = "model"
+    # The judge model: an OpenAI-compatible endpoint, or the served model when unset.
+    judge_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key_env: str | None = None  # the variable holding the judge's key, never the key
+    votes: int = Field(3, ge=1, le=15)
+    w_rl: float = Field(1.0, ge=0.0)  # weight of binary RL's advantage
+    w_opd: float = Field(1.0, ge=0.0)  # weight of hindsight distillation's advantage
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_high: float = Field(0.28, ge=0.0)
+    kl_beta: float = Field(0.02, ge=0.0)
+    # The LoRA run, kept as plain settings so that loading the recipe never imports torch.
+    rank: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    steps: int = Field(8, ge=1)  # gradient steps on the batch
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
+    seed: int = 0
+    threads: int = Field(1, ge=1)  # torch threads (see sft: one is fastest on a shared CPU)
+
+
+def token_advantages(
+    score: float,
+    tokens: int,
+    settings: OpenClawRLSettings,
+    teacher: list[float] | None = None,
+    student: list[float] | None = None,
+) -> list[float]:
+    """Each token's advantage: w_rl * score, plus w_opd * (teacher - student) where the answer
+    was scored under the hint (the teacher) and without it (the student)."""
+    advantages = [settings.w_rl * score] * tokens
+    if teacher is None or student is None:
+        return advantages
+    return [
+        a + settings.w_opd * (t - s) for a, t, s in zip(advantages, teacher, student, strict=True)
+    ]
+
+
+class OpenClawRL(Recipe):
+    name = "openclaw_rl"
+    signal = "the next state of each turn: the user's reply or the tool's result"
+    experience = "reactive, from live multi-turn sessions, judged turn by turn"
+    target = "model (LoRA)"
+    Settings = OpenClawRLSettings
+    settings: OpenClawRLSettings
+
+    def __init__(self, settings: RecipeSettings) -> None:
+        super().__init__(settings)
+        self._base = BaseWeights()
+
+    # -- what can be learned from ----------------------------------------------------------------
+
+    @staticmethod
+    def judgeable(turn: Turn) -> bool:
+        """A turn the step can judge: scored by the user, or followed by a next state. Its
+        answer's token ids must have been recorded (the llama.cpp and vLLM engines do)."""
+        has_signal = turn.score is not None or bool(turn.next_state)
+        return has_signal and bool(turn.completion_token_ids)
+
+    def ready(self, view: ExperienceView) -> bool:
+        return sum(self.judgeable(turn) for turn in view.turns()) >= self.settings.batch_size
+
+    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
+        """Whole trajectories, until they hold `batch_size` judgeable turns."""
+        batch: list[Trajectory] = []
+        count = 0
+        for trajectory in view.trajectories:
+            judgeable = sum(self.judgeable(turn) for turn in trajectory.turns)
+            if judgeable:
+                batch.append(trajectory)
+                count += judgeable
+            if count >= self.settings.batch_size:
+                break
+        return batch
+
+    # -- a step ---------------------------------------------------------------------------------
+
+    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
+        require_weights(context, self.name)
+        turns = [turn for t in batch for turn in t.turns if self.judgeable(turn)]
+        judged = self._judged(turns, context)
+        if not any(j.score != 0 or j.hint for _, j in judged):
+            consumed = [turn.record_id for turn, _ in judged]
+            raise ProposalRefused(
+                f"the judge found nothing to learn in {len(consumed)} turn(s): every score 0"
+            )
+        examples, opd_turns = self._examples(judged, context)
+        files, trained = train_on_current(
+            context, lambda resume_from: self._train(examples, context, resume_from)
+        )
+        scores = [j.score for _, j in judged]
+        losses = trained.losses
+        return Proposal(
+            kind="lora",
+            files=files,
+            reason=(
+                f"binary RL on {len(judged)} judged turn(s) (mean score "
+                f"{sum(scores) / len(scores):+.2f}), hindsight distillation on {opd_turns}, "
+                f"LoRA r{self.settings.rank}, {self.settings.steps} steps, loss "
+                f"{losses[0]:.3f} -> {losses[-1]:.3f}"
+            ),
+            # A session's last turn is not consumed: when the session goes on, it gets its
+            # next state and is judged then.
+            consumed_record_ids=[turn.record_id for turn, _ in judged],
+            metrics={
+                "loss": losses,
+                "judged": len(judged),
+                "scores": {str(s): scores.count(s) for s in sorted(set(scores))},
+                "hints": opd_turns,
+            },
+        )
+
+    def _judge(self, context: StepContext) -> Judge:
+        if self.settings.judge == "keywords":
+            return KeywordJudge()
+        if self.settings.judge_url:
+            ask = endpoint_ask(
+                self.settings.judge_url, self.settings.judge_model, self.settings.judge_api_key_env
+            )
+            return ModelJudge(ask, self.settings.votes)
+        if context.ask is None:
+            raise RecipeError("openclaw_rl's model judge needs the served model or a judge_url")
+        return ModelJudge(context.ask, self.settings.votes)
+
+    def _judged(self, turns: list[Turn], context: StepContext) -> list[tuple[Turn, Judgement]]:
+        """Each turn with its judgement, kept beside its record as it is made."""
+        judge = self._judge(context)
+        judged = []
+        for index, turn in enumerate(turns, start=1):
+            judgement = judge_turn(turn, judge)
+            if judgement is None:
+                continue
+            if context.annotate is not None:
+                context.annotate(turn.record_id, judgement.as_dict())
+            if context.progress is not None:
+                context.progress("judging turns", index, len(turns), None)
+            judged.append((turn, judgement))
+        log.info("openclaw_rl: judged %d turn(s)", len(judged))
+        return judged
+
+    def _examples(
+        self, judged: list[tuple[Turn, Judgement]], context: StepContext
+    ) -> tuple[list[Any], int]:
+        """A policy example per judged answer, and how many got a distillation term."""
+        from reef.training import PolicyExample, completion_logprobs
+
+        base = self._base.get(context)
+        model = self._policy_now(base, context)
+        prompts: dict[str, list[int]] = {}
+        examples = []
+        distilled = 0
+        for turn, judgement in judged:
+            completion = list(turn.completion_token_ids or [])
+            prompt = rendered_prompt(context, turn.messages, prompts, turn.record_id)
+            teacher = student = None
+            if judgement.hint and self.settings.w_opd > 0:
+                hinted = with_hint(turn.messages, judgement.hint)
+                teacher_prompt = rendered_prompt(context, hinted, prompts, f"{turn.record_id}+")
+                teacher = completion_logprobs(model, teacher_prompt, completion)
+                student = completion_logprobs(model, prompt, completion)
+                distilled += 1
+            advantages = token_advantages(
+                judgement.score, len(completion), self.settings, teacher, student
+            )
+            examples.append(PolicyExample(prompt, completion, advantages))
+        return examples, distilled
+
+    def _policy_now(self, base: Any, context: StepContext) -> Any:
+        """The model as the scenario serves it now (the base with its current adapter)."""
+        from reef.training.lora import load_lora
+
+        with tempfile.TemporaryDirectory(prefix="reef-openclaw-") as scratch:
+            folder = current_adapter(context, Path(scratch))
+            return load_lora(base, folder).eval() if folder is not None else base.model
+
+    def _train(self, examples: list[Any], context: StepContext, resume_from: Any) -> Any:
+        import torch
+
+        from reef.training import PolicySettings, train_policy
+
+        torch.set_num_threads(self.settings.threads)
+        settings = PolicySettings(
+            rank=self.settings.rank,
+            alpha=self.settings.alpha,
+            learning_rate=self.settings.learning_rate,
+            steps=self.settings.steps,
+            target_modules=self.settings.target_modules,
+            seed=self.settings.seed,
+            clip_low=self.settings.clip_low,
+            clip_high=self.settings.clip_high,
+            kl_beta=self.settings.kl_beta,
+        )
+        on_step = reporter(context, self.name, "training a LoRA (policy)", self.settings.steps)
+        return train_policy(
+            self._base.get(context), examples, settings, on_step=on_step, resume_from=resume_from
+        )
