@@ -40,7 +40,7 @@ SELF_CHECK = [
 class Base:
     """The base model for training: never modified in place (training wraps a copy)."""
 
-    model: PreTrainedModel  # float32, eval mode
+    model: PreTrainedModel  # float32, eval mode, on the GPU where CUDA is there
     tokenizer: PreTrainedTokenizerBase
     source: Path  # what was asked for: the GGUF file or the Hugging Face folder
     weights: Path  # the Hugging Face folder the weights came from (the cache, for a GGUF)
@@ -114,9 +114,15 @@ def _dequantise(gguf: Path, out: Path) -> None:
 def _load_folder(folder: Path, source: Path, gguf: Path | None, say: Progress) -> Base:
     say(f"loading {folder}")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.to(training_device())
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
     return Base(model=model, tokenizer=tokenizer, source=source, weights=folder, gguf=gguf)
+
+
+def training_device() -> torch.device:
+    """The GPU where CUDA is there (training and log-probs run on it), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _chat_sample(tokenizer: PreTrainedTokenizerBase) -> str:
