@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
+from reef.server.anthropic_messages import anthropic_message
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
 
@@ -275,3 +276,20 @@ def test_the_sdk_raises_bad_request_for_a_missing_max_tokens(claude: anthropic.A
             messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}],  # type: ignore[list-item]
         )
     assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_a_stop_sequence_the_engine_names_is_the_stop_reason() -> None:
+    # vLLM (and upstreams built on it) name the stop string that matched in `stop_reason`;
+    # llama.cpp does not, and an end-of-sequence token is vLLM's null (or a token id).
+    def answer(**choice: Any) -> dict[str, Any]:
+        base = {"index": 0, "message": {"role": "assistant", "content": "1, 2"}}
+        return anthropic_message(
+            {"id": "chatcmpl-1", "model": "m", "choices": [{**base, **choice}]}
+        )
+
+    named = answer(finish_reason="stop", stop_reason=", 3")
+    assert (named["stop_reason"], named["stop_sequence"]) == ("stop_sequence", ", 3")
+    for unnamed in (answer(finish_reason="stop"), answer(finish_reason="stop", stop_reason=2)):
+        assert (unnamed["stop_reason"], unnamed["stop_sequence"]) == ("end_turn", None)
+    cut = answer(finish_reason="length", stop_reason=None)
+    assert (cut["stop_reason"], cut["stop_sequence"]) == ("max_tokens", None)

@@ -242,7 +242,7 @@ def test_an_unknown_previous_response_id_is_404_in_the_responses_shape(
             "input[0].content[0]",
             "'input_image' part",
         ),
-        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0]", "function tools only"),
+        ({"input": "Hi", "tool_choice": "required"}, "tool_choice", "needs function `tools`"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "'reasoning' item"),
         ({"input": "Hi", "conversation": "conv_1"}, "conversation", "unknown field"),
         ({"input": "Hi", "background": True}, "background", "False"),

@@ -72,15 +72,15 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminato
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["user", "assistant"]
+    # `system` mid-conversation (Claude Code sends it): text only, a chat system message.
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @model_validator(mode="after")
     def _blocks_of_role(self) -> Message:
-        user = self.role == "user"
-        wrong, right = ("tool_use", "assistant") if user else ("tool_result", "user")
-        if any(block.type == wrong for block in self.blocks()):
-            raise ValueError(f"{wrong} blocks belong in {right} messages")
+        for wrong, right in (("tool_use", "assistant"), ("tool_result", "user")):
+            if self.role != right and any(block.type == wrong for block in self.blocks()):
+                raise ValueError(f"{wrong} blocks belong in {right} messages")
         return self
 
     def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock]:
@@ -122,7 +122,28 @@ class ToolChoice(BaseModel):
 class Thinking(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["disabled"]
+    # "adaptive" lets the model decide whether to think: the served models never do.
+    type: Literal["disabled", "adaptive"]
+
+
+class JsonOutputFormat(BaseModel):
+    """Structured output: the answer's text is JSON valid against `schema` (chat's
+    `response_format` json_schema, enforced by grammar on llama.cpp)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+    def as_chat(self) -> dict[str, Any]:
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": self.schema_}}
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    effort: str | None = None  # accepted, not used: the served models do not reason
+    format: JsonOutputFormat | None = None
 
 
 class MessagesRequest(BaseModel):
@@ -141,7 +162,9 @@ class MessagesRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None  # accepted and not used (user_id)
-    thinking: Thinking | None = None  # accepted only as {"type": "disabled"}
+    thinking: Thinking | None = None  # accepted as {"type": "disabled"} or "adaptive"
+    context_management: dict[str, Any] | None = None  # accepted, not used (no thinking to clear)
+    output_config: OutputConfig | None = None
 
     @model_validator(mode="after")
     def _known_tool(self) -> MessagesRequest:
@@ -175,6 +198,8 @@ class MessagesRequest(BaseModel):
             body["tool_choice"] = self.tool_choice.as_chat()
             if self.tool_choice.disable_parallel_tool_use is not None:
                 body["parallel_tool_calls"] = not self.tool_choice.disable_parallel_tool_use
+        if self.output_config is not None and self.output_config.format is not None:
+            body["response_format"] = self.output_config.format.as_chat()
         if self.stream:
             body["stream"] = True
         return body
@@ -196,6 +221,9 @@ def _chat_messages(message: Message) -> list[dict[str, Any]]:
     own `tool` message (chat wants them right after the assistant's calls), then its text."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
+    if message.role == "system":
+        lines = [block.text for block in message.content if isinstance(block, TextBlock)]
+        return [{"role": "system", "content": "\n".join(lines)}]  # only text blocks validate
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -235,8 +263,17 @@ def message_id(response: dict[str, Any]) -> str:
 
 
 def stop_reason(finish_reason: str | None) -> str:
-    # The engines do not say which stop sequence ended a completion: a stop is `end_turn`.
     return STOP_REASONS.get(finish_reason or "stop", "end_turn")
+
+
+def stopped(choice: dict[str, Any]) -> tuple[str, str | None]:
+    """The `stop_reason` and `stop_sequence` of a chat choice. A stop sequence is named where
+    the engine says which one matched (vLLM and upstreams built on it put it in the choice's
+    `stop_reason`); llama.cpp does not, so its stops are `end_turn`."""
+    matched = choice.get("stop_reason")
+    if choice.get("finish_reason") == "stop" and isinstance(matched, str) and matched:
+        return "stop_sequence", matched
+    return stop_reason(choice.get("finish_reason")), None
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -260,6 +297,7 @@ def anthropic_message(response: dict[str, Any]) -> dict[str, Any]:
     """A `chat.completion` (its first choice) as an Anthropic `message`."""
     choice = (response.get("choices") or [{}])[0]
     message = choice.get("message") or {}
+    reason, sequence = stopped(choice)
     content: list[dict[str, Any]] = []
     text = message_text(message.get("content"))
     if text:
@@ -280,8 +318,8 @@ def anthropic_message(response: dict[str, Any]) -> dict[str, Any]:
         "role": "assistant",
         "model": response.get("model"),
         "content": content,
-        "stop_reason": stop_reason(choice.get("finish_reason")),
-        "stop_sequence": None,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
         "usage": _usage(response),
     }
 
@@ -391,7 +429,10 @@ class MessageStreamShape:
         head = b"" if self.started else self._start(completion.response)
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "delta": {
+                "stop_reason": message["stop_reason"],
+                "stop_sequence": message["stop_sequence"],
+            },
             "usage": message["usage"],
         }
         stop = event("message_stop", {"type": "message_stop"})

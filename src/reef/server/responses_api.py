@@ -1,10 +1,11 @@
 """The OpenAI Responses API request (`POST /v1/responses`) as a chat request the engines serve.
 
-`ResponsesRequest` validates what Reef translates and refuses what it cannot honour (hosted
-tools, images and files, background runs, stored prompts, conversations). `as_chat` turns it into
-an OpenAI chat request body: `instructions` first as a system message, then the history of the
-response named by `previous_response_id` (read back from its record), then the input items as
-chat messages. The answer's side lives in `responses_output`.
+`ResponsesRequest` validates what Reef translates and refuses what it cannot honour (images and
+files, background runs, stored prompts, conversations); tools no engine here can run (hosted
+ones such as web_search, freeform custom tools) are accepted and not offered to the model.
+`as_chat` turns it into an OpenAI chat request body: `instructions` first as a system message,
+then the history of the response named by `previous_response_id` (read back from its record),
+then the input items as chat messages. The answer's side lives in `responses_output`.
 """
 
 from __future__ import annotations
@@ -107,6 +108,43 @@ class FunctionTool(BaseModel):
         return {"type": "function", "function": function}
 
 
+class HostedTool(_Open):
+    """A tool the platform runs (web_search, file_search, code_interpreter, mcp, ...) or a
+    freeform `custom` tool: no engine here can run or parse it, so it is not offered."""
+
+    type: str
+
+
+def _tool_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ("function", "namespace") else "hosted"
+
+
+InnerTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_type),
+]
+
+
+class NamespaceTool(BaseModel):
+    """Function tools grouped under a name; offered to the model as plain function tools."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    tools: list[InnerTool]
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_type),
+]
+
+
 class FunctionChoice(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -145,7 +183,9 @@ class TextConfig(BaseModel):
 class ResponsesRequest(BaseModel):
     """A Responses API request: what Reef translates, plus fields accepted and not used
     (`reasoning`, `include`, `user`, `safety_identifier`, `prompt_cache_key`, `service_tier`,
-    `stream_options`, `truncation`, `text.verbosity`). Anything else is refused (400)."""
+    `stream_options`, `truncation`, `text.verbosity`, `max_tool_calls`, `client_metadata`).
+    Tools other than functions are accepted and not offered to the model. Anything else is
+    refused (400)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -153,7 +193,7 @@ class ResponsesRequest(BaseModel):
     input: str | list[Item]
     instructions: str | None = None
     previous_response_id: str | None = Field(None, min_length=1)
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(None, ge=1)
@@ -172,6 +212,8 @@ class ResponsesRequest(BaseModel):
     service_tier: str | None = None
     stream_options: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    max_tool_calls: int | None = Field(None, ge=1)
+    client_metadata: dict[str, Any] | None = None  # Codex's: its ids, for OpenAI's logs
 
     @field_validator("input")
     @classmethod
@@ -198,8 +240,8 @@ class ResponsesRequest(BaseModel):
                 body[name] = getattr(self, name)
         if self.max_output_tokens is not None:
             body["max_tokens"] = self.max_output_tokens
-        if self.tools:
-            body["tools"] = [tool.as_chat() for tool in self.tools]
+        if self.functions():
+            body["tools"] = [tool.as_chat() for tool, _ in self.functions()]
         if self.tool_choice is not None:
             body["tool_choice"] = _chat_tool_choice(self.tool_choice)
         if self.text and self.text.format and self.text.format.type != "text":
@@ -208,11 +250,34 @@ class ResponsesRequest(BaseModel):
             body["stream"] = True
         return body
 
+    def functions(self) -> list[tuple[FunctionTool, str | None]]:
+        """The function tools offered to the model, each with its namespace (if any)."""
+        found: list[tuple[FunctionTool, str | None]] = []
+        for tool in self.tools or []:
+            if isinstance(tool, FunctionTool):
+                found.append((tool, None))
+            elif isinstance(tool, NamespaceTool):
+                inner = [t for t in tool.tools if isinstance(t, FunctionTool)]
+                found.extend((function, tool.name) for function in inner)
+        return found
+
+    def namespace_of(self, name: str) -> str | None:
+        return next((space for tool, space in self.functions() if tool.name == name), None)
+
+    def not_offered(self) -> list[str]:
+        """The types of the tools the model is not offered (no engine here runs them)."""
+        hosted: list[str] = []
+        for tool in self.tools or []:
+            inner = tool.tools if isinstance(tool, NamespaceTool) else [tool]
+            hosted.extend(t.type for t in inner if isinstance(t, HostedTool))
+        return hosted
+
     def recorded(self, chat_body: dict[str, Any]) -> dict[str, Any]:
         """What the record stores as its request: the chat body, and what chaining needs."""
         marker = {
             "instructions": bool(self.instructions),
             "previous_response_id": self.previous_response_id,
+            "tools_not_offered": self.not_offered(),
         }
         return {**chat_body, MARKER: marker}
 
@@ -220,7 +285,6 @@ class ResponsesRequest(BaseModel):
 def parsed(data: dict[str, Any]) -> ResponsesRequest:
     """The request validated, or a 400 naming the first field at fault (`param`)."""
     _check_items(data.get("input"))
-    _check_tools(data.get("tools"))
     try:
         asked = ResponsesRequest.model_validate(data)
     except ValidationError as error:
@@ -230,9 +294,9 @@ def parsed(data: dict[str, Any]) -> ResponsesRequest:
 
 
 def _check_choice(asked: ResponsesRequest) -> None:
-    choice, names = asked.tool_choice, [tool.name for tool in asked.tools or []]
+    choice, names = asked.tool_choice, [tool.name for tool, _ in asked.functions()]
     if choice == "required" and not names:
-        message = 'tool_choice "required" needs `tools`: send the function tools to choose from'
+        message = 'tool_choice "required" needs function `tools` to choose from'
     elif isinstance(choice, FunctionChoice) and choice.name not in names:
         message = f"tool_choice names {choice.name!r}, which is not one of `tools`"
     else:
@@ -293,19 +357,6 @@ def _check_items(items: Any) -> None:
                     code="unsupported_input",
                     param=f"input[{number}].content[{index}]",
                 )
-
-
-def _check_tools(tools: Any) -> None:
-    for number, tool in enumerate(tools if isinstance(tools, list) else []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise ResponsesError(
-                f"tools[{number}] is a {kind!r} tool: Reef serves function tools only "
-                '({"type": "function", "name", "parameters"})',
-                status=400,
-                code="unsupported_tool",
-                param=f"tools[{number}]",
-            )
 
 
 def _chat_tool_choice(choice: str | FunctionChoice) -> str | dict[str, Any]:

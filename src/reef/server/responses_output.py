@@ -42,9 +42,14 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
 
 
 def call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str = "completed"
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: str = "completed",
+    namespace: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    item = {
         "id": item_id,
         "type": "function_call",
         "status": status,
@@ -52,13 +57,16 @@ def call_item(
         "name": name,
         "arguments": arguments,
     }
+    return item if namespace is None else {**item, "namespace": namespace}
 
 
 def item_id(response_id: str, kind: str, index: int) -> str:
     return f"{kind}_{response_id.removeprefix('resp_')}_{index}"
 
 
-def output_items(response_id: str, chat_response: dict[str, Any]) -> list[dict[str, Any]]:
+def output_items(
+    response_id: str, asked: ResponsesRequest, chat_response: dict[str, Any]
+) -> list[dict[str, Any]]:
     """The first choice's message as output items: its text, then one per tool call."""
     choice = (chat_response.get("choices") or [{}])[0]
     message = choice.get("message") or {}
@@ -70,7 +78,8 @@ def output_items(response_id: str, chat_response: dict[str, Any]) -> list[dict[s
         function = call.get("function") or {}
         name, arguments = function.get("name") or "", function.get("arguments") or ""
         at = item_id(response_id, "fc", len(items))
-        items.append(call_item(at, call.get("id") or at, name, arguments))
+        space = asked.namespace_of(name)
+        items.append(call_item(at, call.get("id") or at, name, arguments, namespace=space))
     return items
 
 
@@ -157,7 +166,7 @@ def whole_response(
 ) -> dict[str, Any]:
     created = float(chat_response.get("created") or time.time())
     frame = response_object(response_id, asked, chat_response.get("model"), created)
-    return finished(frame, chat_response, output_items(response_id, chat_response))
+    return finished(frame, chat_response, output_items(response_id, asked, chat_response))
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -236,7 +245,9 @@ class ResponseStreamShape:
         if self.open != key:
             at = item_id(self.response_id, "fc", len(self.items))
             name = function.get("name") or ""
-            out += self._add(key, call_item(at, call.get("id") or at, name, "", "in_progress"))
+            space = self.asked.namespace_of(name)
+            item = call_item(at, call.get("id") or at, name, "", "in_progress", space)
+            out += self._add(key, item)
         pieces = function.get("arguments") or ""
         if pieces:
             self.items[-1]["arguments"] += pieces
