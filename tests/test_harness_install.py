@@ -85,7 +85,7 @@ def test_install_scripts_are_valid_sh_and_hold_no_token(
 
 def test_adapters_are_listed_and_unknown_ones_are_404(server: ServerProcess) -> None:
     listed = httpx.get(f"{server.url}/reef/harness/adapters", headers=HEADERS).json()["data"]
-    assert {a["name"] for a in listed} == {"pi", "openai-env"}
+    assert {a["name"] for a in listed} == {"pi", "openai-env", "codex", "claude", "opencode"}
     for name in ("vim", "../pi", "pi/../../etc", "PI"):
         response = httpx.get(
             f"{server.url}/reef/harness/install", params={"adapter": name}, headers=HEADERS

@@ -26,6 +26,13 @@ SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:@/+-]{1,200}$")
 SAFE_PATH = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_./-]{0,200}$")
 HOST = re.compile(r"^[A-Za-z0-9.:-]+$")  # a name, an IPv4 or an (unbracketed) IPv6 address
 PI_VERSION = "0.73"
+# What each agent adapter's script installs with npm when the agent is missing: the versions
+# the adapters were run against.
+AGENT_PACKAGES = {
+    "codex": "@openai/codex@0.171.0",
+    "claude": "@anthropic-ai/claude-code@2.1.197",
+    "opencode": "opencode-ai@1.18.33",
+}
 
 
 class UnsafeScript(ReefError):
@@ -113,7 +120,8 @@ def render_install(
             continue  # weights and other binaries are not part of a harness tree
         text_files[path] = (text, _delimiter(text))
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(folder),
+        # The adapter's own folder, then the adapters folder (for `_shared/` pieces).
+        loader=jinja2.FileSystemLoader([folder, adapters_dir()]),
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -129,4 +137,6 @@ def render_install(
         context_window=int(context_window),
         max_tokens=int(max_tokens),
         pi_version=PI_VERSION,
+        packages=AGENT_PACKAGES,
+        adapter=adapter,
     )

@@ -1,0 +1,240 @@
+"""The codex, claude and opencode harness adapters: install scripts run in an empty HOME, their
+wrappers run with stand-in agents (fast: what each execs, with which environment), and the real
+agents (npm @openai/codex, @anthropic-ai/claude-code, opencode-ai; installed by the script when
+missing, and by .ci/run beforehand) run one non-interactive prompt through Reef on the embedded
+model, recorded under their session and reported on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reef.harness.adapters import AGENT_PACKAGES
+from reef.testing.artifacts import harness
+from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from tests.conftest import TOKEN
+
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+AGENTS = ("codex", "claude", "opencode")
+# One non-interactive prompt per agent, as its wrapper takes it.
+PROMPTS = {
+    "codex": ["exec", "--skip-git-repo-check", "Say hello."],
+    "claude": ["-p", "Say hello."],
+    "opencode": ["run", "Say hello."],
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("agent-project")
+    # The agents' prompts are thousands of tokens (Codex's about 4,600 with its instructions):
+    # the embedded model's largest context, and short answers. The harness ends an answer at
+    # its first line, so it is complete rather than cut by the cap (Codex fails a cut answer).
+    (folder / "reef.yaml").write_text(
+        "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 48}\n"
+    )
+    tree = harness(folder / "h1", "You are a coding agent. Answer in one line.", {"stop": ["\n"]})
+    (tree / "skills/search").mkdir(parents=True)
+    (tree / "skills/search/SKILL.md").write_text(
+        "---\ndescription: search the code\n---\nUse grep.\n"
+    )
+    result = run_reef(folder, "release", "publish", str(tree), "--kind", "harness", "--approve")
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(project: Path) -> Iterator[ServerProcess]:
+    with reef_serve(project, free_port(), env={"REEF_TOKEN": TOKEN}).start() as running:
+        yield running
+
+
+def script(server: ServerProcess, adapter: str) -> str:
+    response = httpx.get(
+        f"{server.url}/reef/harness/install", params={"adapter": adapter}, headers=HEADERS
+    )
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def environment(home: Path, path: str = os.environ["PATH"]) -> dict[str, str]:
+    return {
+        **os.environ,
+        "HOME": str(home),
+        "REEF_TOKEN": TOKEN,
+        "PATH": f"{home / '.local/bin'}:{path}",
+    }
+
+
+def install(
+    server: ServerProcess, adapter: str, home: Path, path: str = os.environ["PATH"]
+) -> None:
+    result = subprocess.run(
+        ["sh"],
+        input=script(server, adapter),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=environment(home, path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{adapter} harness default@1 installed" in result.stdout
+
+
+def stand_ins(home: Path) -> str:
+    """A PATH whose codex, claude and opencode print how they were called."""
+    folder = home / "stand-in"
+    folder.mkdir()
+    for name in AGENTS:
+        (folder / name).write_text(
+            "#!/bin/sh\n"
+            f'echo "{name} $*"\n'
+            'echo "session=$REEF_SESSION scenario=$REEF_SCENARIO"\n'
+            'echo "headers=$ANTHROPIC_CUSTOM_HEADERS" | tr "\\n" " "\n'
+        )
+        (folder / name).chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}"
+
+
+def written_files(home: Path) -> list[Path]:
+    return [path for path in home.rglob("*") if path.is_file() and "stand-in" not in path.parts]
+
+
+@pytest.mark.parametrize("adapter", AGENTS)
+def test_scripts_are_listed_valid_sh_and_hold_no_token(server: ServerProcess, adapter: str) -> None:
+    listed = httpx.get(f"{server.url}/reef/harness/adapters", headers=HEADERS).json()["data"]
+    assert adapter in {entry["name"] for entry in listed}
+    text = script(server, adapter)
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    assert TOKEN not in text and server.url in text and AGENT_PACKAGES[adapter] in text
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="the install scripts run node")
+@pytest.mark.parametrize("adapter", AGENTS)
+def test_wrappers_exec_the_agent_in_a_session_and_announce_new_releases(
+    server: ServerProcess, adapter: str, tmp_path: Path
+) -> None:
+    path = stand_ins(tmp_path)
+    install(server, adapter, tmp_path, path)
+    assert all(TOKEN not in file.read_text() for file in written_files(tmp_path))
+    dest = tmp_path / f".reef/harness/{adapter}/default"
+    assert (dest / "tree/skills/search/SKILL.md").exists()
+    (dest / "release").write_text("default@0\n")  # an install older than the head
+    ran = subprocess.run(
+        [f"reef-{adapter}", *PROMPTS[adapter]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment(tmp_path, path),
+    )
+    assert ran.returncode == 0, ran.stderr
+    session = (dest / "last-session").read_text().strip()
+    assert session.startswith(f"reef-{adapter}-")
+    assert f"session={session} scenario=default" in ran.stdout
+    assert (
+        f"a new harness version is available (default@0 → default@1): run reef-{adapter} update"
+        in ran.stderr
+    )
+    expected = {
+        "codex": "codex exec --profile reef --skip-git-repo-check Say hello.",
+        "claude": "claude -p Say hello.",
+        "opencode": "opencode run --model reef/SmolLM2-135M-Instruct.Q4_1 Say hello.",
+    }[adapter]
+    assert ran.stdout.splitlines()[0] == expected
+    if adapter == "claude":
+        assert f"headers=x-reef-scenario: default x-reef-session: {session}" in ran.stdout
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="the install scripts run node")
+def test_configs_point_at_reef_and_keep_what_was_there(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    path = stand_ins(tmp_path)
+    settings = tmp_path / ".claude/settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"theme": "dark", "env": {"MINE": "1"}}))
+    opencode = tmp_path / ".config/opencode/opencode.json"
+    opencode.parent.mkdir(parents=True)
+    opencode.write_text(json.dumps({"provider": {"mine": {"npm": "x"}}}))
+    for adapter in AGENTS:
+        install(server, adapter, tmp_path, path)
+    profile = (tmp_path / ".codex/reef.config.toml").read_text()
+    assert 'wire_api = "responses"' in profile and 'env_key = "REEF_TOKEN"' in profile
+    assert f'base_url = "{server.url}/v1"' in profile
+    claude = json.loads(settings.read_text())
+    assert claude["theme"] == "dark" and claude["env"]["MINE"] == "1"
+    assert claude["env"]["ANTHROPIC_BASE_URL"] == server.url
+    helper = subprocess.run(
+        ["sh", "-c", claude["apiKeyHelper"]],
+        capture_output=True,
+        text=True,
+        env=environment(tmp_path),
+    )
+    assert helper.stdout == TOKEN  # read from the environment when Claude Code asks
+    providers = json.loads(opencode.read_text())["provider"]
+    assert set(providers) == {"mine", "reef"}
+    assert providers["reef"]["options"]["baseURL"] == f"{server.url}/v1"
+    assert providers["reef"]["options"]["apiKey"] == "{env:REEF_TOKEN}"
+
+
+# -- the real agents -------------------------------------------------------------------------
+
+
+def needs_agent(adapter: str) -> None:
+    """Skip where neither the agent nor npm is here; CI installs the agents (.ci/run)."""
+    command = "claude" if adapter == "claude" else adapter
+    if shutil.which(command) is None and shutil.which("npm") is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{command} is missing: .ci/run should have installed it")
+        pytest.skip(
+            f"{command} is not installed and npm is missing (npm i -g {AGENT_PACKAGES[adapter]})"
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", AGENTS)
+def test_the_real_agent_runs_through_reef(
+    server: ServerProcess, adapter: str, tmp_path: Path
+) -> None:
+    needs_agent(adapter)
+    install(server, adapter, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def wrapper(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [f"reef-{adapter}", *args],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=environment(tmp_path),
+            cwd=work,
+            stdin=subprocess.DEVNULL,
+        )
+
+    ran = wrapper(*PROMPTS[adapter])
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.strip()
+    session = (tmp_path / f".reef/harness/{adapter}/default/last-session").read_text().strip()
+    records = httpx.get(
+        f"{server.url}/reef/records", params={"order": "desc", "limit": 50}, headers=HEADERS
+    ).json()["data"]
+    mine = [record for record in records if record["session"] == session]
+    assert mine, f"{adapter}'s calls should be recorded under its reef-{adapter} session"
+    assert all(record["release_id"] == "default@1" for record in mine)
+    assert all(record["request"].get("tools") for record in mine), f"{adapter} sends its tools"
+    if adapter == "codex":  # on the Responses API
+        assert all("responses_api" in record["request"] for record in mine)
+
+    reported = wrapper("report", "--score", "1", "--feedback", "good")
+    assert reported.returncode == 0, reported.stderr
+    record = httpx.get(f"{server.url}/reef/records/{mine[0]['id']}", headers=HEADERS).json()
+    assert [report["id"] for report in record["reports"]] == [reported.stdout.strip()]
