@@ -1,10 +1,10 @@
 """The experience store: every served call as a record, every piece of feedback as a report.
 
-One SQLite file in WAL mode. All writes go through one writer thread that commits in groups: each
-caller waits until the transaction holding its row has committed, so a receipt handed out is a row
-on disk, and many concurrent callers share one commit (and one fsync). A record may be handed over
-as a function that builds it, so that building, hashing and serialising run on the writer thread
-rather than on the caller's event loop.
+One SQLite file in WAL mode. All writes go through one writer (`reef.store.writer`) that commits in
+groups: each caller waits until the transaction holding its row has committed, so a receipt handed
+out is a row on disk, and many concurrent callers share one commit (and one fsync). A record may be
+handed over as a function that builds it, so that building, hashing and serialising run on the
+writer thread rather than on the caller's event loop.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import json
 import math
-import queue
 import random
 import secrets
 import sqlite3
@@ -29,6 +28,7 @@ import sqlite_utils
 
 from reef.errors import ReefError
 from reef.store.migrations import apply_migrations
+from reef.store.writer import GroupCommitWriter
 
 T = TypeVar("T")
 
@@ -189,82 +189,6 @@ class Report:
         )
 
 
-@dataclass
-class _Job:
-    work: Callable[[sqlite_utils.Database], Any]
-    future: Future[Any] = field(default_factory=Future)
-
-
-class _GroupCommitWriter(threading.Thread):
-    """Runs write jobs on one connection, many per transaction, each in its own savepoint."""
-
-    max_group = 256
-
-    def __init__(self, db: sqlite_utils.Database) -> None:
-        super().__init__(name="reef-store-writer", daemon=True)
-        self._db = db
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-
-    def submit(self, work: Callable[[sqlite_utils.Database], T]) -> Future[T]:
-        job = _Job(work)
-        self._jobs.put(job)
-        return job.future
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self.join()
-
-    def run(self) -> None:
-        while True:
-            first = self._jobs.get()
-            if first is None:
-                return
-            group = [first]
-            stopping = False
-            while len(group) < self.max_group:
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:
-                    stopping = True
-                    break
-                group.append(job)
-            self._commit(group)
-            if stopping:
-                return
-
-    def _commit(self, group: list[_Job]) -> None:
-        # A job whose caller already gave up is dropped: nobody waits for its row.
-        live = [job for job in group if job.future.set_running_or_notify_cancel()]
-        outcomes: list[tuple[Any, BaseException | None]] = []
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            for job in live:
-                self._db.execute("SAVEPOINT job")
-                try:
-                    value = job.work(self._db)
-                except Exception as error:
-                    self._db.execute("ROLLBACK TO job")
-                    self._db.execute("RELEASE job")
-                    outcomes.append((None, error))
-                else:
-                    self._db.execute("RELEASE job")
-                    outcomes.append((value, None))
-            self._db.execute("COMMIT")
-        except BaseException as error:  # the transaction failed: no row of this group is durable
-            if self._db.conn.in_transaction:
-                self._db.execute("ROLLBACK")
-            for job in live:
-                job.future.set_exception(error)
-            return
-        for job, (value, job_error) in zip(live, outcomes, strict=True):
-            if job_error is None:
-                job.future.set_result(value)
-            else:
-                job.future.set_exception(job_error)
-
-
 def _connect(path: Path, synchronous: str, busy_timeout_s: float) -> sqlite_utils.Database:
     # The timeout is SQLite's busy timeout, set before any statement runs.
     conn = sqlite3.connect(
@@ -316,7 +240,7 @@ class ExperienceStore:
         self.path = Path(path)
         self._write_db, self._read_db = self._open(synchronous, busy_timeout_s)
         self._read_lock = threading.Lock()
-        self._writer = _GroupCommitWriter(self._write_db)
+        self._writer = GroupCommitWriter(self._write_db, busy_timeout_s)
         self._writer.start()
 
     def _open(
@@ -371,15 +295,19 @@ class ExperienceStore:
     def add_record(self, record: Record | Callable[[], Record]) -> Future[str]:
         """Queue a record, or a function that builds it (called on the writer thread); the
         future resolves to its id once it is committed."""
+        return self._writer.submit(_inserting(record))
 
-        def insert(db: sqlite_utils.Database) -> str:
-            built = record if isinstance(record, Record) else record()
-            db.execute(_INSERT_RECORD, built.to_row())
-            return built.id
-
-        return self._writer.submit(insert)
-
-    async def add_record_async(self, record: Record | Callable[[], Record]) -> str:
+    async def add_record_async(
+        self, record: Record | Callable[[], Record], alone: bool = False
+    ) -> str:
+        """`add_record`, awaited. `alone`: the caller serves the only request in flight, so
+        there is no commit to share; while the writer is idle the record is then committed on
+        this thread (the same transaction and fsync, without the hand-offs to and from the
+        writer thread). The event loop waits for that one commit; nothing else was waiting."""
+        if alone:
+            done = self._writer.run_now(_inserting(record))
+            if done is not None:
+                return done.result()
         return await asyncio.wrap_future(self.add_record(record))
 
     def add_report(self, report: Report) -> Future[tuple[dict[str, Any], bool]]:
@@ -471,6 +399,15 @@ class ExperienceStore:
             if p.exists()
         )
         return {"path": str(self.path), "size_bytes": size, "scenarios": scenarios}
+
+
+def _inserting(record: Record | Callable[[], Record]) -> Callable[[sqlite_utils.Database], str]:
+    def insert(db: sqlite_utils.Database) -> str:
+        built = record if isinstance(record, Record) else record()
+        db.execute(_INSERT_RECORD, built.to_row())
+        return built.id
+
+    return insert
 
 
 def _insert_report(db: sqlite_utils.Database, report: Report) -> tuple[dict[str, Any], bool]:
