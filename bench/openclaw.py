@@ -35,7 +35,7 @@ from reef.testing.scripted_user import (
 )
 
 CONFIG = """engine:
-  llamacpp: {n_ctx: 1024, n_threads: 2}
+  llamacpp: {n_ctx: 1024, n_threads: 1}
 gate:
   policy: improve
   max_tokens: 48

@@ -29,7 +29,7 @@ from recipes.tttd.archive import Archive
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 CONFIG = """engine:
-  llamacpp: {{n_ctx: 1024, n_threads: 2}}
+  llamacpp: {{n_ctx: 1024, n_threads: 1}}
 gate:
   policy: floor
   floor: 0.0

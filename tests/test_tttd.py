@@ -57,10 +57,17 @@ def test_grown_circles_are_always_a_valid_packing() -> None:
     assert circles.grown([(0.3, 0.5)])[0].r == pytest.approx(0.3)
 
 
-def test_an_answer_replaces_centres_in_order_and_ignores_what_is_not_a_centre() -> None:
-    state = [(0.1, 0.1), (0.2, 0.2), (0.3, 0.3)]
-    answer = "Here you go:\n0.5 0.5\n1.7 0.2\n0.25, 0.75\n"
-    assert circles.parse_centres(answer, state) == [(0.5, 0.5), (0.25, 0.75), (0.3, 0.3)]
+def test_an_answers_numbers_in_the_square_are_read_in_pairs_as_centres_in_order() -> None:
+    state = [(0.1, 0.1), (0.2, 0.2), (0.3, 0.3), (0.4, 0.4)]
+    answer = "Here you go (v2):\n0.5 0.5\n1.7 0.2\n0.25, 0.75 and -0.3 = .9\n"
+    # 2 is part of a word, 1.7 and -0.3 are outside the square: 0.5 0.5 0.2 0.25 0.75 .9 remain.
+    assert circles.parse_centres(answer, state) == [
+        (0.5, 0.5),
+        (0.2, 0.25),
+        (0.75, 0.9),
+        (0.4, 0.4),
+    ]
+    assert circles.parse_centres("no numbers", state) == state
 
 
 def test_the_gate_scorer_reads_the_state_from_the_prompt() -> None:
@@ -165,7 +172,7 @@ learning:
   recipe: tttd
   interval_s: 0.5
   starts: 1
-  group_size: 3
+  group_size: 4
   max_tokens: 200
   steps: 1
 """
@@ -181,13 +188,13 @@ def test_one_discovery_step_verifies_rollouts_trains_and_releases(tmp_path: Path
             status = httpx.get(f"{server.url}/reef/status").json()
             last = status["learning"]["scenarios"].get("default", {}).get("last_step", {})
             assert last.get("outcome") not in ("rejected", "error"), (last, server.log()[-3000:])
-            assert time.monotonic() - started < 600, server.log()[-3000:]
+            assert time.monotonic() - started < 900, server.log()[-3000:]
             time.sleep(2)
         candidates = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
     archive = Archive.load(tmp_path / ".reef/learning/tttd/archive.json")
     first = archive.history[0]
     start = circles.starting_state(26)
-    assert first["groups"][0]["start"] == 0 and len(first["groups"][0]["rewards"]) == 3
+    assert first["groups"][0]["start"] == 0 and len(first["groups"][0]["rewards"]) == 4
     # Every reward is what the verifier gives the packing the archive kept for it.
     for state in archive.states:
         centres = [(x, y) for x, y in state.centres]

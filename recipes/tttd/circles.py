@@ -1,11 +1,11 @@
 """The circle-packing task: n circles in the unit square, scored by the sum of their radii.
 
-A **state** is a list of n centres. The model answers with centres, one `x y` per line; the
-answer's centres replace the state's in order (circles the answer does not list keep their
-place), then the radii follow from the centres: each circle, in order, grows as far as the
-square's sides and the circles before it allow (an earlier circle that holds a later centre
-shrinks to reach it). The result is always a packing, so every
-answer has a reward, and a better layout of centres has a higher one.
+A **state** is a list of n centres. The model is asked for centres, one `x y` per line; the
+answer's numbers in [0, 1], read in pairs, replace the state's centres in order (circles the
+answer does not reach keep their place). The radii then follow from the centres: each circle,
+in order, grows as far as the square's sides and the circles before it allow (an earlier circle
+that holds a later centre shrinks to reach it). The result is always a packing, so every answer
+has a reward, and a better layout of centres has a higher one.
 
 The **verifier** trusts none of that: it checks a packing as given, with a tolerance of 1e-9,
 rejecting a circle outside the square, an overlap, or a negative radius, and scores the sum of
@@ -25,6 +25,7 @@ from typing import Any
 TOLERANCE = 1e-9
 BEST_KNOWN = {26: 2.635983, 32: 2.939}  # published best sums of radii
 NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)"
+NUMBER_TOKEN = re.compile(rf"(?<![\w.]){NUMBER}")
 CENTRE_LINE = re.compile(rf"({NUMBER})[\s,;]+({NUMBER})")
 PROMPT = """Pack {n} circles into the unit square [0, 1] x [0, 1] so that the sum of their radii \
 is as large as possible. Circles may not overlap or leave the square. Each circle's radius is \
@@ -92,9 +93,12 @@ def reward(centres: Centres) -> float:
 
 
 def parse_centres(answer: str, state: Centres) -> Centres:
-    """The answer's `x y` lines replacing the state's centres in order; the rest stay."""
-    found = [(float(x), float(y)) for x, y in CENTRE_LINE.findall(answer)]
-    found = [(x, y) for x, y in found if 0.0 <= x <= 1.0 and 0.0 <= y <= 1.0]
+    """The answer's numbers in [0, 1], read in pairs as centres, replacing the state's in order;
+    the rest stay. Lenient on purpose: a small model's list is rarely clean, and any numbers it
+    writes are a move the verifier can score."""
+    numbers = [float(n) for n in NUMBER_TOKEN.findall(answer)]
+    inside = [n for n in numbers if 0.0 <= n <= 1.0]
+    found = list(zip(inside[0::2], inside[1::2], strict=False))
     return found[: len(state)] + state[len(found) :]
 
 
