@@ -23,6 +23,7 @@ from reef.testing.processes import ServerProcess, free_port, reef_serve, run_ree
 from tests.conftest import SMALL_ENGINE, needs_git_lfs, write_config
 
 LONG_TOKENS = 400
+SLOTS = 4  # engine.llamacpp.slots, by default
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +102,9 @@ def test_abandoned_requests_free_the_engine(server: ServerProcess, eos_token: in
         thread.start()
     for thread in hangers:
         thread.join()
-    # One long request runs about 9 s here and the three, uncancelled, about 27 s: freed within
-    # 6 s means they were stopped (the figure printed is the one in the closing note).
+    # One long request runs about 9 s here, and the three decode together in at least as long
+    # (batched, a step of three costs more than a step of one): freed within 6 s means they
+    # were stopped (the figure printed is the one in the closing note).
     freed_after = wait_until(lambda: in_flight(server.url) == 0, timeout=6.0)
     print(f"engine free {freed_after:.2f} s after the clients hung up")
     assert records(server.url) == before  # an abandoned call is not a completion
@@ -117,11 +119,11 @@ def test_a_full_queue_answers_503_with_retry_after(server: ServerProcess, eos_to
     statuses: list[httpx.Response] = []
 
     def call() -> None:
-        with httpx.Client(timeout=120) as client:
-            body = {**long_body(eos_token), "max_tokens": 60}
+        with httpx.Client(timeout=600) as client:
+            body = {**long_body(eos_token), "max_tokens": 30}
             statuses.append(client.post(f"{server.url}/v1/chat/completions", json=body))
 
-    callers = [threading.Thread(target=call) for _ in range(6)]
+    callers = [threading.Thread(target=call) for _ in range(SLOTS + 2 + 3)]
     for thread in callers:
         thread.start()
         time.sleep(0.05)
@@ -129,8 +131,9 @@ def test_a_full_queue_answers_503_with_retry_after(server: ServerProcess, eos_to
         thread.join()
     accepted = [r for r in statuses if r.status_code == 200]
     refused = [r for r in statuses if r.status_code == 503]
-    # One running and two waiting (server.max_queue: 2) are served; the rest are refused.
-    assert len(accepted) == 3 and len(refused) == 3, [r.status_code for r in statuses]
+    # Four running (engine.llamacpp.slots) and two waiting (server.max_queue: 2) are served;
+    # the rest are refused.
+    assert len(accepted) == SLOTS + 2 and len(refused) == 3, [r.status_code for r in statuses]
     for response in refused:
         assert int(response.headers["retry-after"]) >= 1
         error = response.json()["error"]

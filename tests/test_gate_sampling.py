@@ -31,3 +31,39 @@ def test_gate_temperature_and_seed_override_a_harness_but_its_max_tokens_applies
     # Greedy on both sides: the harness's 4 tokens are the start of the base's 16.
     assert result.candidate_answer and len(result.candidate_answer) < len(result.current_answer)
     assert result.current_answer.startswith(result.candidate_answer.strip())
+
+
+def test_the_paired_run_sends_tasks_concurrently_with_the_same_results(
+    engine: LlamaCppEngine,
+) -> None:
+    questions = [
+        "Name three colours.",
+        "What is 2+2?",
+        "Name a fruit.",
+        "Say hello.",
+        "Name a planet.",
+        "What colour is the sky?",
+        "Name an animal.",
+        "Say goodbye.",
+    ]
+    tasks = [
+        EvalTask(
+            id=f"t{n}",
+            messages=[{"role": "user", "content": q}],
+            scorer=ScorerSpec(type="contains", value="e"),
+        )
+        for n, q in enumerate(questions)
+    ]
+    terse = Binding(release_id="candidate", kind="harness", system_prompt="Answer in one word.")
+    settings = EvalSettings(temperature=0.0, seed=0, max_tokens=12)
+    generate = model_generate(LocalModel(engine), settings)
+
+    def run(concurrency: int) -> list[object]:
+        report = asyncio.run(
+            run_paired(tasks, BASE_BINDING, terse, generate, settings, concurrency=concurrency)
+        )
+        return report.summary()["results"]
+
+    one_at_a_time = run(1)
+    assert [r["task_id"] for r in one_at_a_time] == [t.id for t in tasks]
+    assert run(8) == one_at_a_time

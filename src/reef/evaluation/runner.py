@@ -1,12 +1,15 @@
 """Paired evaluation: the current release and a candidate answer the same tasks, same settings.
 
 Both sides get the same messages, sampling settings and seed, so the only difference between
-their answers is the artifact. Any error (an engine failure, a scorer that raises) propagates:
-the gate treats it as a rejection, never as a pass.
+their answers is the artifact. Tasks are sent concurrently (at most `concurrency` requests at a
+time, both sides of a task together) so that an engine that batches decodes them together; the
+report keeps the tasks' order. Any error (an engine failure, a scorer that raises) propagates and
+stops the tasks still running: the gate treats it as a rejection, never as a pass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -20,6 +23,10 @@ from reef.inference.model import Model, answer_text
 
 # Produces the answer text for a request under a binding.
 Generate = Callable[[ChatRequest, Binding], Awaitable[str]]
+
+# Requests in flight at once: the llama.cpp engine's slots by default, so the gate fills one
+# batch and leaves the queue (server.max_queue) to traffic.
+EVAL_CONCURRENCY = 4
 
 
 @dataclass(frozen=True)
@@ -79,12 +86,19 @@ async def run_paired(
     generate: Generate,
     settings: EvalSettings,
     on_task: Callable[[TaskResult], None] | None = None,
+    concurrency: int = EVAL_CONCURRENCY,
 ) -> PairedReport:
-    report = PairedReport(current_release_id=current.release_id)
-    for task in tasks:
+    limit = asyncio.Semaphore(concurrency)
+
+    async def answer(request: ChatRequest, binding: Binding) -> str:
+        async with limit:
+            return await generate(request, binding)
+
+    async def evaluate(task: EvalTask) -> TaskResult:
         request = task_request(task, settings)
-        current_answer = await generate(request, current)
-        candidate_answer = await generate(request, candidate)
+        current_answer, candidate_answer = await asyncio.gather(
+            answer(request, current), answer(request, candidate)
+        )
         result = TaskResult(
             task_id=task.id,
             current_score=score(task.scorer, current_answer, task),
@@ -92,10 +106,18 @@ async def run_paired(
             current_answer=current_answer,
             candidate_answer=candidate_answer,
         )
-        report.tasks.append(result)
         if on_task:
             on_task(result)
-    return report
+        return result
+
+    running = [asyncio.ensure_future(evaluate(task)) for task in tasks]
+    try:
+        results = await asyncio.gather(*running)
+    except BaseException:
+        for future in running:
+            future.cancel()
+        raise
+    return PairedReport(current_release_id=current.release_id, tasks=list(results))
 
 
 def model_generate(model: Model, settings: EvalSettings) -> Generate:

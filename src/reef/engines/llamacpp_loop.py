@@ -1,0 +1,318 @@
+"""The decode loop: one thread owns the llama.cpp context and runs every admitted request at once,
+each choice in its own slot (sequence id) of the KV cache: continuous batching.
+
+Each turn of the loop
+1. runs queued calls (embeddings), drops requests whose clients went away, and admits waiting
+   requests into free slots in arrival order;
+2. evaluates up to `prompt_budget` prompt tokens, one aligned block per llama_decode, for the
+   requests still reading their prompts, oldest first;
+3. decodes one token for every generating sequence of one adapter group in a single
+   llama_decode. llama.cpp applies a LoRA adapter to the whole context, so sequences under
+   different adapters cannot share a call: the groups take turns, round-robin, one group per
+   turn. With k groups generating, each decodes every k-th turn, whatever its size.
+
+Prompt blocks and decode steps go to separate llama_decode calls so each sequence's tokens are
+evaluated in the same shapes whatever runs beside them (see llamacpp_slots): batching changes no
+answer and no logprob.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reef.engines.llamacpp_adapters import Adapters
+from reef.engines.llamacpp_output import ChoiceOutput, Emit, Generation
+from reef.engines.llamacpp_sampling import SequenceSampler, logits_row, logprob_of
+from reef.engines.llamacpp_slots import BLOCK, Slot, SlotTable
+from reef.engines.structured import OutputConstraint
+from reef.errors import EngineUnavailable
+
+Choices = list[tuple[Generation, ChoiceOutput]]
+Settle = Callable[[Any], None]  # called once on the loop thread: a result or an exception
+
+
+class Cancelled(Exception):
+    """The client went away; the generation stopped early and is not a completion."""
+
+
+@dataclass
+class Job:
+    """One request: its checked prompt and sampling, where its chunks and result go."""
+
+    prompt: list[int]
+    sampling: Any  # llamacpp_sampling.Sampling
+    choices_wanted: int
+    chunks: Any  # base.ChunkFactory
+    constraint: OutputConstraint | None
+    adapter: Path | None
+    emit: Emit | None
+    cancel: threading.Event
+    settle: Settle
+    choices: Choices = field(default_factory=list)
+
+
+class _Sequence:
+    """One choice of a job running in a slot."""
+
+    def __init__(self, job: Job, slot: Slot, index: int, start: int, sampler: SequenceSampler):
+        self.job, self.slot, self.index, self.sampler = job, slot, index, sampler
+        self.sampling = job.sampling.for_choice(index)
+        self.position = start  # the next position to evaluate
+        self.next_token: int | None = None  # sampled, to be decoded next
+        self.state = Generation()
+        self.out = ChoiceOutput(job.chunks, job.emit, index, job.constraint)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.position < len(self.job.prompt)
+
+    def next_block(self) -> list[int]:
+        """The prompt's next aligned block (positions start at a multiple of BLOCK)."""
+        end = min(len(self.job.prompt), (self.position // BLOCK + 1) * BLOCK)
+        return self.job.prompt[self.position : end]
+
+
+class DecodeLoop:
+    def __init__(
+        self, llm: Any, context: Any, n_slots: int, prompt_budget: int, adapters: Adapters
+    ) -> None:
+        import llama_cpp
+
+        self._llm = llm
+        self._context = context
+        self._vocab = llm._model.vocab
+        self._n_vocab = llm.n_vocab()
+        self._adapters = adapters
+        self._prompt_budget = max(BLOCK, prompt_budget)
+        self.slots = SlotTable(llama_cpp.llama_get_memory(context), n_slots)
+        self._batch = llama_cpp.llama_batch_init(max(BLOCK, n_slots), 0, 1)
+        self._waiting: deque[Job] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Settle]] = deque()
+        self._running: list[_Sequence] = []
+        self._turn = 0  # round-robin position over adapter groups
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="reef-llamacpp", daemon=True)
+        self._thread.start()
+
+    # -- called from other threads ---------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            self._waiting.append(job)
+            self._wake.notify()
+
+    def call(self, work: Callable[[], Any], settle: Settle) -> None:
+        """Run `work` on the loop thread between two turns (it owns the model's compute)."""
+        with self._wake:
+            self._calls.append((work, settle))
+            self._wake.notify()
+
+    def close(self) -> None:
+        import llama_cpp
+
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join()
+        llama_cpp.llama_batch_free(self._batch)
+
+    # -- the loop thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._closing or self._waiting or self._calls or self._running):
+                    self._wake.wait()
+                if self._closing:
+                    break
+                calls, self._calls = list(self._calls), deque()
+            for work, settle in calls:
+                _settle_call(work, settle)
+            self._turn_once()
+        self._shut_down()
+
+    def _turn_once(self) -> None:
+        for sequence in [s for s in self._running if s.job.cancel.is_set()]:
+            self._stop(sequence, Cancelled())
+        self._admit()
+        self._prefill()
+        self._decode()
+
+    def _admit(self) -> None:
+        while self.slots.free():
+            with self._wake:
+                if not self._waiting:
+                    return
+                job = self._waiting.popleft()
+            if job.cancel.is_set():
+                job.settle(Cancelled())
+                continue
+            try:
+                self._adapters.load(job.adapter)
+            except Exception as error:
+                job.settle(error)
+                continue
+            acquired = self.slots.acquire(job.prompt, job.adapter)
+            assert acquired is not None  # a slot was free and only this thread takes them
+            self._start(job, *acquired, index=0)
+
+    def _start(self, job: Job, slot: Slot, start: int, index: int) -> None:
+        grammar = job.constraint.grammar if job.constraint is not None else None
+        sampling = job.sampling.for_choice(index)
+        sampler = SequenceSampler(self._vocab, self._n_vocab, sampling, grammar)
+        self._running.append(_Sequence(job, slot, index, start, sampler))
+
+    def _prefill(self) -> None:
+        budget = self._prompt_budget
+        for sequence in [s for s in self._running if s.prefilling]:
+            while sequence.prefilling and budget > 0:
+                block = sequence.next_block()
+                budget -= len(block)
+                if not self._evaluate_block(sequence, block):
+                    return
+            if budget <= 0:
+                return
+
+    def _evaluate_block(self, sequence: _Sequence, block: list[int]) -> bool:
+        """One llama_decode of one prompt block; samples the first token after the last block."""
+        last = sequence.position + len(block) == len(sequence.job.prompt)
+        self._fill([(sequence, token, sequence.position + i) for i, token in enumerate(block)])
+        self._batch.logits[len(block) - 1] = last
+        if not self._run_decode([sequence], sequence.job.adapter):
+            return False
+        sequence.slot.evaluated(block, whole_block=len(block) == BLOCK)
+        sequence.position += len(block)
+        if last:
+            self._take(sequence, len(block) - 1)
+        return True
+
+    def _decode(self) -> None:
+        """One token for every generating sequence of the next adapter group."""
+        ready = [s for s in self._running if s.next_token is not None]
+        if not ready:
+            return
+        groups = list(dict.fromkeys(s.job.adapter for s in ready))
+        adapter = groups[self._turn % len(groups)]
+        self._turn += 1
+        group = [s for s in ready if s.job.adapter == adapter]
+        self._fill([(s, s.next_token, s.position) for s in group])  # type: ignore[misc]
+        if not self._run_decode(group, adapter):
+            return
+        for index, sequence in enumerate(group):
+            sequence.slot.evaluated([sequence.next_token], whole_block=False)  # type: ignore[list-item]
+            sequence.position += 1
+            sequence.next_token = None
+            self._take(sequence, index)
+
+    def _fill(self, tokens: list[tuple[_Sequence, int, int]]) -> None:
+        batch = self._batch
+        batch.n_tokens = len(tokens)
+        for i, (sequence, token, position) in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = sequence.slot.seq_id
+            batch.logits[i] = True
+
+    def _run_decode(self, sequences: list[_Sequence], adapter: Path | None) -> bool:
+        import llama_cpp
+
+        try:
+            self._adapters.apply(adapter)
+            code = llama_cpp.llama_decode(self._context, self._batch)
+            if code != 0:
+                raise EngineUnavailable(f"llama.cpp could not decode a batch (code {code})")
+        except Exception as error:
+            for sequence in sequences:
+                self._stop(sequence, error)
+            return False
+        return True
+
+    def _take(self, sequence: _Sequence, index: int) -> None:
+        """Sample the sequence's next token from batch output `index` and add it to its text."""
+        import llama_cpp
+
+        state, sampling = sequence.state, sequence.sampling
+        token = sequence.sampler.sample(self._context, index)
+        row = logits_row(self._context, index, self._n_vocab)
+        logprob, top = logprob_of(row, token, sampling.top_logprobs)
+        if state.first_token_at is None:
+            state.first_token_at = time.perf_counter()
+        state.token_ids.append(token)
+        state.token_logprobs.append(logprob)
+        if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+            state.finish_reason = "stop"
+            return self._finish(sequence)
+        piece = bytes(self._llm.detokenize([token]))
+        if sampling.top_logprobs is not None:
+            state.logprob_content.append(self._logprob_entry(token, logprob, top))
+        if state.add_piece(piece, sampling.stops):
+            return self._finish(sequence)
+        sequence.out.send(state, sampling.hold if sampling.stops else 0)
+        if len(state.token_ids) >= sampling.max_tokens:
+            state.finish_reason = "length"
+            return self._finish(sequence)
+        sequence.next_token = token
+
+    def _finish(self, sequence: _Sequence) -> None:
+        job = sequence.job
+        sequence.state.flush()
+        sequence.out.finish(sequence.state)
+        job.choices.append((sequence.state, sequence.out))
+        self._running.remove(sequence)
+        sequence.sampler.close()
+        index = sequence.index + 1
+        if index < job.choices_wanted:  # the next choice reuses the slot's prompt cache
+            start = self.slots.reuse(sequence.slot, job.prompt, job.adapter)
+            self._start(job, sequence.slot, start, index)
+            return
+        self.slots.release(sequence.slot)
+        job.settle(job.choices)
+
+    def _stop(self, sequence: _Sequence, error: BaseException) -> None:
+        if sequence in self._running:
+            self._running.remove(sequence)
+            sequence.sampler.close()
+            self.slots.release(sequence.slot)
+            sequence.job.settle(error)
+
+    def _logprob_entry(
+        self, token: int, logprob: float, top: list[tuple[int, float]]
+    ) -> dict[str, Any]:
+        def describe(t: int, lp: float) -> dict[str, Any]:
+            raw = bytes(self._llm.detokenize([t]))
+            return {
+                "token": raw.decode("utf-8", errors="replace"),
+                "logprob": lp,
+                "bytes": list(raw),
+            }
+
+        return {**describe(token, logprob), "top_logprobs": [describe(t, lp) for t, lp in top]}
+
+    def _shut_down(self) -> None:
+        closed = EngineUnavailable("the llama.cpp engine is stopping")
+        for sequence in list(self._running):
+            self._stop(sequence, closed)
+        with self._wake:
+            waiting, self._waiting = list(self._waiting), deque()
+            calls, self._calls = list(self._calls), deque()
+        for job in waiting:
+            job.settle(closed)
+        for _, settle in calls:
+            settle(closed)
+
+
+def _settle_call(work: Callable[[], Any], settle: Settle) -> None:
+    try:
+        result = work()
+    except Exception as error:
+        settle(error)
+        return
+    settle(result)

@@ -1,0 +1,129 @@
+"""Sampling for one sequence of a llama.cpp batch, and logprobs read from its logits row.
+
+Each running choice owns a llama.cpp sampler chain seeded with its own seed, so sequences that
+decode in one batch sample independently, and a seed never needs the prompt cache cleared. The
+chain is the one llama-cpp-python's `Llama.generate` builds (bias, penalties, grammar, then greedy
+at temperature 0 or top-k, top-p, min-p, temperature and a seeded draw), so the same seed over the
+same logits gives the same tokens as before batching.
+
+Logprobs are the log-softmax of the raw logits row llama.cpp holds for the sequence's output
+(before bias or grammar): one pass over the vocabulary per token, instead of `logits_all=True`,
+which keeps every row and runs about ten times slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Sampling defaults when the request does not say: OpenAI's temperature and top_p, with
+# llama.cpp's top_k and min_p to cut the long tail that makes small models ramble.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_K = 40
+DEFAULT_MIN_P = 0.05
+PENALTY_LAST_N = 64  # llama-cpp-python's window for presence and frequency penalties
+
+
+@dataclass
+class Sampling:
+    max_tokens: int
+    logit_bias: dict[int, float]
+    temperature: float
+    top_p: float
+    stops: list[str]
+    top_logprobs: int | None
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+
+    def for_choice(self, index: int) -> Sampling:
+        """The sampling of choice `index` of n: each choice its own seed, derived from the first."""
+        if index == 0:
+            return self
+        return dataclasses.replace(self, seed=(self.seed + index) & 0xFFFFFFFF)
+
+    @property
+    def hold(self) -> int:
+        """Characters a stream holds back: a stop sequence may be starting in them."""
+        return max((len(stop) for stop in self.stops), default=1) - 1
+
+
+class SequenceSampler:
+    """A llama.cpp sampler chain for one choice; `sample` also advances its grammar."""
+
+    def __init__(self, vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None) -> None:
+        import llama_cpp
+
+        params = llama_cpp.llama_sampler_chain_default_params()
+        self._chain = llama_cpp.llama_sampler_chain_init(params)
+        for sampler in _samplers(vocab, n_vocab, sampling, grammar):
+            llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+    def sample(self, context: Any, index: int) -> int:
+        """The token drawn from the logits of batch output `index` (accepted into the chain)."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_sampler_sample(self._chain, context, index))
+
+    def close(self) -> None:
+        import llama_cpp
+
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)  # frees the samplers it holds
+            self._chain = None
+
+
+def _samplers(vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None) -> list[Any]:
+    import llama_cpp
+
+    chain = []
+    if sampling.logit_bias:
+        biases = (llama_cpp.llama_logit_bias * len(sampling.logit_bias))(
+            *(llama_cpp.llama_logit_bias(t, b) for t, b in sampling.logit_bias.items())
+        )
+        chain.append(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
+    if sampling.presence_penalty or sampling.frequency_penalty:
+        chain.append(
+            llama_cpp.llama_sampler_init_penalties(
+                PENALTY_LAST_N, 1.0, sampling.frequency_penalty, sampling.presence_penalty
+            )
+        )
+    if grammar is not None:
+        chain.append(llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root"))
+    if sampling.temperature == 0:
+        chain.append(llama_cpp.llama_sampler_init_greedy())
+        return chain
+    chain += [
+        llama_cpp.llama_sampler_init_top_k(DEFAULT_TOP_K),
+        llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1),
+        llama_cpp.llama_sampler_init_min_p(DEFAULT_MIN_P, 1),
+        llama_cpp.llama_sampler_init_temp(sampling.temperature),
+        llama_cpp.llama_sampler_init_dist(sampling.seed),
+    ]
+    return chain
+
+
+def logits_row(context: Any, index: int, n_vocab: int) -> np.ndarray:
+    """The raw logits of batch output `index` (a view: read it before the next decode)."""
+    import llama_cpp
+
+    pointer = llama_cpp.llama_get_logits_ith(context, index)
+    return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), (n_vocab,))
+
+
+def logprob_of(
+    row: np.ndarray, token: int, top: int | None
+) -> tuple[float, list[tuple[int, float]]]:
+    """`token`'s log-softmax under `row`, and the `top` most likely tokens with theirs."""
+    peak = float(row.max())
+    log_norm = peak + float(np.log(np.exp(row - peak).sum()))
+    logprob = float(row[token]) - log_norm
+    if not top:
+        return logprob, []
+    best = np.argpartition(row, -top)[-top:]
+    best = best[np.argsort(row[best])[::-1]]
+    return logprob, [(int(t), float(row[t]) - log_norm) for t in best]

@@ -1,0 +1,110 @@
+"""The slots of the llama.cpp KV cache: one sequence id each, and the prompt cache they hold.
+
+The context is made with one KV stream per slot (`kv_unified=False`), each `n_ctx` tokens long,
+so a sequence's cache cells never depend on what the other slots hold. A slot keeps its tokens'
+KV after its request finishes; the next request picks the free slot whose cache its prompt
+continues and evaluates only the rest.
+
+Only whole blocks are reused. llama.cpp's numbers for a token depend slightly on how many tokens
+were evaluated with it (the matrix shapes of one call), so a prompt is always evaluated in
+aligned blocks of `BLOCK` tokens (the last one partial), and a later prompt reuses only the
+leading blocks that were evaluated as whole blocks. A prompt's KV is then computed the same way
+whether it is cold, cached or batched with others: the same logits, bit for bit, so a seed and
+temperature 0 give the same answer every time, and the cache never has to be thrown away.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BLOCK = 64  # prompt tokens per llama_decode call, and the unit of prompt cache reuse
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # the tokens whose KV the slot holds
+    exact: int = 0  # leading tokens evaluated as whole aligned blocks: what a prompt may reuse
+    adapter: Path | None = None  # the LoRA adapter the KV was computed under
+    last_used: float = 0.0
+    busy: bool = False
+
+    def reusable(self, prompt: list[int], adapter: Path | None) -> int:
+        """How many leading tokens of `prompt` this slot can serve from its cache."""
+        if adapter != self.adapter:
+            return 0
+        common = 0
+        for held, wanted in zip(self.tokens[: self.exact], prompt, strict=False):
+            if held != wanted:
+                break
+            common += 1
+        # At least the prompt's last token is evaluated: its logits give the first token.
+        return min(common, len(prompt) - 1) // BLOCK * BLOCK
+
+    def evaluated(self, tokens: list[int], whole_block: bool) -> None:
+        """Record tokens just evaluated in this slot's sequence."""
+        if whole_block and self.exact == len(self.tokens):
+            self.exact += len(tokens)
+        self.tokens.extend(tokens)
+
+
+@dataclass
+class CacheCounters:
+    prompt_tokens: int = 0  # prompt tokens of every request started
+    reused_tokens: int = 0  # of those, served from a slot's cache instead of evaluated
+
+
+class SlotTable:
+    """Hands out free slots, choosing by cached prefix, and trims a slot's cache to its reuse."""
+
+    def __init__(self, memory: Any, n_slots: int) -> None:
+        self._memory = memory
+        self.slots = [Slot(seq_id) for seq_id in range(n_slots)]
+        self.counters = CacheCounters()
+
+    def free(self) -> int:
+        return sum(not slot.busy for slot in self.slots)
+
+    def acquire(self, prompt: list[int], adapter: Path | None) -> tuple[Slot, int] | None:
+        """A free slot for `prompt` and how many prompt tokens its cache already holds."""
+        free = [slot for slot in self.slots if not slot.busy]
+        if not free:
+            return None
+        slot = _choose(free, prompt, adapter)
+        slot.busy = True
+        return slot, self.reuse(slot, prompt, adapter)
+
+    def reuse(self, slot: Slot, prompt: list[int], adapter: Path | None) -> int:
+        """Keep the part of `slot`'s cache `prompt` reuses, drop the rest; the tokens kept."""
+        import llama_cpp
+
+        kept = slot.reusable(prompt, adapter)
+        if kept < len(slot.tokens) and not llama_cpp.llama_memory_seq_rm(
+            self._memory, slot.seq_id, kept, -1
+        ):
+            llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, 0, -1)
+            kept = 0
+        del slot.tokens[kept:]
+        slot.exact = min(slot.exact, kept)
+        slot.adapter = adapter
+        self.counters.prompt_tokens += len(prompt)
+        self.counters.reused_tokens += kept
+        return kept
+
+    def release(self, slot: Slot) -> None:
+        slot.busy = False
+        slot.last_used = time.monotonic()
+
+
+def _choose(free: list[Slot], prompt: list[int], adapter: Path | None) -> Slot:
+    """The slot whose cache `prompt` continues (keeping at least half of what it holds), the one
+    reusing most; otherwise the least recently used, so that a new conversation sharing only a
+    system prompt does not evict another agent's conversation while an older slot is idle."""
+    best = max(free, key=lambda slot: (slot.reusable(prompt, adapter), -slot.last_used))
+    kept = best.reusable(prompt, adapter)
+    if kept and kept * 2 >= len(best.tokens):
+        return best
+    return min(free, key=lambda slot: slot.last_used)

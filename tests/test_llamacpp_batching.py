@@ -1,0 +1,212 @@
+"""Batched decoding and the per-slot prompt cache on the real embedded model: batching changes
+nothing a client sees, and a prompt that continues a slot's cache evaluates only what is new."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from reef.engines.base import ChatRequest, Completion
+from reef.engines.llamacpp import Cancelled, LlamaCppEngine
+from reef.engines.llamacpp_slots import BLOCK
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+from tests.conftest import SMALL_ENGINE, write_config
+
+QUESTIONS = [
+    "Name three colours.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Count from 1 to 10.",
+]
+# A long neighbour: its cache spans more cells than the others', as an agent's would.
+LONG = "Summarise this text. " + "The river runs past the old mill and under the bridge. " * 40
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaCppEngine]:
+    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2, slots=4)
+    asyncio.run(loaded.start())
+    yield loaded
+    asyncio.run(loaded.close())
+
+
+def chat(content: str, **fields: Any) -> ChatRequest:
+    return ChatRequest.model_validate(
+        {"messages": [{"role": "user", "content": content}], **fields}
+    )
+
+
+def alone(engine: LlamaCppEngine, requests: list[ChatRequest]) -> list[Completion]:
+    async def one_by_one() -> list[Completion]:
+        return [await engine.complete(request) for request in requests]
+
+    return asyncio.run(one_by_one())
+
+
+def together(engine: LlamaCppEngine, requests: list[ChatRequest]) -> list[Completion]:
+    async def at_once() -> list[Completion]:
+        return list(await asyncio.gather(*(engine.complete(r) for r in requests)))
+
+    return asyncio.run(at_once())
+
+
+def test_batching_changes_no_answer_and_no_logprob(engine: LlamaCppEngine) -> None:
+    requests = [chat(q, max_tokens=24, temperature=0) for q in [*QUESTIONS[:3], LONG]]
+    sampled = [chat(QUESTIONS[3], max_tokens=24, temperature=0.9, seed=11)]
+    first = alone(engine, requests + sampled)
+    batched = together(engine, requests + sampled)
+    for one, other in zip(first, batched, strict=True):
+        assert one.token_ids == other.token_ids
+        assert one.token_logprobs == pytest.approx(other.token_logprobs, abs=1e-5)
+        assert one.response["choices"][0]["message"] == other.response["choices"][0]["message"]
+
+
+def test_requests_run_at_once_not_one_after_another(engine: LlamaCppEngine) -> None:
+    first_token: list[float] = []
+    finished: list[float] = []
+
+    async def one(question: str) -> None:
+        request = chat(question, max_tokens=16, temperature=0, stream=True)
+        seen = False
+        async for item in engine.stream(request):
+            content = isinstance(item, dict) and item["choices"] and item["choices"][0]["delta"]
+            if not seen and content and content.get("content"):
+                first_token.append(time.perf_counter())
+                seen = True
+        finished.append(time.perf_counter())
+
+    async def burst() -> None:
+        await asyncio.gather(*(one(q) for q in QUESTIONS))
+
+    asyncio.run(burst())
+    # Every request had its first token before any of them finished.
+    assert len(first_token) == len(finished) == 4
+    assert max(first_token) < min(finished)
+
+
+def test_cancelling_one_sequence_leaves_the_others_running(engine: LlamaCppEngine) -> None:
+    eos = str(engine._llm.token_eos())
+    endless = {"max_tokens": 40, "temperature": 0, "logit_bias": {eos: -100}}
+    requests = [chat(q, **endless) for q in QUESTIONS[:3]]
+    expected = alone(engine, requests)
+
+    async def cancel_the_second() -> list[Any]:
+        tasks = [asyncio.create_task(engine.complete(r)) for r in requests]
+        while engine.in_flight < 3 or not engine._loop or not engine._loop._running:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        tasks[1].cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(cancel_the_second())
+    assert isinstance(results[1], asyncio.CancelledError | Cancelled)
+    for index in (0, 2):
+        assert results[index].token_ids == expected[index].token_ids
+        assert len(results[index].token_ids) == 40
+    assert engine.in_flight == 0
+
+
+def test_a_seed_keeps_the_prompt_cache(engine: LlamaCppEngine) -> None:
+    request = chat(LONG, max_tokens=8, temperature=1.0, seed=1234)
+    first = alone(engine, [request])[0]
+    before = engine.cache_counters["reused_tokens"]
+    again = alone(engine, [request])[0]
+    reused = engine.cache_counters["reused_tokens"] - before
+    prompt = len(first.prompt_token_ids or [])
+    assert reused == (prompt - 1) // BLOCK * BLOCK and reused >= BLOCK
+    assert again.token_ids == first.token_ids
+
+
+def test_a_conversation_resent_with_one_more_message_evaluates_only_the_new_tokens(
+    engine: LlamaCppEngine,
+) -> None:
+    agents = {
+        name: [{"role": "user", "content": f"I am agent {name}. " + LONG}] for name in ("a", "b")
+    }
+    first_turns = {}
+    for name, messages in agents.items():  # two agents interleaved, each in its own slot
+        reply = alone(engine, [ChatRequest(messages=messages, max_tokens=16, temperature=0)])[0]
+        first_turns[name] = reply
+        messages.append(reply.response["choices"][0]["message"])
+        messages.append({"role": "user", "content": "And in one word?"})
+    for name, messages in agents.items():
+        before = dict(engine.cache_counters)
+        second = alone(engine, [ChatRequest(messages=messages, max_tokens=4, temperature=0)])[0]
+        reused = engine.cache_counters["reused_tokens"] - before["reused_tokens"]
+        evaluated = len(second.prompt_token_ids or []) - reused
+        first_prompt = len(first_turns[name].prompt_token_ids or [])
+        assert reused >= first_prompt - BLOCK, (name, reused, first_prompt)
+        assert evaluated < BLOCK + 16 + 20  # the last partial block, the reply, the question
+
+
+def test_choices_share_the_slot_cache_and_keep_their_own_seeds(engine: LlamaCppEngine) -> None:
+    request = chat(QUESTIONS[2], n=3, max_tokens=10, temperature=1.0, seed=5)
+    [result] = alone(engine, [request])
+    texts = [choice["message"]["content"] for choice in result.response["choices"]]
+    assert [c["index"] for c in result.response["choices"]] == [0, 1, 2]
+    singles = [
+        alone(engine, [chat(QUESTIONS[2], max_tokens=10, temperature=1.0, seed=s)])[0]
+        for s in (5, 6, 7)
+    ]
+    assert texts == [s.response["choices"][0]["message"]["content"] for s in singles]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("batching")
+    write_config(folder, SMALL_ENGINE)
+    with reef_serve(folder, free_port()).start() as running:
+        yield running
+
+
+def test_a_stream_and_a_whole_response_share_the_batch(server: ServerProcess) -> None:
+    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    eos = str(_eos_token())
+    whole_body: dict[str, Any] = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Count from one to a thousand in words."}],
+        "max_tokens": 120,
+        "temperature": 0,
+        "logit_bias": {eos: -100},
+    }
+    stream_body: dict[str, Any] = {
+        "model": "default",
+        "messages": [{"role": "user", "content": QUESTIONS[0]}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    expected_stream = client.chat.completions.create(**stream_body).choices[0].message.content
+    finished: dict[str, float] = {}
+    whole: list[Any] = []
+
+    def run_whole() -> None:
+        whole.append(client.chat.completions.create(**whole_body))
+        finished["whole"] = time.monotonic()
+
+    runner = threading.Thread(target=run_whole)
+    runner.start()
+    time.sleep(0.5)
+    pieces = []
+    for chunk in client.chat.completions.create(**stream_body, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    finished["stream"] = time.monotonic()
+    runner.join()
+    assert "".join(pieces) == expected_stream
+    assert whole[0].usage.completion_tokens == 120
+    assert finished["stream"] < finished["whole"]  # it did not wait for the long one
+
+
+def _eos_token() -> int:
+    probe = LlamaCppEngine(n_ctx=256, n_threads=1, slots=1)
+    asyncio.run(probe.start())
+    try:
+        return int(probe._llm.token_eos())
+    finally:
+        asyncio.run(probe.close())
