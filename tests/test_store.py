@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import sqlite3
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -199,29 +197,3 @@ def test_a_record_built_on_the_writer_thread_keeps_its_raw_json(store: Experienc
     raw = sqlite3.connect(store.path).execute("SELECT request FROM records").fetchone()[0]
     assert raw == sent
     assert store.get_record(record_id)["request"] == json.loads(sent)  # type: ignore[index]
-
-
-def test_the_only_request_in_flight_commits_on_its_own_thread(store: ExperienceStore) -> None:
-    async def alone() -> str:
-        return await store.add_record_async(_record(), alone=True)
-
-    record_id = asyncio.run(alone())
-    assert sqlite3.connect(store.path).execute("SELECT id FROM records").fetchone()[0] == record_id
-
-
-def test_a_commit_alone_never_waits_on_the_event_loop_for_another_process(
-    store: ExperienceStore,
-) -> None:
-    """Another process holds the write lock: the record goes to the writer thread, which waits,
-    and the event loop stays free (here: to release the lock)."""
-    other = sqlite3.connect(store.path, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-
-    async def alone() -> str:
-        asyncio.get_running_loop().call_later(0.3, other.execute, "COMMIT")
-        return await asyncio.wait_for(store.add_record_async(_record(), alone=True), 10)
-
-    started = time.monotonic()
-    record_id = asyncio.run(alone())
-    assert store.record_exists(record_id)
-    assert time.monotonic() - started < 10

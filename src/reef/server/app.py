@@ -25,7 +25,6 @@ from reef.server import (
 )
 from reef.server.auth import BearerAuth
 from reef.server.browser import browser_middleware
-from reef.server.in_flight import CountInFlight
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -91,8 +90,7 @@ def create_app(state: ServerState) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
-            Middleware(CountInFlight, state=state),
-            # Then: a page in the user's browser is refused before anything else runs.
+            # Outermost: a page in the user's browser is refused before anything else runs.
             *browser_middleware(state.config.server),
             Middleware(
                 BearerAuth,

@@ -91,8 +91,7 @@ async def stored(
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
         build = _builder(state, call, body, completion, started, False, record_id, raw_body)
-        record_id = await state.store.add_record_async(build, alone=state.serving_alone)
-        headers["x-reef-agent-record-id"] = record_id
+        headers["x-reef-agent-record-id"] = await state.store.add_record_async(build)
     return headers
 
 
@@ -190,7 +189,7 @@ async def streamed(
             if call.capture:
                 stored = shape.stored(item)
                 build = _builder(state, call, body, stored, started, True, record_id, raw_body)
-                receipt = await state.store.add_record_async(build, alone=state.serving_alone)
+                receipt = await state.store.add_record_async(build)
                 yield _framed(shape.receipt(stored, receipt))
             end = getattr(shape, "end", None)
             yield sse("[DONE]") if end is None else end(item)

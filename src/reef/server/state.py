@@ -42,13 +42,6 @@ class ServerState:
     # Why a scenario's head could not be served (scenario -> message); replaced whole.
     release_errors: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
-    # HTTP requests being served now (`reef.server.in_flight`).
-    in_flight: int = 0
-
-    @property
-    def serving_alone(self) -> bool:
-        """Whether the request asking is the only one in flight."""
-        return self.in_flight <= 1
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:
         scenario = scenario_from(headers)

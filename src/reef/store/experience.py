@@ -240,7 +240,7 @@ class ExperienceStore:
         self.path = Path(path)
         self._write_db, self._read_db = self._open(synchronous, busy_timeout_s)
         self._read_lock = threading.Lock()
-        self._writer = GroupCommitWriter(self._write_db, busy_timeout_s)
+        self._writer = GroupCommitWriter(self._write_db)
         self._writer.start()
 
     def _open(
@@ -297,17 +297,7 @@ class ExperienceStore:
         future resolves to its id once it is committed."""
         return self._writer.submit(_inserting(record))
 
-    async def add_record_async(
-        self, record: Record | Callable[[], Record], alone: bool = False
-    ) -> str:
-        """`add_record`, awaited. `alone`: the caller serves the only request in flight, so
-        there is no commit to share; while the writer is idle the record is then committed on
-        this thread (the same transaction and fsync, without the hand-offs to and from the
-        writer thread). The event loop waits for that one commit; nothing else was waiting."""
-        if alone:
-            done = self._writer.run_now(_inserting(record))
-            if done is not None:
-                return done.result()
+    async def add_record_async(self, record: Record | Callable[[], Record]) -> str:
         return await asyncio.wrap_future(self.add_record(record))
 
     def add_report(self, report: Report) -> Future[tuple[dict[str, Any], bool]]:
