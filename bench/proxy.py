@@ -62,6 +62,7 @@ class Options:
     requests: dict[int, int]  # concurrency -> requests per round, direct and Reef
     litellm_requests: dict[int, int]  # concurrency -> requests per round, LiteLLM
     litellm: bool
+    compare: Path | None  # another version's source folder, measured as a setting of its own
     quiet_wait_s: float
     time_limit_s: float
 
@@ -95,6 +96,12 @@ def parse_options() -> Options:
     parser.add_argument("--litellm-c1", type=int, default=200, help="LiteLLM requests, c=1")
     parser.add_argument("--litellm-c32", type=int, default=600, help="LiteLLM requests, c=32")
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="also measure the Reef whose src/reef is in this folder (for instance "
+        "`git archive COMMIT src | tar -x -C DIR`)",
+    )
     parser.add_argument("--quiet-wait", type=float, default=60, help="max s to wait for quiet")
     parser.add_argument("--time-limit", type=float, default=60, help="max s per block")
     args = parser.parse_args()
@@ -103,6 +110,7 @@ def parse_options() -> Options:
         requests={1: args.c1, 32: args.c32},
         litellm_requests={1: args.litellm_c1, 32: args.litellm_c32},
         litellm=not args.no_litellm,
+        compare=args.compare,
         quiet_wait_s=args.quiet_wait,
         time_limit_s=args.time_limit,
     )
@@ -177,7 +185,7 @@ def table(series: list[Series]) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = f"{'setting':<18} {'c':>3} {'requests':>8} {'req/s':>8} {'rounds':>16} "
+    head = f"{'setting':<22} {'c':>3} {'requests':>8} {'req/s':>8} {'rounds':>16} "
     console.print(head + f"{'p50 ms':>8} {'p95 ms':>8} {'+p50 ms':>8} {'failed':>6}", style="bold")
     for row in rows:
         rounds = "-".join(
@@ -185,7 +193,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
         added = "" if row["added_p50_ms"] is None else f"{row['added_p50_ms']:.3f}"
         console.print(
-            f"{row['setting']:<18} {row['c']:>3} {row['requests']:>8} {row['req_per_s']:>8.0f} "
+            f"{row['setting']:<22} {row['c']:>3} {row['requests']:>8} {row['req_per_s']:>8.0f} "
             f"{rounds:>16} {row['p50_ms']:>8.3f} {row['p95_ms']:>8.2f} {added:>8} "
             f"{row['failed']:>6}",
             highlight=False,
@@ -249,7 +257,7 @@ def main() -> None:
     context: dict[str, Any] = {"cores": 2, "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="reef-proxy-") as tmp, ExitStack() as stack:
         root = Path(tmp)
-        servers = {name: root / name for name in ("upstream", "reef", "litellm")}
+        servers = {name: root / name for name in ("upstream", "reef", "compare", "litellm")}
         for folder in servers.values():
             folder.mkdir()
         upstream = fake_upstream(servers["upstream"])
@@ -270,6 +278,14 @@ def main() -> None:
             ),
         ]
         pids = [pid_of(upstream), pid_of(reef)]
+        if options.compare is not None:
+            other = reef_proxy(servers["compare"], upstream.url, token, options.compare)
+            stack.callback(other.stop)
+            started(other)
+            name = f"Reef @ {options.compare.name}"
+            url = f"{other.url}/v1/chat/completions"
+            targets.append(Target(name, url, {**auth, "x-reef-scenario": SCENARIO}, True))
+            pids.append(pid_of(other))
         if options.litellm:
             venv = ensure_litellm(LITELLM_VENV)
             context["litellm"] = litellm_version(venv)
