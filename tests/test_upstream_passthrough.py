@@ -134,6 +134,16 @@ def test_the_openai_client_reads_the_relayed_answer(reef: ServerProcess) -> None
     assert record(reef, raw.headers["x-reef-agent-record-id"])["response"] == ANSWER
 
 
+def test_values_validation_coerced_go_upstream_coerced(reef: ServerProcess) -> None:
+    sent = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5", "seed": "7"}'
+    answer = httpx.post(f"{reef.url}/v1/chat/completions", content=sent, headers=HEADERS)
+    assert answer.status_code == 200
+    forwarded = json.loads(seen["body"])
+    assert (forwarded["max_tokens"], forwarded["seed"]) == (5, 7)
+    stored = record(reef, answer.headers["x-reef-agent-record-id"])
+    assert stored["request"] == json.loads(sent)  # the record keeps what the client sent
+
+
 def test_a_harness_still_applies_and_the_record_keeps_what_the_client_sent(
     reef: ServerProcess, tmp_path: Path
 ) -> None:

@@ -42,12 +42,23 @@ async def chat_completions(request: Request) -> Response:
     call = state.call_context(request.headers)
     asked = parse(ChatRequest, body)
     chat = call.binding.apply(asked)
-    if chat is asked:  # no harness changed it: it may travel as the client's bytes
+    if chat is asked and _as_sent(asked, body):  # nothing changed it: send the client's bytes
         chat.sent_as(raw)
     if chat.stream:
         return await streamed(state, call, body, chat, raw_body=raw)
     completion, headers = await served_whole(request, state, call, body, chat, raw_body=raw)
     return answered(completion, headers)
+
+
+def _as_sent(asked: ChatRequest, body: dict[str, Any]) -> bool:
+    """Whether validation kept every top-level value as the client wrote it: a lax coercion
+    (`"max_tokens": "5"` read as 5, `"stream": 1` as true) must reach the upstream as coerced."""
+    for name in asked.model_fields_set:
+        kept, sent = type(getattr(asked, name)), type(body.get(name))
+        same = sent is kept or (kept is float and sent is int)  # 1 for 1.0 is the same JSON
+        if kept in (bool, int, float, str) and not same:
+            return False
+    return True
 
 
 def answered(completion: Completion, headers: dict[str, str]) -> Response:
