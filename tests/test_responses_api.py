@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
+import openai.types.responses
 import pytest
 from openai import OpenAI
 
@@ -54,6 +55,8 @@ def test_a_whole_response_with_instructions_is_answered_and_recorded(
         temperature=0,
     )
     response = raw.parse()
+    # Strictly the SDK's type (parse() is lenient): every required field is there.
+    openai.types.responses.Response.model_validate(json.loads(raw.text))
     assert response.object == "response" and response.id.startswith("resp_")
     assert response.status in ("completed", "incomplete")
     assert response.output_text and response.output[0].type == "message"

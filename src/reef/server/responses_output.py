@@ -91,7 +91,7 @@ def usage_of(chat_response: dict[str, Any]) -> dict[str, Any] | None:
     completion = int(usage.get("completion_tokens") or 0)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
@@ -188,6 +188,7 @@ class ResponseStreamShape:
         self.frame: dict[str, Any] | None = None
         self.items: list[dict[str, Any]] = []  # output items so far; the open one is the last
         self.open: str | int | None = None  # "text", a tool call's index, or None
+        self.text = ""  # the open message's text so far
         self.record_id: str | None = None
 
     def _event(self, name: str, data: dict[str, Any]) -> bytes:
@@ -233,9 +234,8 @@ class ResponseStreamShape:
             out += self._add("text", message_item(at, "", "in_progress"))
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             out += self._event("response.content_part.added", self._where(part=part))
-        item = self.items[-1]
-        item.setdefault("text", "")
-        item["text"] += text
+            self.text = ""
+        self.text += text
         return out + self._event("response.output_text.delta", self._where(delta=text, logprobs=[]))
 
     def _call(self, call: dict[str, Any]) -> bytes:
@@ -268,7 +268,7 @@ class ResponseStreamShape:
         self.open = None
         item = self.items[-1]
         if item["type"] == "message":
-            text = item.pop("text", "")
+            text = self.text
             done = message_item(item["id"], text)
             part = done["content"][0]
             out = self._event("response.output_text.done", self._where(text=text, logprobs=[]))
