@@ -145,9 +145,8 @@ class OpenClawRL(Recipe):
         turns = [turn for t in batch for turn in t.turns if self.judgeable(turn)]
         judged = self._judged(turns, context)
         if not any(j.score != 0 or j.hint for _, j in judged):
-            consumed = [turn.record_id for turn, _ in judged]
             raise ProposalRefused(
-                f"the judge found nothing to learn in {len(consumed)} turn(s): every score 0"
+                f"the judge found nothing to learn in {len(judged)} turn(s): every score 0"
             )
         examples, opd_turns = self._examples(judged, context)
         files, trained = train_on_current(
