@@ -50,6 +50,7 @@ from reef.learning.recipe import (
 from reef.learning.weights import (
     BaseWeights,
     current_adapter,
+    policy_update,
     rendered_prompt,
     reporter,
     require_weights,
@@ -238,23 +239,6 @@ class OpenClawRL(Recipe):
             return load_lora(base, folder).eval() if folder is not None else base.model
 
     def _train(self, examples: list[Any], context: StepContext, resume_from: Any) -> Any:
-        import torch
-
-        from reef.training import PolicySettings, train_policy
-
-        torch.set_num_threads(self.settings.threads)
-        settings = PolicySettings(
-            rank=self.settings.rank,
-            alpha=self.settings.alpha,
-            learning_rate=self.settings.learning_rate,
-            steps=self.settings.steps,
-            target_modules=self.settings.target_modules,
-            seed=self.settings.seed,
-            clip_low=self.settings.clip_low,
-            clip_high=self.settings.clip_high,
-            kl_beta=self.settings.kl_beta,
-        )
         on_step = reporter(context, self.name, "training a LoRA (policy)", self.settings.steps)
-        return train_policy(
-            self._base.get(context), examples, settings, on_step=on_step, resume_from=resume_from
-        )
+        base = self._base.get(context)
+        return policy_update(self.settings, base, examples, on_step, resume_from)

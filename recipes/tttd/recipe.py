@@ -42,7 +42,13 @@ from reef.learning.recipe import (
     RecipeSettings,
     StepContext,
 )
-from reef.learning.weights import BaseWeights, reporter, require_weights, train_on_current
+from reef.learning.weights import (
+    BaseWeights,
+    policy_update,
+    reporter,
+    require_weights,
+    train_on_current,
+)
 
 log = logging.getLogger("reef.learning")
 SCORER = ScorerSpec(type="python", function="recipes.tttd.circles:score_answer")
@@ -210,25 +216,9 @@ class TTTDiscover(Recipe):
         log.info("tttd: step %d, best %.4f", len(archive.history), best.reward)
 
     def _train(self, examples: list[Any], context: StepContext, resume_from: Any) -> Any:
-        import torch
-
-        from reef.training import PolicySettings, train_policy
-
-        torch.set_num_threads(self.settings.threads)
-        settings = PolicySettings(
-            rank=self.settings.rank,
-            alpha=self.settings.alpha,
-            learning_rate=self.settings.learning_rate,
-            steps=self.settings.steps,
-            target_modules=self.settings.target_modules,
-            seed=self.settings.seed,
-            kl_beta=self.settings.kl_beta,
-            max_length=1024,
-        )
         on_step = reporter(context, self.name, "training a LoRA (policy)", self.settings.steps)
-        return train_policy(
-            self._base.get(context), examples, settings, on_step=on_step, resume_from=resume_from
-        )
+        base = self._base.get(context)
+        return policy_update(self.settings, base, examples, on_step, resume_from, max_length=1024)
 
 
 def as_centres(state: State) -> circles.Centres:

@@ -5,7 +5,9 @@
   the current release, asked of the engine once per key;
 - `BaseWeights`: the training base, loaded on the first step and kept by the recipe;
 - `current_adapter`: the adapter the scenario serves now, written out to keep training it;
-- `adapter_files`: a trained adapter exported (PEFT folder and llama.cpp GGUF) as release files.
+- `train_on_current`: a training run continuing that adapter, exported (PEFT folder and llama.cpp
+  GGUF) as release files;
+- `policy_update`: the RL recipes' update, its settings taken from the recipe's own.
 
 Importing this module imports no torch: the server loads recipes too.
 """
@@ -18,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reef.learning.recipe import RecipeError, StepContext
+from reef.learning.recipe import RecipeError, RecipeSettings, StepContext
 from reef.releases.chain import read_folder
 
 if TYPE_CHECKING:
-    from reef.training import Base, TrainedAdapter
+    from reef.training import Base, PolicyExample, TrainedAdapter
 
 log = logging.getLogger("reef.learning")
 PEFT_CONFIG = "peft/adapter_config.json"
@@ -110,3 +112,28 @@ def reporter(
             context.progress(what, step, steps, loss)
 
     return report
+
+
+def policy_update(
+    settings: RecipeSettings,
+    base: Base,
+    examples: list[PolicyExample],
+    on_step: Callable[[int, float], None],
+    resume_from: Path | None,
+    **overrides: Any,
+) -> TrainedAdapter:
+    """`reef.training.train_policy` with every policy setting the recipe's settings share by name
+    (rank, learning_rate, clip_low, kl_beta…), except the recipe's own batch_size."""
+    import torch
+
+    from reef.training import PolicySettings, train_policy
+
+    torch.set_num_threads(getattr(settings, "threads", 1))
+    own = type(settings).model_fields
+    shared = {
+        name: getattr(settings, name)
+        for name in PolicySettings.model_fields
+        if name in own and name not in RecipeSettings.model_fields
+    }
+    policy = PolicySettings(**{**shared, **overrides})
+    return train_policy(base, examples, policy, on_step=on_step, resume_from=resume_from)

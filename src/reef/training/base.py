@@ -114,7 +114,7 @@ def _dequantise(gguf: Path, out: Path) -> None:
 def _load_folder(folder: Path, source: Path, gguf: Path | None, say: Progress) -> Base:
     say(f"loading {folder}")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.to(training_device())
+    model.to(training_device())  # type: ignore[arg-type]  # transformers types .to oddly
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
     return Base(model=model, tokenizer=tokenizer, source=source, weights=folder, gguf=gguf)

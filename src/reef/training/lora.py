@@ -36,6 +36,7 @@ __all__ = [
     "choose_backend",
     "load_lora",
     "new_lora",
+    "optimise",
     "train_lora",
 ]
 
@@ -129,19 +130,34 @@ def train_lora(
     else:
         model = new_lora(base, settings)
     device = next(model.parameters()).device
+    pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
+    batches = _batches(len(examples), settings.batch_size, settings.seed)
+
+    def loss_at(_step: int) -> torch.Tensor:
+        chosen = [examples[index] for index in next(batches)]
+        return batch_loss(model, make_batch(chosen, settings.max_length, pad_id).to(device))
+
+    return optimise(model, settings, loss_at, on_step, backend)
+
+
+def optimise(
+    model: PeftModel,
+    settings: LoraSettings,
+    loss_at: Callable[[int], torch.Tensor],
+    on_step: OnStep | None,
+    backend: Backend,
+) -> TrainedAdapter:
+    """`settings.steps` AdamW steps on the adapter's parameters, each on `loss_at(step)`; the
+    model ends in eval mode. `on_step(step, loss)` gets each loss, before its update."""
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay
     )
-    pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
-    batches = _batches(len(examples), settings.batch_size, settings.seed)
     losses: list[float] = []
     model.train()
     started = time.perf_counter()
     for step in range(1, settings.steps + 1):
-        chosen = [examples[index] for index in next(batches)]
-        batch = make_batch(chosen, settings.max_length, pad_id).to(device)
-        loss = batch_loss(model, batch)
+        loss = loss_at(step)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -22,7 +22,6 @@ session's last turn) contribute nothing, not even to the KL.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from reef.training.lora import (
     TrainedAdapter,
     load_lora,
     new_lora,
-    peak_rss_bytes,
+    optimise,
     seed_everything,
 )
 from reef.training.loss import Batch, TrainingExample, fit, make_batch
@@ -172,32 +171,11 @@ def train_policy(
     pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
     batch = make_policy_batch(examples, settings.max_length, pad_id).to(device)
     old, reference = reference_logprobs(model, batch.batch)
-    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
-    optimizer = torch.optim.AdamW(
-        trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay
-    )
-    losses: list[float] = []
-    model.train()
-    started = time.perf_counter()
-    for step in range(1, settings.steps + 1):
-        loss = policy_loss(token_logprobs(model, batch.batch), old, reference, batch, settings)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1])
-    seconds = time.perf_counter() - started
-    model.eval()
-    return TrainedAdapter(
-        model=model,
-        losses=losses,
-        peak_memory_bytes=peak_rss_bytes(),
-        seconds=seconds,
-        backend="peft",
-        settings=settings,
-        peak_gpu_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
-    )
+
+    def loss_at(_step: int) -> torch.Tensor:
+        return policy_loss(token_logprobs(model, batch.batch), old, reference, batch, settings)
+
+    return optimise(model, settings, loss_at, on_step, backend="peft")
 
 
 def reference_logprobs(model: PeftModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
