@@ -3,7 +3,7 @@
 llama.cpp keeps the weights in the model and the KV cache in a context, so one loaded model can
 have two contexts: the chat one (no embeddings) and this one, made with `embeddings=True` and mean
 pooling over the input's tokens. The weights are shared; only this context's small cache is
-extra. It is used on the engine's one worker thread, like the chat context.
+extra. It is used on the engine's decode-loop thread, between two turns of the batch.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ answer and no logprob.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -32,6 +33,8 @@ from reef.engines.llamacpp_sampling import SequenceSampler, logits_row, logprob_
 from reef.engines.llamacpp_slots import BLOCK, Slot, SlotTable
 from reef.engines.structured import OutputConstraint
 from reef.errors import EngineUnavailable
+
+log = logging.getLogger(__name__)
 
 Choices = list[tuple[Generation, ChoiceOutput]]
 Settle = Callable[[Any], None]  # called once on the loop thread: a result or an exception
@@ -135,7 +138,12 @@ class DecodeLoop:
                 calls, self._calls = list(self._calls), deque()
             for work, settle in calls:
                 _settle_call(work, settle)
-            self._turn_once()
+            try:
+                self._turn_once()
+            except Exception as error:  # a bug here must fail the requests, not hang them
+                log.exception("the llama.cpp decode loop failed a turn")
+                for sequence in list(self._running):
+                    self._stop(sequence, EngineUnavailable(f"the llama.cpp engine failed: {error}"))
         self._shut_down()
 
     def _turn_once(self) -> None:

@@ -1,0 +1,342 @@
+"""Batched decoding, per-slot prompt caching and the gate in a batch (issue 11, goals 1 to 3).
+
+    .venv/bin/python bench/batching.py                 # all three parts, ~10 min on 2 idle cores
+    .venv/bin/python bench/batching.py --part agents   # one part: throughput, agents or gate
+
+Part `throughput`: completion tokens/s of all requests together, and p50 latency, for Reef's
+llama.cpp engine at concurrency 1 and 4 and the stock `llama_cpp.server` at concurrency 4, side
+by side on 127.0.0.1, in interleaved rounds (a slow spell of the machine hits each alike).
+Part `agents`: two agents send a ~2,000-token conversation at once (concurrency 2), then the
+same conversation plus the model's answer and one new message: time to first token of the
+second turn against the first, on Reef and on the stock server. Part `gate`: the paired
+evaluation of a harness candidate on 8 tasks, in process, on main's engine as it was before
+this change (one request at a time, from git) and on today's engine one at a time and
+concurrently: wall time, and whether the results are identical.
+
+Every figure is printed with its baseline from the same run, and written to
+bench/out/batching.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from serving_load import drive
+from serving_servers import running, stock_llama_server, write_reef_config
+
+from reef.engines.base import ChatRequest
+from reef.engines.llamacpp import LlamaCppEngine
+from reef.evaluation.runner import EvalSettings, model_generate, run_paired
+from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.inference.binding import BASE_BINDING, Binding
+from reef.inference.model import LocalModel
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out" / "batching.json"
+N_THREADS = 2
+# The commit whose engine served one request at a time: the gate part's baseline.
+BEFORE = "16e9223"
+STORY = "Write a long story about a lighthouse keeper."
+TASKS = [
+    "Name three colours.",
+    "What is the capital of France?",
+    "Name a fruit that is yellow.",
+    "Write one sentence about the sea.",
+    "What is two plus two?",
+    "Name a planet of the solar system.",
+    "Say hello in French.",
+    "Name an animal that can fly.",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=["all", "throughput", "agents", "gate"], default="all")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (throughput)")
+    parser.add_argument("--requests", type=int, default=8, help="requests per block at c=4")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=OUT)
+    options = parser.parse_args()
+    report: dict[str, Any] = {"machine": machine()}
+    if options.part in ("all", "throughput"):
+        report["throughput"] = throughput(options)
+    if options.part in ("all", "agents"):
+        report["agents"] = agents()
+    if options.part in ("all", "gate"):
+        report["gate"] = asyncio.run(gate())
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(report, indent=2))
+    print(f"\nwritten to {options.out}")
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()}
+
+
+def reef_server(folder: Path, n_ctx: int) -> ServerProcess:
+    write_reef_config(
+        folder, {"kind": "llamacpp", "llamacpp": {"n_ctx": n_ctx, "n_threads": N_THREADS}}
+    )
+    return reef_serve(folder, free_port(), "--engine", "llamacpp")
+
+
+# -- part 1: throughput -------------------------------------------------------------------
+
+
+def throughput(options: argparse.Namespace) -> dict[str, Any]:
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": STORY}],
+        "max_tokens": options.max_tokens,
+        "temperature": 0,
+    }
+    settings = [
+        ("Reef c=1", "reef", 1),
+        ("Reef c=4", "reef", 4),
+        ("llama_cpp.server c=4", "stock", 4),
+    ]
+    blocks: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in settings}
+    with tempfile.TemporaryDirectory() as scratch:
+        reef_dir, stock_dir = Path(scratch, "reef"), Path(scratch, "stock")
+        reef_dir.mkdir()
+        stock_dir.mkdir()
+        stock = stock_llama_server(stock_dir, logits_all=False)
+        with running(reef_server(reef_dir, 2048)) as reef, running(stock):
+            urls = {"reef": reef.url, "stock": stock.url}
+            for url in urls.values():  # warm up: model pages in, caches filled
+                asyncio.run(drive(url + "/v1", body, {}, 1, 1, 120, 300))
+            for round_ in range(options.rounds):
+                for name, server, concurrency in settings:
+                    count = options.requests if concurrency > 1 else max(2, options.requests // 4)
+                    samples, wall_s = asyncio.run(
+                        drive(urls[server], body, {}, concurrency, count, 600, 600)
+                    )
+                    failed = [s.error for s in samples if s.error]
+                    if failed:
+                        raise SystemExit(f"{name}: {failed[0]}")
+                    tokens = sum(s.completion_tokens for s in samples)
+                    p50 = statistics.median(s.latency_ms for s in samples)
+                    blocks[name].append((tokens / wall_s, p50))
+                    print(
+                        f"round {round_ + 1} {name}: {tokens / wall_s:.1f} tok/s, p50 {p50:.0f} ms"
+                    )
+    rate = {name: statistics.median(r for r, _ in values) for name, values in blocks.items()}
+    p50 = {name: statistics.median(p for _, p in values) for name, values in blocks.items()}
+    result = {
+        "tokens_per_s": rate,
+        "p50_ms": p50,
+        "reef_c4_over_reef_c1": rate["Reef c=4"] / rate["Reef c=1"],
+        "reef_c4_over_stock_c4": rate["Reef c=4"] / rate["llama_cpp.server c=4"],
+        "p50_c4_over_c1": p50["Reef c=4"] / p50["Reef c=1"],
+    }
+    print("\nthroughput (median of rounds):")
+    for name in rate:
+        print(f"  {name:24} {rate[name]:7.1f} tokens/s   p50 {p50[name]:8.0f} ms")
+    print(f"  Reef c=4 / Reef c=1: {result['reef_c4_over_reef_c1']:.2f}x (target >= 2)")
+    print(
+        f"  Reef c=4 / llama_cpp.server c=4: {result['reef_c4_over_stock_c4']:.2f}x (target >= 2)"
+    )
+    print(
+        f"  Reef p50 latency c=4 / c=1:             {result['p50_c4_over_c1']:.2f}x (target <= 2.5)"
+    )
+    return result
+
+
+# -- part 2: agents -------------------------------------------------------------------------
+
+
+def conversation(agent: str) -> list[dict[str, str]]:
+    """About 2,000 tokens: a long system prompt of tool rules, and a long task description."""
+    rules = " ".join(
+        f"Rule {n}: when you change the file src/module_{n}.py, keep each function short and "
+        f"run the tests of module {n} before you answer."
+        for n in range(1, 41)
+    )
+    task = " ".join(
+        f"Step {n}: {agent} reads the log line {n * 7} and notes which service wrote it."
+        for n in range(1, 46)
+    )
+    return [
+        {"role": "system", "content": f"You are coding agent {agent}. {rules}"},
+        {"role": "user", "content": task},
+    ]
+
+
+async def first_token_s(
+    client: httpx.AsyncClient, messages: list[dict[str, str]]
+) -> tuple[float, str]:
+    """Seconds to the first content token of a streamed answer, and the whole answer."""
+    body = {
+        "model": "default",
+        "messages": messages,
+        "max_tokens": 16,
+        "temperature": 0,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    first, text = None, []
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
+            if delta.get("content"):
+                first = first or time.perf_counter() - started
+                text.append(delta["content"])
+    return first or time.perf_counter() - started, "".join(text)
+
+
+async def two_agents(url: str, salt: str) -> dict[str, list[float]]:
+    talks = {name: conversation(f"{name}-{salt}") for name in ("A", "B")}
+    turns: dict[str, list[float]] = {"first": [], "second": []}
+    async with httpx.AsyncClient(base_url=url, timeout=900) as client:
+        for turn in ("first", "second"):
+            answers = await asyncio.gather(*(first_token_s(client, m) for m in talks.values()))
+            for (seconds, answer), messages in zip(answers, talks.values(), strict=True):
+                turns[turn].append(seconds)
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "Now say which service wrote the most lines."},
+                ]
+    return turns
+
+
+def agents() -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in ("Reef", "llama_cpp.server"):
+            folder = Path(scratch, name)
+            folder.mkdir()
+            server = reef_server(folder, 4096) if name == "Reef" else stock_server(folder)
+            try:
+                with running(server):
+                    asyncio.run(two_agents(server.url, "warm-up"))
+                    turns = asyncio.run(two_agents(server.url, "measured"))
+            except httpx.HTTPError as error:  # reported, so the other server's figures stand
+                result[name] = {"error": f"{type(error).__name__}: {error}"}
+                print(f"{name}: failed ({result[name]['error']}); its log: {server.log_path}")
+                continue
+            first, second = statistics.median(turns["first"]), statistics.median(turns["second"])
+            result[name] = {**turns, "ratio": first / second}
+            print(
+                f"{name}: first turn TTFT {first:.2f} s, second turn {second:.2f} s: "
+                f"{first / second:.1f}x lower (target >= 5 for Reef)"
+            )
+    return result
+
+
+def stock_server(folder: Path) -> ServerProcess:
+    server = stock_llama_server(folder, logits_all=False)
+    server.args[server.args.index("--n_ctx") + 1] = "4096"
+    return server
+
+
+# -- part 3: the gate ----------------------------------------------------------------------
+
+
+def engine_before(folder: Path) -> Any:
+    """main's llama.cpp engine before batching, loaded from git beside today's."""
+    source = subprocess.run(
+        ["git", "show", f"{BEFORE}:src/reef/engines/llamacpp.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = folder / "llamacpp_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("llamacpp_before", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.LlamaCppEngine(n_ctx=2048, n_threads=N_THREADS)
+
+
+async def paired(engine: Any, concurrency: int) -> tuple[float, list[dict[str, Any]]]:
+    tasks = [
+        EvalTask(
+            id=f"t{n}",
+            messages=[{"role": "user", "content": q}],
+            scorer=ScorerSpec(type="contains", value="e"),
+        )
+        for n, q in enumerate(TASKS)
+    ]
+    candidate = Binding(release_id="candidate", kind="harness", system_prompt="Answer briefly.")
+    settings = EvalSettings(temperature=0.0, seed=0, max_tokens=48)
+    generate = model_generate(LocalModel(engine), settings)
+    await generate(
+        ChatRequest.model_validate({"messages": [{"role": "user", "content": "Hi"}]}), BASE_BINDING
+    )
+    started = time.perf_counter()
+    report = await run_paired(
+        tasks, BASE_BINDING, candidate, generate, settings, concurrency=concurrency
+    )
+    return time.perf_counter() - started, report.summary()["results"]
+
+
+async def gate() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as scratch:
+        before = engine_before(Path(scratch))
+        await before.start()
+        try:
+            before_s, before_results = await paired(before, 1)
+        finally:
+            await before.close()
+    today = LlamaCppEngine(n_ctx=2048, n_threads=N_THREADS)
+    await today.start()
+    try:
+        serial_s, serial_results = await paired(today, 1)
+        batched_s, batched_results = await paired(today, 8)
+    finally:
+        await today.close()
+    result = {
+        "before_s": before_s,
+        "today_one_at_a_time_s": serial_s,
+        "today_concurrent_s": batched_s,
+        "speedup_over_before": before_s / batched_s,
+        "concurrent_identical_to_one_at_a_time": batched_results == serial_results,
+        "identical_to_before": batched_results == before_results,
+        "answers_differing_from_before": sum(
+            (a["current_answer"], a["candidate_answer"])
+            != (b["current_answer"], b["candidate_answer"])
+            for a, b in zip(batched_results, before_results, strict=True)
+        ),
+        "scores_identical_to_before": [
+            (a["current_score"], a["candidate_score"]) for a in batched_results
+        ]
+        == [(b["current_score"], b["candidate_score"]) for b in before_results],
+    }
+    print(f"\ngate on {len(TASKS)} tasks (16 requests):")
+    print(f"  main before batching, one at a time: {before_s:6.1f} s")
+    print(f"  today, one at a time:                {serial_s:6.1f} s")
+    print(f"  today, concurrent:                   {batched_s:6.1f} s")
+    print(
+        f"  speed-up over before:                {result['speedup_over_before']:.2f}x (target >= 2)"
+    )
+    print(f"  concurrent == one at a time: {result['concurrent_identical_to_one_at_a_time']}")
+    print(
+        f"  tasks answered differently from before: {result['answers_differing_from_before']}; "
+        f"scores identical: {result['scores_identical_to_before']}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
