@@ -191,8 +191,9 @@ class DecodeLoop:
     def _evaluate_block(self, sequence: _Sequence, block: list[int]) -> bool:
         """One llama_decode of one prompt block; samples the first token after the last block."""
         last = sequence.position + len(block) == len(sequence.job.prompt)
-        self._fill([(sequence, token, sequence.position + i) for i, token in enumerate(block)])
-        self._batch.logits[len(block) - 1] = last
+        tokens = [(sequence, token, sequence.position + i) for i, token in enumerate(block)]
+        self._fill(tokens, outputs=False)
+        self._batch.logits[len(block) - 1] = last  # only the prompt's last token is sampled
         if not self._run_decode([sequence], sequence.job.adapter):
             return False
         sequence.slot.evaluated(block, whole_block=len(block) == BLOCK)
@@ -219,7 +220,8 @@ class DecodeLoop:
             sequence.next_token = None
             self._take(sequence, index)
 
-    def _fill(self, tokens: list[tuple[_Sequence, int, int]]) -> None:
+    def _fill(self, tokens: list[tuple[_Sequence, int, int]], outputs: bool = True) -> None:
+        """Put `tokens` (sequence, token, position) in the batch; `outputs`: logits for each."""
         batch = self._batch
         batch.n_tokens = len(tokens)
         for i, (sequence, token, position) in enumerate(tokens):
@@ -227,7 +229,7 @@ class DecodeLoop:
             batch.pos[i] = position
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = sequence.slot.seq_id
-            batch.logits[i] = True
+            batch.logits[i] = outputs
 
     def _run_decode(self, sequences: list[_Sequence], adapter: Path | None) -> bool:
         import llama_cpp
