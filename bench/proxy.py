@@ -6,7 +6,8 @@ front of it with its defaults (every call recorded and fsync'd before it is answ
 in front of it with a master key and no database. One aiohttp client sends the same short chat
 request to each: at concurrency 1 for latency, at 32 for requests/s, in interleaved rounds.
 
-    .venv/bin/python bench/proxy.py            # about 3 minutes, more the first time (LiteLLM)
+    .venv/bin/python bench/proxy.py            # about 6 minutes on a quiet machine
+                                               # (and 2 more the first time: LiteLLM)
     .venv/bin/python bench/proxy.py --help
 
 Targets: Reef adds at most 1 ms at p50, concurrency 1, over the direct call; Reef's requests/s
