@@ -57,7 +57,6 @@ def test_logprobs_match_llama_cpp_full_logits_path(engine: LlamaCppEngine) -> No
         n_ctx=1024,
         n_threads=2,
         logits_all=True,
-        flash_attn=True,  # the engine's attention (see LlamaCppEngine._batch_context)
         verbose=False,
     )
     try:

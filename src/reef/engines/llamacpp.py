@@ -169,10 +169,8 @@ class LlamaCppEngine:
         params.kv_unified = False
         params.n_batch = params.n_ubatch = max(BLOCK, self.slots)
         params.n_threads = params.n_threads_batch = self.n_threads
-        # Flash attention computes each query row on its own over its own stream's cells; the
-        # other attention path picks matrix kernels by the batch's shape, so a sequence's
-        # numbers would depend on what else runs in the batch.
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        # As llama-cpp-python's Llama makes it, so answers stay what they were before batching.
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         return _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
 
     def _token_text(self, token: int) -> str:
