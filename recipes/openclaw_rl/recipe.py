@@ -49,6 +49,7 @@ from reef.learning.recipe import (
 )
 from reef.learning.weights import (
     BaseWeights,
+    LoraRecipeSettings,
     current_adapter,
     policy_update,
     rendered_prompt,
@@ -60,7 +61,7 @@ from reef.learning.weights import (
 log = logging.getLogger("reef.learning")
 
 
-class OpenClawRLSettings(RecipeSettings):
+class OpenClawRLSettings(LoraRecipeSettings):
     batch_size: int = 4  # judgeable turns (a next state or a score) needed before a step
     judge: Literal["model", "keywords"] = "model"
     # The judge model: an OpenAI-compatible endpoint, or the served model when unset.
@@ -73,16 +74,9 @@ class OpenClawRLSettings(RecipeSettings):
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.28, ge=0.0)
     kl_beta: float = Field(0.02, ge=0.0)
-    # The LoRA run, kept as plain settings so that loading the recipe never imports torch.
-    rank: int = Field(8, ge=1)
-    alpha: int = Field(16, ge=1)
+    # The LoRA run's other settings come from LoraRecipeSettings.
     learning_rate: float = Field(2e-4, gt=0)
     steps: int = Field(8, ge=1)  # gradient steps on the batch
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
-    )
-    seed: int = 0
-    threads: int = Field(1, ge=1)  # torch threads (see sft: one is fastest on a shared CPU)
 
 
 def token_advantages(

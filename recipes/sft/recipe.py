@@ -31,6 +31,7 @@ from reef.learning.hindsight import demonstrations, hints, relabel
 from reef.learning.recipe import Proposal, ProposalRefused, Recipe, RecipeSettings, StepContext
 from reef.learning.weights import (
     BaseWeights,
+    LoraRecipeSettings,
     rendered_prompt,
     reporter,
     require_weights,
@@ -40,7 +41,7 @@ from reef.learning.weights import (
 log = logging.getLogger("reef.learning")
 
 
-class SFTSettings(RecipeSettings):
+class SFTSettings(LoraRecipeSettings):
     batch_size: int = 4  # learnable turns needed before a step
     threshold: float = 0.5  # a score at or above it is a good answer; below it, a failure
     # Accepts hindsight answers (and scores the failing prompts as extra gate tasks).
@@ -48,20 +49,7 @@ class SFTSettings(RecipeSettings):
     hindsight_samples: int = Field(4, ge=1, le=16)
     hindsight_keep: int = Field(2, ge=1, le=16)  # answers kept per failing turn
     max_tokens: int = Field(128, ge=8)  # for hindsight answers
-    # The LoRA run (reef.training.LoraSettings): kept as plain settings so that loading the
-    # recipe in the server never imports torch.
-    rank: int = Field(8, ge=1)
-    alpha: int = Field(16, ge=1)
-    learning_rate: float = Field(5e-4, gt=0)
-    steps: int = Field(40, ge=1)
-    train_batch_size: int = Field(4, ge=1)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
-    )
-    seed: int = 0
-    # Torch threads for training. One keeps a step fast on a CPU the server also uses: with two
-    # cores shared, torch's threads spin-wait on each other and a step runs about 5x slower.
-    threads: int = Field(1, ge=1)
+    train_batch_size: int = Field(4, ge=1)  # examples per LoRA step (see LoraRecipeSettings)
 
 
 class SFT(Recipe):

@@ -44,6 +44,7 @@ from reef.learning.recipe import (
 )
 from reef.learning.weights import (
     BaseWeights,
+    LoraRecipeSettings,
     policy_update,
     reporter,
     require_weights,
@@ -54,7 +55,7 @@ log = logging.getLogger("reef.learning")
 SCORER = ScorerSpec(type="python", function="recipes.tttd.circles:score_answer")
 
 
-class TTTDSettings(RecipeSettings):
+class TTTDSettings(LoraRecipeSettings):
     circles: int = Field(26, ge=2, le=64)
     start_seed: int = 0  # seeds the first starting state
     starts: int = Field(2, ge=1, le=16)  # starting states per step
@@ -64,15 +65,8 @@ class TTTDSettings(RecipeSettings):
     archive_size: int = Field(16, ge=1)
     exploration: float = Field(1.0, ge=0)  # c in the PUCT score
     kl_beta: float = Field(0.02, ge=0)
-    rank: int = Field(8, ge=1)
-    alpha: int = Field(16, ge=1)
-    learning_rate: float = Field(5e-4, gt=0)
+    # The LoRA run's other settings come from LoraRecipeSettings.
     steps: int = Field(4, ge=1)  # gradient steps on each step's rollouts
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
-    )
-    seed: int = 0
-    threads: int = Field(1, ge=1)
 
 
 class TTTDiscover(Recipe):

@@ -1,5 +1,6 @@
 """What every recipe that trains the served model's weights needs from its step context.
 
+- `LoraRecipeSettings`: the LoRA settings such a recipe has, as plain settings (no torch);
 - `require_weights`: the step can train (a local engine's weights, a LoRA or base head);
 - `rendered_prompt`: a conversation's prompt token ids exactly as the engine renders them under
   the current release, asked of the engine once per key;
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
 from reef.learning.recipe import RecipeError, RecipeSettings, StepContext
 from reef.releases.chain import read_folder
 
@@ -28,6 +31,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reef.learning")
 PEFT_CONFIG = "peft/adapter_config.json"
+
+
+class LoraRecipeSettings(RecipeSettings):
+    """The LoRA run of a recipe that trains weights (`reef.training.LoraSettings` by name), kept
+    as plain settings so that loading the recipe in the server never imports torch. A recipe
+    overrides a default by declaring the field again."""
+
+    rank: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    learning_rate: float = Field(5e-4, gt=0)
+    steps: int = Field(40, ge=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
+    seed: int = 0
+    # Torch threads for training. One keeps a step fast on a CPU the server also uses: with two
+    # cores shared, torch's threads spin-wait on each other and a step runs about 5x slower.
+    threads: int = Field(1, ge=1)
 
 
 def require_weights(context: StepContext, recipe: str) -> None:
