@@ -91,6 +91,8 @@ def test_the_keyword_judge_reads_corrections_approvals_and_tool_errors() -> None
     assert judge.votes(turn(scripted_user.CORRECTION)) == [Vote(-1, scripted_user.CORRECTION)]
     assert judge.votes(turn("I said in French")) == [Vote(-1, "I said in French")]
     assert judge.votes(turn(scripted_user.APPROVAL)) == [Vote(1)]
+    assert judge.votes(turn("No problem, thanks!")) == [Vote(1)]
+    assert judge.votes(turn("That's not what I asked.")) == [Vote(-1, "That's not what I asked.")]
     assert judge.votes(turn("And a fish?")) == [Vote(0)]
     assert judge.votes(turn("Error: file not found", role="tool"))[0].score == -1
 

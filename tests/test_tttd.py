@@ -85,6 +85,17 @@ def test_the_gate_scorer_reads_the_state_from_the_prompt() -> None:
     )
 
 
+def test_without_a_known_best_the_gate_scorer_divides_by_the_area_bound() -> None:
+    state = circles.starting_state(5)
+
+    class Task:
+        def __init__(self) -> None:
+            self.messages = [{"role": "user", "content": circles.prompt(state)}]
+
+    score = circles.score_answer("", Task())
+    assert score == pytest.approx(circles.reward(state) / math.sqrt(5 / math.pi))
+
+
 # -- entropic advantages ---------------------------------------------------------------------------
 
 

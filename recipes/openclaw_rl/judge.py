@@ -176,7 +176,8 @@ def endpoint_ask(url: str, model: str | None, api_key_env: str | None) -> Ask:
 
 
 CORRECTION = re.compile(
-    r"^\s*(no\b|nope\b|not\b|wrong\b)|\b(i said|i asked|i meant|that's not|that is not|"
+    r"^\s*(no\b(?!\s+(problem|worries))|nope\b|not\b|wrong\b)|"
+    r"\b(i said|i asked|i meant|that's not|that is not|"
     r"instead|shorter|longer|too long|too short|don't|do not|stop)\b",
     re.IGNORECASE,
 )

@@ -118,9 +118,10 @@ def starting_state(n: int, seed: int = 0) -> Centres:
 
 def score_answer(answer: str, task: Any) -> float:
     """A gate scorer (`python` type): the answer's packing, from the state in the task's prompt,
-    as a share of the best known sum of radii for n circles."""
+    as a share of the best known sum of radii for n circles (an area bound for other n)."""
     state = state_in_prompt(task.messages[-1]["content"])
-    best = BEST_KNOWN.get(len(state)) or len(state) * 0.1
+    # Unknown n: n circles of radius r fill at most the square's area, so Σr ≤ sqrt(n / π).
+    best = BEST_KNOWN.get(len(state)) or math.sqrt(len(state) / math.pi)
     return min(1.0, reward(parse_centres(answer, state)) / best)
 
 
