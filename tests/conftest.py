@@ -30,6 +30,15 @@ def needs_git_lfs() -> None:
         pytest.skip("git-lfs is not installed (apt-get install git-lfs); .ci/run installs it")
 
 
+@pytest.fixture
+def node() -> None:
+    """Skip where Node is missing (the install scripts run it), but fail in CI, which has it."""
+    if shutil.which("node") is None:
+        if os.environ.get("CI"):
+            pytest.fail("node is missing: the CI machine has Node 20 for the coding agents")
+        pytest.skip("node is not installed: the adapters' install scripts run it")
+
+
 def write_config(folder: Path, text: str = SMALL_ENGINE) -> Path:
     path = folder / "reef.yaml"
     path.write_text(text)

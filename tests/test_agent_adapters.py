@@ -62,6 +62,7 @@ def script(server: ServerProcess, adapter: str) -> str:
         f"{server.url}/reef/harness/install", params={"adapter": adapter}, headers=HEADERS
     )
     assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/x-shellscript")
     return response.text
 
 
@@ -117,7 +118,7 @@ def test_scripts_are_listed_valid_sh_and_hold_no_token(server: ServerProcess, ad
     assert TOKEN not in text and server.url in text and AGENT_PACKAGES[adapter] in text
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="the install scripts run node")
+@pytest.mark.usefixtures("node")
 @pytest.mark.parametrize("adapter", AGENTS)
 def test_wrappers_exec_the_agent_in_a_session_and_announce_new_releases(
     server: ServerProcess, adapter: str, tmp_path: Path
@@ -153,7 +154,7 @@ def test_wrappers_exec_the_agent_in_a_session_and_announce_new_releases(
         assert f"headers=x-reef-scenario: default x-reef-session: {session}" in ran.stdout
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="the install scripts run node")
+@pytest.mark.usefixtures("node")
 def test_configs_point_at_reef_and_keep_what_was_there(
     server: ServerProcess, tmp_path: Path
 ) -> None:

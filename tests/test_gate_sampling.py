@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from reef.engines.base import ChatRequest
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.runner import EvalSettings, model_generate, run_paired
 from reef.evaluation.tasks import EvalTask, ScorerSpec
@@ -56,14 +57,27 @@ def test_the_paired_run_sends_tasks_concurrently_with_the_same_results(
     ]
     terse = Binding(release_id="candidate", kind="harness", system_prompt="Answer in one word.")
     settings = EvalSettings(temperature=0.0, seed=0, max_tokens=12)
-    generate = model_generate(LocalModel(engine), settings)
+    answer = model_generate(LocalModel(engine), settings)
+    flight = {"now": 0, "peak": 0}  # requests in flight, and the most at once
 
-    def run(concurrency: int) -> list[object]:
+    async def generate(request: ChatRequest, binding: Binding) -> str:
+        flight["now"] += 1
+        flight["peak"] = max(flight["peak"], flight["now"])
+        try:
+            return await answer(request, binding)
+        finally:
+            flight["now"] -= 1
+
+    def run(concurrency: int) -> tuple[list[object], int]:
+        flight["peak"] = 0
         report = asyncio.run(
             run_paired(tasks, BASE_BINDING, terse, generate, settings, concurrency=concurrency)
         )
-        return report.summary()["results"]
+        return report.summary()["results"], flight["peak"]
 
-    one_at_a_time = run(1)
+    one_at_a_time, peak = run(1)
+    assert peak == 1
     assert [r["task_id"] for r in one_at_a_time] == [t.id for t in tasks]
-    assert run(8) == one_at_a_time
+    concurrent, peak = run(8)
+    assert peak > 1, "the gate sent its tasks one at a time"
+    assert concurrent == one_at_a_time

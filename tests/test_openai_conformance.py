@@ -85,8 +85,8 @@ def test_text_completion_default_length_echo_and_logprobs(client: OpenAI) -> Non
     assert answer.usage and answer.usage.completion_tokens <= 16  # OpenAI's default max_tokens
     logprobs = choice.logprobs
     assert logprobs and logprobs.tokens and logprobs.token_logprobs
-    assert all(lp <= 0 for lp in logprobs.token_logprobs or [])
-    assert all(len(top) == 2 for top in logprobs.top_logprobs or [])
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert logprobs.top_logprobs and all(len(top) == 2 for top in logprobs.top_logprobs)
     assert (logprobs.text_offset or [0])[0] == len("One, two, three,")
 
 

@@ -210,7 +210,7 @@ def test_one_discovery_step_verifies_rollouts_trains_and_releases(tmp_path: Path
     for state in archive.states:
         centres = [(x, y) for x, y in state.centres]
         assert state.reward == pytest.approx(verify(circles.grown(centres)))
-    assert archive.best.reward >= circles.reward(start)
+    assert len(archive.states) > 1  # the rollouts entered the archive beside the start
     assert first["best"] == pytest.approx(
         max([circles.reward(start), *first["groups"][0]["rewards"]])
     )
