@@ -92,15 +92,21 @@ def test_text_completion_default_length_echo_and_logprobs(client: OpenAI) -> Non
 
 def test_text_completion_streams(client: OpenAI, http: httpx.Client) -> None:
     stream = client.completions.create(
-        model="default", prompt="Once upon a time", max_tokens=6, stream=True
+        model="default", prompt="Once upon a time", max_tokens=6, stream=True, logprobs=1
     )
-    text, receipt, finish = "", None, None
+    text, receipt, finish, ids, offsets = "", None, None, set(), []
     for chunk in stream:
         receipt = getattr(chunk, "reef", None) or receipt
+        ids.add(chunk.id)
         for choice in chunk.choices:
+            if choice.logprobs and choice.logprobs.text_offset:
+                offsets += choice.logprobs.text_offset
             text += choice.text
             finish = choice.finish_reason or finish
     assert text and finish == "length" and receipt
+    # One completion: one id on every chunk, the receipt's too; offsets count on across chunks.
+    assert len(ids) == 1 and ids.pop().startswith("cmpl-")
+    assert offsets[0] == 0 and offsets == sorted(offsets) and len(set(offsets)) > 1
     assert stored(http, receipt["agent_record_id"])["response"]["choices"][0]["text"] == text
 
 

@@ -81,10 +81,10 @@ class TextCompletionRequest(BaseModel):
         fields = {name: value for name, value in fields.items() if value is not None}
         if self.logprobs is not None:
             fields.update(logprobs=True, top_logprobs=self.logprobs)
-        chat = ChatRequest.model_validate(
+        # The route applies the release's binding, then makes it a completion of the text.
+        return ChatRequest.model_validate(
             {"model": self.model, "messages": [{"role": "user", "content": self.text()}], **fields}
         )
-        return chat.continuing(self.text())
 
 
 def text_completion(response: dict[str, Any], prompt: str, echo: bool) -> dict[str, Any]:
@@ -128,7 +128,8 @@ def _legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, An
 
 
 def _completion_id(response: dict[str, Any]) -> str:
-    return "cmpl-" + str(response.get("id") or "").removeprefix("chatcmpl-")
+    """The chat completion's id as a text completion's (unchanged if it already is one)."""
+    return "cmpl-" + str(response.get("id") or "").removeprefix("chatcmpl-").removeprefix("cmpl-")
 
 
 class TextStreamShape:
@@ -137,6 +138,7 @@ class TextStreamShape:
     def __init__(self, prompt: str, echo: bool) -> None:
         self.prompt, self.echo = prompt, echo
         self.echoed: set[int] = set()
+        self.offsets: dict[int, int] = {}  # choice index -> text offset of its next token
 
     def chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
         choices = [self._text_delta(choice) for choice in chunk.get("choices") or []]
@@ -161,17 +163,22 @@ class TextStreamShape:
         if not text and not choice.get("finish_reason"):
             return None
         logprobs = (choice.get("logprobs") or {}).get("content")
+        legacy = None
+        if logprobs:
+            start = self.offsets.get(index, len(self.prompt) if self.echo else 0)
+            legacy = _legacy_logprobs(logprobs, start)
+            self.offsets[index] = start + sum(len(entry["token"]) for entry in logprobs)
         return {
             "index": index,
             "text": text,
-            "logprobs": _legacy_logprobs(logprobs, 0) if logprobs else None,
+            "logprobs": legacy,
             "finish_reason": choice.get("finish_reason"),
         }
 
     def receipt(self, completion: Completion, record_id: str) -> dict[str, Any]:
         response = completion.response
         return {
-            "id": response.get("id"),
+            "id": _completion_id(response),
             "object": "text_completion",
             "created": response.get("created"),
             "model": response.get("model"),
