@@ -220,7 +220,9 @@ class LlamaCppEngine:
         items: asyncio.Queue[Any] = asyncio.Queue()
 
         def emit(chunk: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(items.put_nowait, chunk)
+            # A closed loop (the server shutting down) must not fail the other sequences.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(items.put_nowait, chunk)
 
         job = self._job(prepared, adapter, emit, _settler(loop, items.put_nowait, None, _Done))
         with self._admission():

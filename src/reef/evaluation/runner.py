@@ -24,8 +24,8 @@ from reef.inference.model import Model, answer_text
 # Produces the answer text for a request under a binding.
 Generate = Callable[[ChatRequest, Binding], Awaitable[str]]
 
-# Requests in flight at once: the llama.cpp engine's slots by default, so the gate fills one
-# batch and leaves the queue (server.max_queue) to traffic.
+# Requests in flight at once when the caller does not say (the gate passes the engine's slots),
+# so that evaluation fills one batch and leaves the queue (server.max_queue) to traffic.
 EVAL_CONCURRENCY = 4
 
 

@@ -176,7 +176,9 @@ class ReleaseWorkflow:
         current = self.binding(self._base_release(candidate))
         proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
         settings = self.eval_settings(candidate.scenario)
-        return await run_paired(tasks, current, proposed, generate, settings, on_task)
+        # As many requests at once as the llama.cpp engine has slots: one batch, no queueing.
+        slots = self.config.engine.llamacpp.slots
+        return await run_paired(tasks, current, proposed, generate, settings, on_task, slots)
 
     @contextlib.contextmanager
     def _rejected_on_cancel(self, candidate: Candidate) -> Iterator[None]:
