@@ -172,9 +172,17 @@ class DecodeLoop:
             self._start(job, *acquired, index=0)
 
     def _start(self, job: Job, slot: Slot, start: int, index: int) -> None:
+        """Run choice `index` of `job` in `slot`; a job that cannot start gives its slot back and
+        fails (it is not yet running, so the loop's catch-all would not reach it)."""
         grammar = job.constraint.grammar if job.constraint is not None else None
-        sampling = job.sampling.for_choice(index)
-        sampler = SequenceSampler(self._vocab, self._n_vocab, sampling, grammar)
+        try:
+            sampler = SequenceSampler(
+                self._vocab, self._n_vocab, job.sampling.for_choice(index), grammar
+            )
+        except Exception as error:
+            self.slots.release(slot)
+            job.settle(error)
+            return
         self._running.append(_Sequence(job, slot, index, start, sampler))
 
     def _prefill(self) -> None:
