@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import httpx
-from recipes.harness_evolve.mutations import parse_mutation
+from recipes.harness_evolve.mutations import apply, parse_mutation
 from recipes.harness_evolve.proposers import mutation_schema
 
+from reef.engines.base import ChatRequest
+from reef.engines.structured import output_constraint
 from reef.testing.processes import free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
 
@@ -59,11 +61,25 @@ def test_every_llm_proposal_parses_and_reaches_the_gate(tmp_path: Path) -> None:
     assert all(o["candidate_id"] for o in outcomes)
 
 
-def test_the_mutation_schema_offers_only_paths_parse_mutation_accepts() -> None:
+def test_the_mutation_schema_offers_only_mutations_the_tree_accepts() -> None:
     files = {"AGENTS.md": b"x", "rules/tone.md": b"y", "notes.txt": b"z"}
     schema = mutation_schema(files)
-    paths = schema["properties"]["path"]["enum"]  # type: ignore[index]
-    assert paths == ["AGENTS.md", "rules/feedback.md", "rules/tone.md"]
-    for path in paths:
-        reply = {"op": "create", "path": path, "content": "Be brief.", "reason": "asked"}
-        assert parse_mutation(json.dumps(reply), max_bytes=8000).path == path
+    branches = {tuple(b["properties"]["op"]["enum"]): b for b in schema["anyOf"]}  # type: ignore[attr-defined]
+    assert branches[("create",)]["properties"]["path"]["enum"] == ["rules/feedback.md"]
+    present = branches[("update", "remove")]["properties"]["path"]["enum"]
+    assert present == ["AGENTS.md", "rules/tone.md"]
+    for ops, branch in branches.items():
+        for op in ops:
+            for path in branch["properties"]["path"]["enum"]:
+                reply = {"op": op, "path": path, "content": "Be brief.", "reason": "asked"}
+                mutation = parse_mutation(json.dumps(reply), max_bytes=8000)
+                assert apply(files, mutation) != files  # never refused, always a change
+    form = {"type": "json_schema", "json_schema": {"name": "mutation", "schema": schema}}
+    request = ChatRequest(messages=[{"role": "user", "content": "x"}], response_format=form)
+    assert output_constraint(request) is not None  # a grammar llama.cpp can enforce
+
+
+def test_an_empty_tree_can_only_create() -> None:
+    schema = mutation_schema({})
+    assert schema["properties"]["op"]["enum"] == ["create"]  # type: ignore[index]
+    assert schema["properties"]["path"]["enum"] == ["AGENTS.md", "rules/feedback.md"]  # type: ignore[index]

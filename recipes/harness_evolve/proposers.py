@@ -88,22 +88,35 @@ class RuleProposer:
 
 
 # The reply the model proposer must give: llama.cpp enforces it with a grammar, so even the
-# 135M model always answers with a mutation the recipe can parse (the gate judges if it helps).
+# 135M model always answers with a mutation the recipe can apply (the gate judges if it helps).
 # Paths are a choice among the prose files of the tree and a new rule (a grammar cannot check a
-# regex); worked examples, which must be JSON lines, are the hindsight proposer's job.
+# regex); worked examples, which must be JSON lines, are the hindsight proposer's job. The op is
+# tied to the path: `create` only a file that is missing, `update` or `remove` one that is there
+# (apply refuses the others, and a refused step teaches nothing).
 NEW_RULE = "rules/feedback.md"
 
 
 def mutation_schema(files: dict[str, bytes]) -> dict[str, object]:
-    prose = (p for p in files if EDITABLE.match(p) and p != "examples.jsonl")
+    prose = {p for p in files if EDITABLE.match(p) and p != "examples.jsonl"}
     paths = sorted({"AGENTS.md", NEW_RULE, *prose})
+    missing = [p for p in paths if p not in files]
+    present = [p for p in paths if p in files]
+    branches = []
+    if missing:
+        branches.append(_mutation_branch(["create"], missing))
+    if present:
+        branches.append(_mutation_branch(["update", "remove"], present))
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def _mutation_branch(ops: list[str], paths: list[str]) -> dict[str, object]:
     return {
         "type": "object",
         "properties": {
-            "op": {"type": "string", "enum": ["create", "update", "remove"]},
+            "op": {"type": "string", "enum": ops},
             "path": {"type": "string", "enum": paths},
             # Bounded, so that the reply always closes before the proposer's token limit.
-            "content": {"type": "string", "maxLength": 600},
+            "content": {"type": "string", "minLength": 1, "maxLength": 600},
             "reason": {"type": "string", "maxLength": 160},
         },
         "required": ["op", "path", "content", "reason"],
