@@ -114,7 +114,11 @@ class VLLMEngine(UpstreamEngine):
                 env=environment,
             )
         await super().start()
-        await self._wait_until_ready()
+        try:
+            await self._wait_until_ready()
+        except BaseException:
+            await self.close()  # a child that never became ready is stopped, not left running
+            raise
 
     async def _wait_until_ready(self) -> None:
         health = f"http://127.0.0.1:{self.port}/health"
@@ -133,7 +137,6 @@ class VLLMEngine(UpstreamEngine):
                 except httpx.HTTPError:
                     pass
                 if asyncio.get_running_loop().time() > deadline:
-                    await self.close()
                     raise EngineUnavailable(
                         f"vllm did not become ready within {self.startup_timeout_s:.0f}s "
                         f"(log: {self._log})"
