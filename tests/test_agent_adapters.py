@@ -37,11 +37,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("agent-project")
     # The agents' prompts are thousands of tokens (Codex's about 4,600 with its instructions):
     # the embedded model's largest context, and short answers. The harness ends an answer at
-    # its first line, so it is complete rather than cut by the cap (Codex fails a cut answer).
+    # its first clause, greedily, so it is complete rather than cut by the cap: the agents fail
+    # a cut answer (Codex on "incomplete", Claude Code on max_tokens), and a sampled first line
+    # of the 135M model has run past 48 tokens. None of the agents sends stop or temperature.
     (folder / "reef.yaml").write_text(
-        "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 48}\n"
+        "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 128}\n"
     )
-    tree = harness(folder / "h1", "You are a coding agent. Answer in one line.", {"stop": ["\n"]})
+    short = {"stop": ["\n", ". ", "! ", ", "], "temperature": 0}
+    tree = harness(folder / "h1", "You are a coding agent. Answer in one line.", short)
     (tree / "skills/search").mkdir(parents=True)
     (tree / "skills/search/SKILL.md").write_text(
         "---\ndescription: search the code\n---\nUse grep.\n"
