@@ -146,4 +146,3 @@ def test_child_that_dies_while_starting_is_reported_with_its_log(tmp_path: Path)
         asyncio.run(engine.start())
     assert "no kernel image" in str(error.value)
     assert engine._session is None and engine._client is None  # its HTTP clients were closed
-
