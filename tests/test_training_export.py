@@ -58,7 +58,7 @@ def test_the_peft_folder_reloads_to_the_same_logits(
         "adapter_model.safetensors",
     ]
     reloaded = PeftModel.from_pretrained(copy.deepcopy(base.model), exported / "peft").eval()
-    ids = torch.tensor([[5, 70, 80, 90, 2, 1, 100]])
+    ids = torch.tensor([[5, 70, 80, 90, 2, 1, 100]], device=base.model.device)
     with torch.no_grad():
         expected = trained.model(input_ids=ids).logits
         got = reloaded(input_ids=ids).logits
@@ -120,8 +120,8 @@ def test_gguf_tensors_are_peft_s_with_q_and_k_rows_in_llama_cpp_order(
             continue
         layer = int(path.split(".layers.")[1].split(".")[0])
         name = f"blk.{layer}.{GGUF_NAMES[path.rsplit('.', 1)[1]]}.weight"
-        peft_a = module.lora_A["default"].weight.detach().numpy()
-        peft_b = module.lora_B["default"].weight.detach().numpy()
+        peft_a = module.lora_A["default"].weight.detach().cpu().numpy()
+        peft_b = module.lora_B["default"].weight.detach().cpu().numpy()
         assert np.array_equal(stored[f"{name}.lora_a"], peft_a)
         assert np.array_equal(undo.process(stored[f"{name}.lora_b"], name).weights, peft_b)
         if "attn_q" in name or "attn_k" in name:
@@ -148,7 +148,7 @@ def test_peft_scaling_other_than_alpha_over_rank_is_folded_into_b(base: Base) ->
     a, b = lora.tensors["blk.0.attn_v.weight.lora_a"], lora.tensors["blk.0.attn_v.weight.lora_b"]
     peft_delta = 3.0 * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
     llama_cpp_delta = (lora.alpha / a.shape[0]) * b @ a
-    assert np.allclose(llama_cpp_delta, peft_delta.detach().numpy(), atol=1e-6)
+    assert np.allclose(llama_cpp_delta, peft_delta.detach().cpu().numpy(), atol=1e-6)
 
 
 def test_an_export_that_fails_leaves_nothing_behind(

@@ -50,7 +50,7 @@ def test_completion_logprobs_are_the_log_softmax_of_the_logits_at_the_completion
     base: Base, examples: list[TrainingExample]
 ) -> None:
     prompt, completion = examples[0].prompt_ids, examples[0].completion_ids
-    ids = torch.tensor([prompt + completion])
+    ids = torch.tensor([prompt + completion], device=base.model.device)  # the GPU, on CUDA
     with torch.no_grad():
         logits = base.model(input_ids=ids).logits[0]
     table = F.log_softmax(logits, dim=-1)
@@ -107,6 +107,7 @@ def test_resuming_continues_from_the_saved_adapter(
     trained = train_lora(base, examples, settings)
     export_adapter(trained, tmp_path / "adapter")
     batch = make_batch(examples, settings.max_length, pad_id=base.tokenizer.pad_token_id)
+    batch = batch.to(base.model.device)
     with torch.no_grad():
         saved_loss = batch_loss(trained.model, batch).item()
 

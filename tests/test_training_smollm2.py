@@ -61,7 +61,7 @@ def test_the_gguf_base_is_cached_once_and_reloads_fast(base: Base, cache: Path) 
     again = load_base(gguf_path, cache, progress=messages.append)
     assert again.weights == base.weights
     assert not any("dequantising" in message for message in messages)
-    ids = torch.tensor([[1, 4093, 198, 26843, 665, 2]])
+    ids = torch.tensor([[1, 4093, 198, 26843, 665, 2]], device=base.model.device)
     with torch.no_grad():
         assert torch.equal(again.model(input_ids=ids).logits, base.model(input_ids=ids).logits)
 
@@ -168,10 +168,10 @@ def test_the_gguf_adapter_changes_llama_cpp_s_logits_as_peft_changes_torch_s(
     the q/k permutation, 0.86 without it, while the top token was the same in all of them."""
     model, adapter, unpermuted = random_lora
     prompt = list(base.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True))
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=base.model.device)
     with torch.no_grad():
-        torch_base = base.model(input_ids=ids).logits[0, -1].numpy()
-        torch_lora = model(input_ids=ids).logits[0, -1].numpy()
+        torch_base = base.model(input_ids=ids).logits[0, -1].cpu().numpy()
+        torch_lora = model(input_ids=ids).logits[0, -1].cpu().numpy()
     llama_base, llama_lora, llama_wrong = llama_cpp_last_logits(prompt, [None, adapter, unpermuted])
 
     assert correlation(torch_base, llama_base) > 0.99  # the same model on both sides
