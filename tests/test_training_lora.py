@@ -82,7 +82,7 @@ def test_training_lowers_the_loss_on_its_examples_and_leaves_the_base_alone(
     assert trained.losses[-1] < 0.6 * trained.losses[0]
     after = [completion_logprobs(trained.model, e.prompt_ids, e.completion_ids) for e in examples]
     assert sum(map(sum, after)) > sum(map(sum, before))  # the completions got likelier
-    assert trained.backend == "peft"
+    assert trained.backend == choose_backend()  # peft here; Unsloth on CUDA where installed
     assert trained.peak_memory_bytes > 0 and trained.seconds > 0
     assert not trained.model.training  # handed back ready to evaluate
     # Training wrapped a copy: the base has no LoRA layers and still gives the same log-probs.
@@ -112,9 +112,11 @@ def test_resuming_continues_from_the_saved_adapter(
         saved_loss = batch_loss(trained.model, batch).item()
 
     resumed = train_lora(base, examples, settings, resume_from=tmp_path / "adapter")
+    # Exact in float32 (peft); Unsloth trains in bfloat16, where the same loss differs a little.
+    same = 1e-5 if trained.model.dtype == torch.float32 else 5e-3
 
     # The resumed run's first loss is the saved adapter's, not a fresh adapter's ...
-    assert resumed.losses[0] == pytest.approx(saved_loss, rel=1e-5)
+    assert resumed.losses[0] == pytest.approx(saved_loss, rel=same)
     # ... which is where the first run ended (one optimiser step past its last recorded loss).
     assert resumed.losses[0] == pytest.approx(trained.losses[-1], rel=0.1)
     assert resumed.losses[0] < 0.7 * trained.losses[0]
@@ -127,7 +129,7 @@ def test_resuming_continues_from_the_saved_adapter(
         settings.model_copy(update={"steps": 1}),
         resume_from=tmp_path / "adapter" / "peft",
     )
-    assert direct.losses[0] == pytest.approx(saved_loss, rel=1e-5)
+    assert direct.losses[0] == pytest.approx(saved_loss, rel=same)
 
 
 def test_nothing_to_train_on_or_nothing_to_resume_is_refused(
