@@ -209,3 +209,31 @@ def test_a_stream_the_engine_fails_after_its_headers_ends_with_an_error_event(
         error = json.loads(events[-1].removeprefix("data: "))["error"]
         assert "LoRA adapter" in error["message"]
         assert records(running.url) == 0  # a failed call is never stored
+
+
+def test_status_counts_the_prompt_tokens_a_slot_s_cache_saved(server: ServerProcess) -> None:
+    def counters() -> dict[str, int]:
+        return httpx.get(f"{server.url}/reef/status").json()["engine"]["prompt_cache"]
+
+    rules = " ".join(f"Rule {n}: keep function {n} short." for n in range(1, 31))
+    conversation = [{"role": "system", "content": rules}, {"role": "user", "content": "Hi"}]
+    before = counters()
+    first = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"messages": conversation, "max_tokens": 2, "temperature": 0},
+        timeout=120,
+    ).json()
+    answer = first["choices"][0]["message"]["content"]
+    turn = [*conversation, {"role": "assistant", "content": answer}]
+    turn.append({"role": "user", "content": "And now?"})
+    second = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"messages": turn, "max_tokens": 2, "temperature": 0},
+        timeout=120,
+    ).json()
+    after = counters()
+    sent = first["usage"]["prompt_tokens"] + second["usage"]["prompt_tokens"]
+    assert after["prompt_tokens"] - before["prompt_tokens"] == sent
+    reused = after["reused_tokens"] - before["reused_tokens"]
+    # The second turn resends the first whole: its cached blocks (64 tokens each) are reused.
+    assert 64 <= reused <= first["usage"]["prompt_tokens"], (reused, first["usage"])
