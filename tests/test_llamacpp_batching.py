@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from openai import OpenAI
 from reef.engines.base import ChatRequest, Completion
 from reef.engines.llamacpp import Cancelled, LlamaCppEngine
 from reef.engines.llamacpp_slots import BLOCK
+from reef.testing.artifacts import random_lora
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
 
@@ -110,6 +112,46 @@ def test_cancelling_one_sequence_leaves_the_others_running(engine: LlamaCppEngin
         assert results[index].token_ids == expected[index].token_ids
         assert len(results[index].token_ids) == 40
     assert engine.in_flight == 0
+
+
+def test_two_adapters_take_turns_and_each_keeps_its_answers(
+    engine: LlamaCppEngine, tmp_path: Path
+) -> None:
+    """Sequences under different LoRA adapters cannot share a llama_decode: the groups alternate,
+    one decode each in turn. Neither waits for the other to finish, and each answers as alone."""
+    lora = random_lora(tmp_path / "lora")
+    eos = str(engine._llm.token_eos())
+    endless = {"max_tokens": 32, "temperature": 0, "logit_bias": {eos: -100}, "stream": True}
+    runs = [(chat(QUESTIONS[0], **endless), None), (chat(QUESTIONS[1], **endless), lora)]
+
+    async def tokens_at(request: ChatRequest, adapter: Path | None) -> list[float]:
+        times = []
+        async for item in engine.stream(request, adapter=adapter):
+            if isinstance(item, Completion):
+                completions.append(item)
+            elif item["choices"] and item["choices"][0]["delta"].get("content"):
+                times.append(time.perf_counter())
+        return times
+
+    async def alone_then_together() -> list[list[float]]:
+        for request, adapter in runs:
+            await tokens_at(request, adapter)
+        return list(await asyncio.gather(*(tokens_at(r, a) for r, a in runs)))
+
+    completions: list[Completion] = []
+    base_times, lora_times = asyncio.run(alone_then_together())
+    solo, batched = completions[:2], completions[2:]
+    assert solo[0].token_ids != solo[1].token_ids  # the adapter changes the answer
+    assert [len(c.token_ids) for c in batched] == [32, 32]
+    by_prompt = {tuple(c.prompt_token_ids or []): c for c in batched}
+    for one in solo:
+        other = by_prompt[tuple(one.prompt_token_ids or [])]
+        assert other.token_ids == one.token_ids
+        assert other.token_logprobs == pytest.approx(one.token_logprobs, abs=1e-5)
+    # Taking turns: when either group has its last token, the other has most of its own.
+    first_done = min(base_times[-1], lora_times[-1])
+    assert sum(t <= first_done for t in base_times) >= len(base_times) * 3 // 4
+    assert sum(t <= first_done for t in lora_times) >= len(lora_times) * 3 // 4
 
 
 def test_a_seed_keeps_the_prompt_cache(engine: LlamaCppEngine) -> None:
