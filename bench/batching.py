@@ -5,7 +5,9 @@
 
 Part `throughput`: completion tokens/s of all requests together, and p50 latency, for Reef's
 llama.cpp engine at concurrency 1 and 4 and the stock `llama_cpp.server` at concurrency 4, side
-by side on 127.0.0.1, in interleaved rounds (a slow spell of the machine hits each alike).
+by side on 127.0.0.1, in interleaved rounds (a slow spell of the machine hits each alike); then
+what llama.cpp's own decode gains from a batch of 4 on this machine (`decode_ceiling.py`), the
+ceiling for any server on it.
 Part `agents`: two agents send a ~2,000-token conversation at once (concurrency 2), then the
 same conversation plus the model's answer and one new message: time to first token of the
 second turn against the first, on Reef and on the stock server. Part `gate`: the paired
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from decode_ceiling import decode_ceiling, describe
 from serving_load import drive
 from serving_servers import running, stock_llama_server, write_reef_config
 
@@ -152,6 +155,21 @@ def throughput(options: argparse.Namespace) -> dict[str, Any]:
     )
     print(
         f"  Reef p50 latency c=4 / c=1:             {result['p50_c4_over_c1']:.2f}x (target <= 2.5)"
+    )
+    ceiling = decode_ceiling(N_THREADS)
+    one, four = ceiling[1], ceiling[4]
+    result["ceiling"] = {
+        "decode": ceiling,
+        "tokens_batch4_over_batch1": four["tokens_per_s"] / one["tokens_per_s"],
+        "call_batch4_over_batch1": four["ms_per_call"] / one["ms_per_call"],
+    }
+    print(f"\nwhat llama.cpp itself gains from a batch here ({N_THREADS} threads, no server):")
+    print("\n".join(describe(ceiling)))
+    share = result["reef_c4_over_reef_c1"] / result["ceiling"]["tokens_batch4_over_batch1"]
+    print(f"  Reef c=4 / c=1 reaches {share:.0%} of that ceiling; no server on llama.cpp here can")
+    print(
+        f"  exceed {result['ceiling']['tokens_batch4_over_batch1']:.2f}x, nor keep its p50 ratio "
+        f"below {result['ceiling']['call_batch4_over_batch1']:.2f}x"
     )
     return result
 
