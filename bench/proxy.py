@@ -3,8 +3,10 @@ against the LiteLLM proxy, in one run (issue 11, goal 4).
 
 A fast fake upstream (`bench/fake_upstream.py`) stands in for the remote model. Reef serves in
 front of it with its defaults (every call recorded and fsync'd before it is answered), LiteLLM
-in front of it with a master key and no database. One aiohttp client sends the same short chat
-request to each: at concurrency 1 for latency, at 32 for requests/s, in interleaved rounds.
+in front of it with a master key and no database, and a bare Python forwarder
+(`bench/bare_forwarder.py`: bytes in, bytes out, no record) beside them, whose added latency is
+the floor of any Python hop here. One aiohttp client sends the same short chat request to each:
+at concurrency 1 for latency, at 32 for requests/s, in interleaved rounds.
 
     .venv/bin/python bench/proxy.py            # about 6 minutes on a quiet machine
                                                # (and 2 more the first time: LiteLLM)
@@ -31,6 +33,7 @@ from proxy_load import Block, Target, run_block
 from proxy_servers import (
     LITELLM_VENV,
     MODEL,
+    bare_forwarder,
     commit_probe_ms,
     complete_records,
     ensure_litellm,
@@ -52,6 +55,7 @@ BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}]}
 ).encode()
 DIRECT, REEF, LITELLM = "direct (no proxy)", "Reef", "LiteLLM"
+BARE = "bare Python forwarder"
 ADDED_P50_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 10.0
 OUT = Path(__file__).resolve().parent / "out" / "proxy.json"
@@ -216,6 +220,17 @@ def verdicts(series: list[Series]) -> list[dict[str, Any]]:
                 "pass": added <= ADDED_P50_TARGET_MS,
             }
         )
+    bare = find(series, BARE, 1)
+    if reef and direct and bare:
+        floor = bare.percentile(0.5) - direct.percentile(0.5)
+        results.append(
+            {
+                "target": "added p50 at c=1, the bare forwarder vs the direct call (a floor)",
+                "value": f"{floor:.3f} ms; Reef adds {added - floor:.3f} ms more",
+                "goal": f"<= {ADDED_P50_TARGET_MS} ms",
+                "pass": floor <= ADDED_P50_TARGET_MS,
+            }
+        )
     reef32, lite32 = find(series, REEF, 32), find(series, LITELLM, 32)
     if reef32 and lite32:
         ratios = [
@@ -258,7 +273,8 @@ def main() -> None:
     context: dict[str, Any] = {"cores": 2, "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="reef-proxy-") as tmp, ExitStack() as stack:
         root = Path(tmp)
-        servers = {name: root / name for name in ("upstream", "reef", "compare", "litellm")}
+        names = ("upstream", "reef", "forwarder", "compare", "litellm")
+        servers = {name: root / name for name in names}
         for folder in servers.values():
             folder.mkdir()
         upstream = fake_upstream(servers["upstream"])
@@ -279,6 +295,11 @@ def main() -> None:
             ),
         ]
         pids = [pid_of(upstream), pid_of(reef)]
+        forwarder = bare_forwarder(servers["forwarder"], upstream.url)
+        stack.callback(forwarder.stop)
+        started(forwarder)
+        targets.append(Target(BARE, f"{forwarder.url}/v1/chat/completions", auth))
+        pids.append(pid_of(forwarder))
         if options.compare is not None:
             other = reef_proxy(servers["compare"], upstream.url, token, options.compare)
             stack.callback(other.stop)

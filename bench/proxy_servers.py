@@ -36,6 +36,14 @@ def fake_upstream(folder: Path) -> ServerProcess:
     return ServerProcess(args, port, folder, health_path="/v1/models", log_name="upstream.log")
 
 
+def bare_forwarder(folder: Path, upstream_url: str) -> ServerProcess:
+    """`bare_forwarder.py`: bytes to the upstream and back, nothing else (the floor under Reef)."""
+    port = free_port()
+    script = HERE / "bare_forwarder.py"
+    args = [sys.executable, str(script), "--port", str(port), "--upstream", upstream_url]
+    return ServerProcess(args, port, folder, health_path="/v1/models", log_name="forwarder.log")
+
+
 def reef_proxy(
     folder: Path, upstream_url: str, token: str, source: Path | None = None
 ) -> ServerProcess:
