@@ -6,6 +6,7 @@ The token comes as `Authorization: Bearer TOKEN`, or (as Anthropic's clients sen
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import json
@@ -35,6 +36,7 @@ def token_matches(provided: str, tokens: list[str]) -> bool:
     return matched
 
 
+@functools.lru_cache(maxsize=256)  # asked on every request, of the few hosts clients send
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
