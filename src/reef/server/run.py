@@ -65,6 +65,7 @@ class _ReefServer(uvicorn.Server):
                 host=server_config.host,
                 port=server_config.port,
                 log_level=server_config.log_level,
+                access_log=server_config.access_log,
                 timeout_graceful_shutdown=60,
                 lifespan="off",
             )
