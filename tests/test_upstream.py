@@ -167,3 +167,18 @@ def test_unreachable_upstream_is_502_with_a_hint(tmp_path: Path) -> None:
             server.url + "/reef/status", headers={"Authorization": f"Bearer {TOKEN}"}
         )
         assert status.json()["store"]["scenarios"] == {}
+
+
+def test_access_lines_are_off_by_default_and_on_when_asked(
+    client: OpenAI, reef: ServerProcess, peer: ServerProcess, tmp_path: Path
+) -> None:
+    client.chat.completions.create(model="peer", messages=HI)  # type: ignore[arg-type]
+    assert "POST /v1/chat/completions HTTP/1.1" not in reef.log()  # the record is the trace
+    (tmp_path / "reef.yaml").write_text(
+        f"server:\n  access_log: true\nengine:\n  kind: upstream\n  upstream:\n"
+        f"    url: {peer.url}/v1\n"
+    )
+    with reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start() as server:
+        logged = OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0)
+        logged.chat.completions.create(model="peer", messages=HI)  # type: ignore[arg-type]
+        assert '"POST /v1/chat/completions HTTP/1.1" 200' in server.log()
