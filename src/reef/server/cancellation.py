@@ -47,7 +47,10 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
     returned = False  # a callback already scheduled must not cancel what comes after
 
     def on_disconnect(finished: asyncio.Future[None]) -> None:
-        if not returned and not finished.cancelled() and finished.exception() is None:
+        # A listener that failed reading the connection counts as a disconnect (and its error
+        # is retrieved here, so that asyncio does not report it as never retrieved).
+        if not returned and not finished.cancelled():
+            finished.exception()
             handler.cancel("client disconnected")
 
     listener.add_done_callback(on_disconnect)
