@@ -17,6 +17,7 @@ from recipes.harness_evolve.proposers import mutation_schema
 
 from reef.engines.base import ChatRequest
 from reef.engines.structured import output_constraint
+from reef.learning.worker import SCHEMA_REPLY_TOKENS
 from reef.testing.processes import free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
 
@@ -57,7 +58,8 @@ def test_every_llm_proposal_parses_and_reaches_the_gate(tmp_path: Path) -> None:
                     break
                 assert time.monotonic() < deadline, server.log()[-2000:]
                 time.sleep(1)
-    assert all(o["outcome"] in ("released", "rejected", "held") for o in outcomes), outcomes
+        refusals = [line for line in server.log().splitlines() if "proposed nothing" in line]
+    assert all(o["outcome"] in ("released", "rejected", "held") for o in outcomes), refusals
     assert all(o["candidate_id"] for o in outcomes)
 
 
@@ -83,3 +85,12 @@ def test_an_empty_tree_can_only_create() -> None:
     schema = mutation_schema({})
     assert schema["properties"]["op"]["enum"] == ["create"]  # type: ignore[index]
     assert schema["properties"]["path"]["enum"] == ["AGENTS.md", "rules/feedback.md"]  # type: ignore[index]
+
+
+def test_the_longest_mutation_fits_in_the_reply_the_worker_allows() -> None:
+    """A reply cut by max_tokens is not JSON ("no proposal"): CI saw it with 400 tokens."""
+    branch = mutation_schema({})["properties"]
+    longest = sum(field.get("maxLength", 0) for field in branch.values())  # type: ignore[union-attr]
+    longest += sum(len(path) for path in branch["path"]["enum"])  # type: ignore[index]
+    scaffolding = 40  # keys, quotes, braces and the op: a token a character at worst
+    assert longest + scaffolding <= SCHEMA_REPLY_TOKENS

@@ -115,7 +115,7 @@ def _mutation_branch(ops: list[str], paths: list[str]) -> dict[str, object]:
         "properties": {
             "op": {"type": "string", "enum": ops},
             "path": {"type": "string", "enum": paths},
-            # Bounded, so that the reply always closes before the proposer's token limit.
+            # Bounded, so that the reply closes within the worker's SCHEMA_REPLY_TOKENS.
             "content": {"type": "string", "minLength": 1, "maxLength": 600},
             "reason": {"type": "string", "maxLength": 160},
         },

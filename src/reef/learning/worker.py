@@ -46,6 +46,7 @@ from reef.store.learning import (
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
+SCHEMA_REPLY_TOKENS = 1024  # max_tokens of a reply held to a JSON schema (see `ask`)
 
 
 @dataclass
@@ -185,6 +186,9 @@ class LearningWorker:
         model answers with something a recipe can parse."""
         body: dict[str, Any] = {"messages": messages, "temperature": 0.7, "max_tokens": 400}
         if json_schema is not None:
+            # A reply cut short is not JSON: room for the longest the schema allows (the
+            # mutation's 600 + 160 characters, a token a character at worst; 400 cut 1 in 24).
+            body["max_tokens"] = SCHEMA_REPLY_TOKENS
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "reply", "schema": json_schema, "strict": True},
