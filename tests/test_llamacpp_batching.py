@@ -122,33 +122,30 @@ def test_two_adapters_take_turns_and_each_keeps_its_answers(
     lora = random_lora(tmp_path / "lora")
     eos = str(engine._llm.token_eos())
     endless = {"max_tokens": 32, "temperature": 0, "logit_bias": {eos: -100}, "stream": True}
-    runs = [(chat(QUESTIONS[0], **endless), None), (chat(QUESTIONS[1], **endless), lora)]
+    request = chat(QUESTIONS[0], **endless)  # the same request, with and without the adapter
 
-    async def tokens_at(request: ChatRequest, adapter: Path | None) -> list[float]:
-        times = []
+    async def streamed(adapter: Path | None) -> tuple[list[float], Completion]:
+        times, completion = [], None
         async for item in engine.stream(request, adapter=adapter):
             if isinstance(item, Completion):
-                completions.append(item)
+                completion = item
             elif item["choices"] and item["choices"][0]["delta"].get("content"):
                 times.append(time.perf_counter())
-        return times
+        assert completion is not None
+        return times, completion
 
-    async def alone_then_together() -> list[list[float]]:
-        for request, adapter in runs:
-            await tokens_at(request, adapter)
-        return list(await asyncio.gather(*(tokens_at(r, a) for r, a in runs)))
+    async def alone_then_together() -> tuple[list[Any], list[Any]]:
+        solo = [await streamed(None), await streamed(lora)]
+        return solo, list(await asyncio.gather(streamed(None), streamed(lora)))
 
-    completions: list[Completion] = []
-    base_times, lora_times = asyncio.run(alone_then_together())
-    solo, batched = completions[:2], completions[2:]
-    assert solo[0].token_ids != solo[1].token_ids  # the adapter changes the answer
-    assert [len(c.token_ids) for c in batched] == [32, 32]
-    by_prompt = {tuple(c.prompt_token_ids or []): c for c in batched}
-    for one in solo:
-        other = by_prompt[tuple(one.prompt_token_ids or [])]
+    solo, together = asyncio.run(alone_then_together())
+    assert solo[0][1].token_ids != solo[1][1].token_ids  # the adapter changes the answer
+    for (_, one), (_, other) in zip(solo, together, strict=True):
+        assert len(other.token_ids) == 32
         assert other.token_ids == one.token_ids
         assert other.token_logprobs == pytest.approx(one.token_logprobs, abs=1e-5)
     # Taking turns: when either group has its last token, the other has most of its own.
+    (base_times, _), (lora_times, _) = together
     first_done = min(base_times[-1], lora_times[-1])
     assert sum(t <= first_done for t in base_times) >= len(base_times) * 3 // 4
     assert sum(t <= first_done for t in lora_times) >= len(lora_times) * 3 // 4
