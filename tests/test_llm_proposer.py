@@ -90,7 +90,8 @@ def test_an_empty_tree_can_only_create() -> None:
 def test_the_longest_mutation_fits_in_the_reply_the_worker_allows() -> None:
     """A reply cut by max_tokens is not JSON ("no proposal"): CI saw it with 400 tokens."""
     branch = mutation_schema({})["properties"]
-    longest = sum(field.get("maxLength", 0) for field in branch.values())  # type: ignore[union-attr]
-    longest += sum(len(path) for path in branch["path"]["enum"])  # type: ignore[index]
-    scaffolding = 40  # keys, quotes, braces and the op: a token a character at worst
-    assert longest + scaffolding <= SCHEMA_REPLY_TOKENS
+    empty = {"op": "create", "path": "", "content": "", "reason": ""}
+    longest = len(json.dumps(empty))  # keys, quotes and braces
+    longest += sum(field.get("maxLength", 0) for field in branch.values())  # type: ignore[union-attr]
+    longest += max(len(path) for path in branch["path"]["enum"])  # type: ignore[index]
+    assert longest <= SCHEMA_REPLY_TOKENS  # a token a character, at worst
