@@ -121,7 +121,9 @@ def throughput(options: argparse.Namespace) -> dict[str, Any]:
         with running(reef_server(reef_dir, 2048)) as reef, running(stock):
             urls = {"reef": reef.url, "stock": stock.url}
             for url in urls.values():  # warm up: model pages in, caches filled
-                asyncio.run(drive(url + "/v1", body, {}, 1, 1, 120, 300))
+                warm, _ = asyncio.run(drive(url, body, {}, 1, 1, 120, 300))
+                if any(sample.error for sample in warm):
+                    raise SystemExit(f"warm-up of {url} failed: {warm[0].error}")
             for round_ in range(options.rounds):
                 for name, server, concurrency in settings:
                     count = options.requests if concurrency > 1 else max(2, options.requests // 4)
@@ -321,7 +323,7 @@ async def gate() -> dict[str, Any]:
     await today.start()
     try:
         serial_s, serial_results = await paired(today, 1)
-        batched_s, batched_results = await paired(today, 8)
+        batched_s, batched_results = await paired(today, today.slots)  # as the gate sends them
     finally:
         await today.close()
     result = {
