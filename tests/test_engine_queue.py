@@ -235,5 +235,9 @@ def test_status_counts_the_prompt_tokens_a_slot_s_cache_saved(server: ServerProc
     sent = first["usage"]["prompt_tokens"] + second["usage"]["prompt_tokens"]
     assert after["prompt_tokens"] - before["prompt_tokens"] == sent
     reused = after["reused_tokens"] - before["reused_tokens"]
-    # The second turn resends the first whole: its cached blocks (64 tokens each) are reused.
-    assert 64 <= reused <= first["usage"]["prompt_tokens"], (reused, first["usage"])
+    # The second turn resends the first whole: every whole 64-token block of it is reused.
+    whole_blocks = first["usage"]["prompt_tokens"] // 64 * 64
+    assert whole_blocks >= 64 and whole_blocks <= reused <= first["usage"]["prompt_tokens"], (
+        reused,
+        first["usage"],
+    )

@@ -82,7 +82,8 @@ def test_training_lowers_the_loss_on_its_examples_and_leaves_the_base_alone(
     assert trained.losses[-1] < 0.6 * trained.losses[0]
     after = [completion_logprobs(trained.model, e.prompt_ids, e.completion_ids) for e in examples]
     assert sum(map(sum, after)) > sum(map(sum, before))  # the completions got likelier
-    assert trained.backend == choose_backend()  # peft here; Unsloth on CUDA where installed
+    if not torch.cuda.is_available():  # Unsloth is chosen only on CUDA, where installed
+        assert trained.backend == "peft"
     assert trained.peak_memory_bytes > 0 and trained.seconds > 0
     assert not trained.model.training  # handed back ready to evaluate
     # Training wrapped a copy: the base has no LoRA layers and still gives the same log-probs.
