@@ -66,3 +66,26 @@ def test_a_server_that_stops_the_handler_stops_the_work() -> None:
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(scenario())
     assert ran == ["cancelled"]
+
+
+def test_a_server_stop_at_the_moment_the_client_leaves_is_not_swallowed() -> None:
+    """The server cancels the handler in the very step the client's disconnect arrives: the
+    handler must stop as cancelled, not turn the server's cancellation into a disconnect."""
+    ran: list[str] = []
+    handlers: list[asyncio.Task] = []
+
+    async def receive() -> dict:
+        await asyncio.sleep(0.01)
+        handlers[0].cancel()  # the server stops the handler as the client goes
+        return {"type": "http.disconnect"}
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+    async def scenario() -> None:
+        handler = asyncio.ensure_future(until_disconnected(request, slow(5, ran)))
+        handlers.append(handler)
+        await handler
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(scenario())
+    assert ran == ["cancelled"]

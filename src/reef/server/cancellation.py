@@ -44,24 +44,26 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
     handler = asyncio.current_task()
     assert handler is not None, "until_disconnected runs inside a request's task"
     listener = asyncio.ensure_future(wait_for_disconnect(request))
-    returned = False  # a callback already scheduled must not cancel what comes after
+    state = {"returned": False, "disconnected": False}
 
     def on_disconnect(finished: asyncio.Future[None]) -> None:
-        # A listener that failed reading the connection counts as a disconnect (and its error
-        # is retrieved here, so that asyncio does not report it as never retrieved).
-        if not returned and not finished.cancelled():
-            finished.exception()
+        if finished.cancelled():
+            return
+        finished.exception()  # a failed read counts as a disconnect, its error retrieved
+        if not state["returned"]:  # a callback already scheduled must not cancel what follows
+            state["disconnected"] = True
             handler.cancel("client disconnected")
 
     listener.add_done_callback(on_disconnect)
     try:
         return await work
     except asyncio.CancelledError:
-        if listener.done() and not listener.cancelled() and handler.uncancel() == 0:
+        # Ours only if we asked and nobody else did (the server stopping this handler).
+        if state["disconnected"] and handler.uncancel() == 0:
             raise ClientDisconnected(
                 "the client disconnected before the answer was ready"
             ) from None
-        raise  # the server is stopping this handler
+        raise
     finally:
-        returned = True
+        state["returned"] = True
         listener.cancel()
