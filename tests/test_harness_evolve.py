@@ -40,7 +40,9 @@ def turn(
 def context(
     files: dict[str, bytes] | None = None, reply: str | None = None, asked: list | None = None
 ) -> StepContext:
-    def ask(messages: list[dict[str, str]], json_schema: dict | None = None) -> str:
+    def ask(
+        messages: list[dict[str, str]], json_schema: dict | None = None, max_tokens: int = 400
+    ) -> str:
         if asked is not None:
             asked.append(messages)
         return reply or ""

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from recipes.harness_evolve.mutations import apply, parse_mutation
-from recipes.harness_evolve.proposers import mutation_schema
+from recipes.harness_evolve.proposers import fitted, mutation_schema, reply_room
 
 from reef.engines.base import ChatRequest
 from reef.engines.structured import output_constraint
-from reef.learning.worker import SCHEMA_REPLY_TOKENS
 from reef.testing.processes import free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
 
@@ -63,35 +63,38 @@ def test_every_llm_proposal_parses_and_reaches_the_gate(tmp_path: Path) -> None:
     assert all(o["candidate_id"] for o in outcomes)
 
 
-def test_the_mutation_schema_offers_only_mutations_the_tree_accepts() -> None:
+def test_every_write_the_schema_allows_fits_the_tree() -> None:
     files = {"AGENTS.md": b"x", "rules/tone.md": b"y", "notes.txt": b"z"}
     schema = mutation_schema(files)
-    branches = {tuple(b["properties"]["op"]["enum"]): b for b in schema["anyOf"]}  # type: ignore[attr-defined]
-    assert branches[("create",)]["properties"]["path"]["enum"] == ["rules/feedback.md"]
-    present = branches[("update", "remove")]["properties"]["path"]["enum"]
-    assert present == ["AGENTS.md", "rules/tone.md"]
-    for ops, branch in branches.items():
-        for op in ops:
-            for path in branch["properties"]["path"]["enum"]:
-                reply = {"op": op, "path": path, "content": "Be brief.", "reason": "asked"}
-                mutation = parse_mutation(json.dumps(reply), max_bytes=8000)
-                assert apply(files, mutation) != files  # never refused, always a change
+    assert schema["type"] == "object"  # a plain object at the top, as OpenAI's strict mode wants
+    properties: Any = schema["properties"]
+    assert properties["path"]["enum"] == ["AGENTS.md", "rules/feedback.md", "rules/tone.md"]
+    assert properties["op"]["enum"] == ["create", "update", "remove"]
+    for op in ("create", "update"):  # the model cannot see which files exist: either works
+        for path in properties["path"]["enum"]:
+            reply = {"op": op, "path": path, "content": "Be brief.", "reason": "asked"}
+            mutation = fitted(parse_mutation(json.dumps(reply), max_bytes=8000), files)
+            assert apply(files, mutation)[path] == b"Be brief."
     form = {"type": "json_schema", "json_schema": {"name": "mutation", "schema": schema}}
     request = ChatRequest(messages=[{"role": "user", "content": "x"}], response_format=form)
     assert output_constraint(request) is not None  # a grammar llama.cpp can enforce
 
 
-def test_an_empty_tree_can_only_create() -> None:
-    schema = mutation_schema({})
-    assert schema["properties"]["op"]["enum"] == ["create"]  # type: ignore[index]
-    assert schema["properties"]["path"]["enum"] == ["AGENTS.md", "rules/feedback.md"]  # type: ignore[index]
+def test_an_empty_tree_offers_no_removal() -> None:
+    properties: Any = mutation_schema({})["properties"]
+    assert properties["op"]["enum"] == ["create", "update"]
+    assert properties["path"]["enum"] == ["AGENTS.md", "rules/feedback.md"]
 
 
-def test_the_longest_mutation_fits_in_the_reply_the_worker_allows() -> None:
+def test_the_longest_mutation_fits_in_the_room_the_proposer_asks_for() -> None:
     """A reply cut by max_tokens is not JSON ("no proposal"): CI saw it with 400 tokens."""
-    branch = mutation_schema({})["properties"]
-    empty = {"op": "create", "path": "", "content": "", "reason": ""}
-    longest = len(json.dumps(empty))  # keys, quotes and braces
-    longest += sum(field.get("maxLength", 0) for field in branch.values())  # type: ignore[union-attr]
-    longest += max(len(path) for path in branch["path"]["enum"])  # type: ignore[index]
-    assert longest <= SCHEMA_REPLY_TOKENS  # a token a character, at worst
+    files = {"rules/a-rather-long-rule-name-about-tone.md": b"x"}
+    schema = mutation_schema(files)
+    properties: Any = schema["properties"]
+    longest = {
+        "op": max(properties["op"]["enum"], key=len),
+        "path": max(properties["path"]["enum"], key=len),
+        "content": "c" * properties["content"]["maxLength"],
+        "reason": "r" * properties["reason"]["maxLength"],
+    }
+    assert len(json.dumps(longest)) <= reply_room(schema)  # a token a character, typically

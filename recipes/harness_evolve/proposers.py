@@ -9,8 +9,10 @@ answer with a JSON mutation, and is told about recent rejections so that it does
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
+from typing import Any
 
 from recipes.harness_evolve.mutations import EDITABLE, Mutation
 
@@ -88,40 +90,47 @@ class RuleProposer:
 
 
 # The reply the model proposer must give: llama.cpp enforces it with a grammar, so even the
-# 135M model always answers with a mutation the recipe can apply (the gate judges if it helps).
+# 135M model always answers with a mutation the recipe can parse (the gate judges if it helps).
 # Paths are a choice among the prose files of the tree and a new rule (a grammar cannot check a
-# regex); worked examples, which must be JSON lines, are the hindsight proposer's job. The op is
-# tied to the path: `create` only a file that is missing, `update` or `remove` one that is there
-# (apply refuses the others, and a refused step teaches nothing).
+# regex); worked examples, which must be JSON lines, are the hindsight proposer's job. One plain
+# object, as OpenAI's strict schemas require at the top; `remove` only when there is a file.
 NEW_RULE = "rules/feedback.md"
 
 
 def mutation_schema(files: dict[str, bytes]) -> dict[str, object]:
     prose = {p for p in files if EDITABLE.match(p) and p != "examples.jsonl"}
     paths = sorted({"AGENTS.md", NEW_RULE, *prose})
-    missing = [p for p in paths if p not in files]
-    present = [p for p in paths if p in files]
-    branches = []
-    if missing:
-        branches.append(_mutation_branch(["create"], missing))
-    if present:
-        branches.append(_mutation_branch(["update", "remove"], present))
-    return branches[0] if len(branches) == 1 else {"anyOf": branches}
-
-
-def _mutation_branch(ops: list[str], paths: list[str]) -> dict[str, object]:
+    ops = ["create", "update", "remove"] if prose else ["create", "update"]
     return {
         "type": "object",
         "properties": {
             "op": {"type": "string", "enum": ops},
             "path": {"type": "string", "enum": paths},
-            # Bounded, so that the reply closes within the worker's SCHEMA_REPLY_TOKENS.
+            # Bounded, so that the reply closes within `reply_room`.
             "content": {"type": "string", "minLength": 1, "maxLength": 600},
             "reason": {"type": "string", "maxLength": 160},
         },
         "required": ["op", "path", "content", "reason"],
         "additionalProperties": False,
     }
+
+
+def reply_room(schema: dict[str, Any]) -> int:
+    """max_tokens for the longest reply `schema` allows, at a token a character (a reply cut
+    short is not JSON; a step that asked for 400 lost 1 reply in 24 that way)."""
+    fields = schema["properties"]
+    keys = len(json.dumps(dict.fromkeys(fields, "")))
+    values = sum(f.get("maxLength", max(map(len, f.get("enum", [""])))) for f in fields.values())
+    return keys + values + 64  # and room for spaces the grammar allows between tokens
+
+
+def fitted(mutation: Mutation, files: dict[str, bytes]) -> Mutation:
+    """The model's op made to fit the tree: writing a file is `update` where it exists and
+    `create` where it does not (the model cannot see which, and either means "write this")."""
+    if mutation.op == "remove":
+        return mutation
+    op = "update" if mutation.path in files else "create"
+    return dataclasses.replace(mutation, op=op)
 
 
 class ModelProposer:
@@ -156,8 +165,9 @@ class ModelProposer:
             instruction=instruction,
         )
         schema = mutation_schema(context.files)
-        reply = self.ask([{"role": "user", "content": prompt}], json_schema=schema)
+        messages = [{"role": "user", "content": prompt}]
+        reply = self.ask(messages, json_schema=schema, max_tokens=reply_room(schema))
         try:
-            return parse_mutation(reply, max_bytes=8000)
+            return fitted(parse_mutation(reply, max_bytes=8000), context.files)
         except MutationRefused as refused:
             return str(refused)

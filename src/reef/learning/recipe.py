@@ -90,7 +90,8 @@ class StepContext:
     instruction: str | None = None  # from `reef train "…"` in manual or hybrid mode
     # Sends chat messages to the proposer model (learning.proposer_*; default: the served
     # model) and returns its reply: recipes reach models through this, never HTTP directly.
-    # ask(messages, json_schema=None): with a JSON schema, the reply is constrained to it.
+    # ask(messages, json_schema=None, max_tokens=400): with a JSON schema, the reply is
+    # constrained to it (leave max_tokens room for the longest reply the schema allows).
     ask: Callable[..., str] | None = None
     # Earlier candidates with their per-task scores, newest first (for population-based recipes).
     evaluated: list[Evaluated] = field(default_factory=list)

@@ -46,7 +46,6 @@ from reef.store.learning import (
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
-SCHEMA_REPLY_TOKENS = 1024  # max_tokens of a reply held to a JSON schema (see `ask`)
 
 
 @dataclass
@@ -180,15 +179,18 @@ class LearningWorker:
         )
         return running.result()
 
-    def ask(self, messages: list[dict[str, str]], json_schema: dict[str, Any] | None = None) -> str:
+    def ask(
+        self,
+        messages: list[dict[str, str]],
+        json_schema: dict[str, Any] | None = None,
+        max_tokens: int = 400,
+    ) -> str:
         """The proposer model's reply (called from the recipe's thread). With `json_schema`, the
         reply is constrained to JSON of that schema (a grammar on llama.cpp), so even a small
-        model answers with something a recipe can parse."""
-        body: dict[str, Any] = {"messages": messages, "temperature": 0.7, "max_tokens": 400}
+        model answers with something a recipe can parse, if `max_tokens` leaves it room to
+        close: a reply cut short is not JSON."""
+        body: dict[str, Any] = {"messages": messages, "temperature": 0.7, "max_tokens": max_tokens}
         if json_schema is not None:
-            # A reply cut short is not JSON: room for the longest the schema allows (the
-            # mutation's 600 + 160 characters, a token a character at worst; 400 cut 1 in 24).
-            body["max_tokens"] = SCHEMA_REPLY_TOKENS
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "reply", "schema": json_schema, "strict": True},
