@@ -206,7 +206,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def verdicts(series: list[Series]) -> list[dict[str, Any]]:
-    """The two targets of goal 4, each with the baseline it is measured against."""
+    """The two targets of goal 4, each with the baseline it is measured against, and the bare
+    forwarder's added latency beside them: the floor under Reef's, not a target."""
     results = []
     reef, direct = find(series, REEF, 1), find(series, DIRECT, 1)
     if reef and direct:
@@ -225,10 +226,10 @@ def verdicts(series: list[Series]) -> list[dict[str, Any]]:
         floor = bare.percentile(0.5) - direct.percentile(0.5)
         results.append(
             {
-                "target": "added p50 at c=1, the bare forwarder vs the direct call (a floor)",
+                "target": "added p50 at c=1, the bare forwarder vs the direct call",
                 "value": f"{floor:.3f} ms; Reef adds {added - floor:.3f} ms more",
-                "goal": f"<= {ADDED_P50_TARGET_MS} ms",
-                "pass": floor <= ADDED_P50_TARGET_MS,
+                "goal": "none, a floor",
+                "pass": None,
             }
         )
     reef32, lite32 = find(series, REEF, 32), find(series, LITELLM, 32)
@@ -365,7 +366,7 @@ def report(
     )
     results = verdicts(series)
     for result in results:
-        verdict = "PASS" if result["pass"] else "MISS"
+        verdict = {True: "PASS", False: "MISS", None: "FLOOR"}[result["pass"]]
         console.print(
             f"{verdict} {result['target']}: {result['value']} (target {result['goal']})",
             highlight=False,
