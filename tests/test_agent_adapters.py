@@ -234,8 +234,10 @@ def test_the_real_agent_runs_through_reef(
     mine = [record for record in records if record["session"] == session]
     assert mine, f"{adapter}'s calls should be recorded under its reef-{adapter} session"
     assert all(record["release_id"] == "default@1" for record in mine)
-    # Each sends its tools (opencode's first call, for a session title, has none).
-    assert any(record["request"].get("tools") for record in mine), f"{adapter} sends its tools"
+    # Each sends its tools on every call but opencode's one call for a session title.
+    untooled = [record for record in mine if not record["request"].get("tools")]
+    assert len(untooled) <= (1 if adapter == "opencode" else 0), f"{adapter} sends its tools"
+    assert len(untooled) < len(mine)
     if adapter == "codex":  # on the Responses API
         assert all("responses_api" in record["request"] for record in mine)
 
