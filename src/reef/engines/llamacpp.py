@@ -219,11 +219,9 @@ class LlamaCppEngine:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
 
-        def emit(chunk: dict[str, Any]) -> None:
-            # A closed loop (the server shutting down) must not fail the other sequences.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(items.put_nowait, chunk)
-
+        # Chunks and the end reach the loop the same way; a closed loop (the server shutting
+        # down) fails no other sequence.
+        emit = _settler(loop, items.put_nowait)
         job = self._job(prepared, adapter, emit, _settler(loop, items.put_nowait, None, _Done))
         with self._admission():
             # The first chunk goes out before the request waits its turn: the caller answers
