@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from reef.engines.llamacpp import embedded_model_path
+from reef.engines.llamacpp import batch_context, embedded_model_path
 
 PROMPT = b"Write a long story about a lighthouse keeper."
 SIZES = (1, 2, 4)
@@ -29,17 +29,10 @@ def decode_ceiling(n_threads: int, steps: int = 25, rounds: int = 8) -> dict[int
     """{batch size: {"tokens_per_s", "ms_per_call"}}: the median over `rounds` blocks of `steps`
     decode calls at each size."""
     import llama_cpp
-    from llama_cpp import Llama, _internals
+    from llama_cpp import Llama
 
     llm = Llama(model_path=str(embedded_model_path()), n_ctx=512, n_threads=1, verbose=False)
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = 2048 * max(SIZES)
-    params.n_seq_max = max(SIZES)
-    params.kv_unified = False
-    params.n_batch = params.n_ubatch = 64
-    params.n_threads = params.n_threads_batch = n_threads
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    context = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    context = batch_context(llm, 2048, max(SIZES), n_threads)  # the engine's own context
     batch = llama_cpp.llama_batch_init(64, 0, 1)
     try:
         prompt = llm.tokenize(PROMPT)

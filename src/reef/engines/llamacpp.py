@@ -159,19 +159,7 @@ class LlamaCppEngine:
         )
 
     def _batch_context(self) -> Any:
-        """A context with one KV stream of `n_ctx` cells per slot (see llamacpp_slots)."""
-        import llama_cpp
-        from llama_cpp import _internals
-
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self.n_ctx * self.slots
-        params.n_seq_max = self.slots
-        params.kv_unified = False
-        params.n_batch = params.n_ubatch = max(BLOCK, self.slots)
-        params.n_threads = params.n_threads_batch = self.n_threads
-        # As llama-cpp-python's Llama makes it, so answers stay what they were before batching.
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        return _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
+        return batch_context(self._llm, self.n_ctx, self.slots, self.n_threads)
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -426,6 +414,23 @@ class _Done:
     """The end of a stream's items: the choices, or the exception that ended the request."""
 
     result: Any
+
+
+def batch_context(llm: Any, n_ctx: int, slots: int, n_threads: int) -> Any:
+    """A context of `llm`'s model with one KV stream of `n_ctx` cells per slot (see
+    llamacpp_slots), as the engine decodes in; `bench/decode_ceiling.py` measures the same."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx * slots
+    params.n_seq_max = slots
+    params.kv_unified = False
+    params.n_batch = params.n_ubatch = max(BLOCK, slots)
+    params.n_threads = params.n_threads_batch = n_threads
+    # As llama-cpp-python's Llama makes it, so answers stay what they were before batching.
+    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return _internals.LlamaContext(model=llm._model, params=params, verbose=False)
 
 
 def _settler(
