@@ -1,6 +1,6 @@
 """Batched decoding, per-slot prompt caching and the gate in a batch (issue 11, goals 1 to 3).
 
-    .venv/bin/python bench/batching.py                 # all three parts, ~10 min on 2 idle cores
+    .venv/bin/python bench/batching.py                 # all three parts, ~15 min on 2 idle cores
     .venv/bin/python bench/batching.py --part agents   # one part: throughput, agents or gate
 
 Part `throughput`: completion tokens/s of all requests together, and p50 latency, for Reef's

@@ -187,6 +187,7 @@ def test_configs_point_at_reef_and_keep_what_was_there(
     assert set(providers) == {"mine", "reef"}
     assert providers["reef"]["options"]["baseURL"] == f"{server.url}/v1"
     assert providers["reef"]["options"]["apiKey"] == "{env:REEF_TOKEN}"
+    assert providers["reef"]["options"]["timeout"] == 900_000  # 15 min: a CPU reads slowly
 
 
 # -- the real agents -------------------------------------------------------------------------
