@@ -133,22 +133,23 @@ def train_lora(
     pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
     batches = _batches(len(examples), settings.batch_size, settings.seed)
 
-    def loss_at(_step: int) -> torch.Tensor:
+    def next_loss() -> torch.Tensor:
         chosen = [examples[index] for index in next(batches)]
         return batch_loss(model, make_batch(chosen, settings.max_length, pad_id).to(device))
 
-    return optimise(model, settings, loss_at, on_step, backend)
+    return optimise(model, settings, next_loss, on_step, backend)
 
 
 def optimise(
     model: PeftModel,
     settings: LoraSettings,
-    loss_at: Callable[[int], torch.Tensor],
+    next_loss: Callable[[], torch.Tensor],
     on_step: OnStep | None,
     backend: Backend,
 ) -> TrainedAdapter:
-    """`settings.steps` AdamW steps on the adapter's parameters, each on `loss_at(step)`; the
-    model ends in eval mode. `on_step(step, loss)` gets each loss, before its update."""
+    """`settings.steps` AdamW steps on the adapter's parameters, each on a loss from
+    `next_loss()`; the model ends in eval mode. `on_step(step, loss)` gets each loss, before its
+    update."""
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay
@@ -157,7 +158,7 @@ def optimise(
     model.train()
     started = time.perf_counter()
     for step in range(1, settings.steps + 1):
-        loss = loss_at(step)
+        loss = next_loss()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -172,10 +172,10 @@ def train_policy(
     batch = make_policy_batch(examples, settings.max_length, pad_id).to(device)
     old, reference = reference_logprobs(model, batch.batch)
 
-    def loss_at(_step: int) -> torch.Tensor:
+    def next_loss() -> torch.Tensor:
         return policy_loss(token_logprobs(model, batch.batch), old, reference, batch, settings)
 
-    return optimise(model, settings, loss_at, on_step, backend="peft")
+    return optimise(model, settings, next_loss, on_step, backend="peft")
 
 
 def reference_logprobs(model: PeftModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
