@@ -95,6 +95,20 @@ def test_kill_9_at_concurrency_32_through_the_proxy_loses_no_acknowledged_record
 ) -> None:
     """32 clients keep calling Reef in front of an upstream (half of them streaming) until 200
     receipts are out, then the server is killed; every receipt is a whole record on restart."""
+    _kill_9_while_clients_ask(tmp_path, peer, clients=32, receipts=200)
+
+
+def test_kill_9_with_one_client_through_the_proxy_loses_no_acknowledged_record(
+    tmp_path: Path, peer: ServerProcess
+) -> None:
+    """One client at a time: each record is committed on the event loop's thread (the writer
+    is idle and nobody shares the commit), and is as durable as a group's."""
+    _kill_9_while_clients_ask(tmp_path, peer, clients=1, receipts=30)
+
+
+def _kill_9_while_clients_ask(
+    tmp_path: Path, peer: ServerProcess, clients: int, receipts: int
+) -> None:
     proxy = ("--engine", "upstream", "--upstream-url", f"{peer.url}/v1")
     server = reef_serve(tmp_path, free_port(), *proxy, env={"REEF_TOKEN": TOKEN}).start()
     received: list[tuple[str, str, str]] = []
@@ -110,12 +124,12 @@ def test_kill_9_at_concurrency_32_through_the_proxy_loses_no_acknowledged_record
                     return  # the server is gone
                 with lock:
                     received.append(result)
-                    if len(received) >= 200:
+                    if len(received) >= receipts:
                         enough.set()
 
     try:
-        with ThreadPoolExecutor(max_workers=32) as pool:
-            for _ in range(32):
+        with ThreadPoolExecutor(max_workers=clients) as pool:
+            for _ in range(clients):
                 pool.submit(keep_asking)
             assert enough.wait(120), f"too few receipts arrived:\n{server.log()}"
             server.kill()

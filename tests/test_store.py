@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import sqlite3
@@ -197,3 +198,52 @@ def test_a_record_built_on_the_writer_thread_keeps_its_raw_json(store: Experienc
     raw = sqlite3.connect(store.path).execute("SELECT request FROM records").fetchone()[0]
     assert raw == sent
     assert store.get_record(record_id)["request"] == json.loads(sent)  # type: ignore[index]
+
+
+def test_a_record_alone_is_committed_on_the_callers_thread(store: ExperienceStore) -> None:
+    """With the writer idle, `alone` commits here: the future is resolved on return, the row is
+    on disk for another connection, and no thread hand-off happened."""
+    built: list[str] = []
+
+    def build() -> Record:
+        built.append(threading.current_thread().name)
+        return _record(text="alone")
+
+    future = store.add_record(build, alone=True)
+    assert future.done()
+    assert built == [threading.current_thread().name]
+    other = sqlite3.connect(store.path)
+    assert other.execute("SELECT id FROM records").fetchall() == [(future.result(),)]
+
+
+def test_a_record_alone_waits_its_turn_while_the_writer_is_busy(store: ExperienceStore) -> None:
+    """While a group runs on the writer's connection, `alone` is queued like any write, so the
+    caller's thread never uses the connection at the same time as the writer's."""
+    release = threading.Event()
+    running = threading.Event()
+
+    def slow(db: object) -> None:
+        running.set()
+        release.wait(10)
+
+    busy = store.write(slow)
+    assert running.wait(10)
+    built: list[str] = []
+
+    def build() -> Record:
+        built.append(threading.current_thread().name)
+        return _record(text="queued")
+
+    future = store.add_record(build, alone=True)
+    assert not future.done()
+    release.set()
+    busy.result(10)
+    assert future.result(10)
+    assert built == ["reef-store-writer"]
+
+
+def test_add_record_async_alone_returns_the_committed_id(store: ExperienceStore) -> None:
+    record_id = asyncio.run(store.add_record_async(_record(text="async"), alone=True))
+    stored = store.get_record(record_id)
+    assert stored is not None
+    assert stored["request"]["messages"][0]["content"] == "async"

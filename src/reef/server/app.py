@@ -25,6 +25,7 @@ from reef.server import (
 )
 from reef.server.auth import BearerAuth
 from reef.server.browser import browser_middleware
+from reef.server.in_flight import CountInFlight
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -90,7 +91,8 @@ def create_app(state: ServerState) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
-            # Outermost: a page in the user's browser is refused before anything else runs.
+            Middleware(CountInFlight, in_flight=state.in_flight),
+            # Then a page in the user's browser is refused before anything else runs.
             *browser_middleware(state.config.server),
             Middleware(
                 BearerAuth,

@@ -102,7 +102,8 @@ async def stored(
     headers = {"x-reef-release-id": call.release_id}
     if call.capture:
         build = _builder(state, call, body, completion, started, False, record_id, raw_body)
-        headers["x-reef-agent-record-id"] = await state.store.add_record_async(build)
+        receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
+        headers["x-reef-agent-record-id"] = receipt
     return headers
 
 
@@ -200,7 +201,7 @@ async def streamed(
             if call.capture:
                 stored = shape.stored(item)
                 build = _builder(state, call, body, stored, started, True, record_id, raw_body)
-                receipt = await state.store.add_record_async(build)
+                receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
                 yield _framed(shape.receipt(stored, receipt))
             end = getattr(shape, "end", None)
             yield sse("[DONE]") if end is None else end(item)

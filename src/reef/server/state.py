@@ -13,6 +13,7 @@ from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.server_file import new_internal_token
 from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
+from reef.server.in_flight import InFlight
 from reef.store import ExperienceStore
 
 
@@ -42,6 +43,7 @@ class ServerState:
     # Why a scenario's head could not be served (scenario -> message); replaced whole.
     release_errors: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    in_flight: InFlight = field(default_factory=InFlight)
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:
         scenario = scenario_from(headers)

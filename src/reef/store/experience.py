@@ -4,7 +4,8 @@ One SQLite file in WAL mode. All writes go through one writer (`reef.store.write
 groups: each caller waits until the transaction holding its row has committed, so a receipt handed
 out is a row on disk, and many concurrent callers share one commit (and one fsync). A record may be
 handed over as a function that builds it, so that building, hashing and serialising run on the
-writer thread rather than on the caller's event loop.
+writer thread rather than on the caller's event loop (except for a caller `alone`, whose record
+an idle writer lets it commit on its own thread).
 """
 
 from __future__ import annotations
@@ -292,13 +293,21 @@ class ExperienceStore:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def add_record(self, record: Record | Callable[[], Record]) -> Future[str]:
+    def add_record(self, record: Record | Callable[[], Record], alone: bool = False) -> Future[str]:
         """Queue a record, or a function that builds it (called on the writer thread); the
-        future resolves to its id once it is committed."""
-        return self._writer.submit(_inserting(record))
+        future resolves to its id once it is committed. `alone`: the caller has no concurrent
+        writes to share a commit with, so an idle writer commits it on the caller's thread."""
+        return self._writer.submit(_inserting(record), here=alone)
 
-    async def add_record_async(self, record: Record | Callable[[], Record]) -> str:
-        return await asyncio.wrap_future(self.add_record(record))
+    async def add_record_async(
+        self, record: Record | Callable[[], Record], alone: bool = False
+    ) -> str:
+        """`add_record`, awaited. `alone` blocks the event loop for the commit (a fraction of a
+        millisecond) instead of handing the record to the writer thread and back."""
+        future = self.add_record(record, alone)
+        if future.done():
+            return future.result()
+        return await asyncio.wrap_future(future)
 
     def add_report(self, report: Report) -> Future[tuple[dict[str, Any], bool]]:
         """Store a report; resolves to (stored report, created). Idempotent on `report.id`."""
