@@ -15,7 +15,9 @@ from openai import OpenAI
 
 from reef.engines.base import ChatRequest, Completion
 from reef.engines.llamacpp import Cancelled, LlamaCppEngine
-from reef.engines.llamacpp_slots import BLOCK
+from reef.engines.llamacpp_loop import DecodeLoop
+from reef.engines.llamacpp_slots import BLOCK, SlotTable
+from reef.errors import EngineUnavailable
 from reef.testing.artifacts import random_lora
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
@@ -111,6 +113,74 @@ def test_cancelling_one_sequence_leaves_the_others_running(engine: LlamaCppEngin
     for index in (0, 2):
         assert results[index].token_ids == expected[index].token_ids
         assert len(results[index].token_ids) == 40
+    assert engine.in_flight == 0
+
+
+def test_a_sequence_that_fails_fails_only_its_own_request(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error sampling one sequence's token (injected here, at its sixth token) fails that
+    request with a 503 error; the sequences batched with it finish as they would alone, and the
+    engine then serves the failed request's prompt as before."""
+    eos = str(engine._llm.token_eos())
+    endless = {"temperature": 0, "logit_bias": {eos: -100}}
+    requests = [
+        chat(QUESTIONS[0], max_tokens=40, **endless),
+        chat(LONG, max_tokens=39, **endless),  # the one that fails: its cache spans blocks
+        chat(QUESTIONS[2], max_tokens=40, **endless),
+    ]
+    expected = alone(engine, requests)
+    take = DecodeLoop._take
+
+    def failing_take(loop: DecodeLoop, sequence: Any, index: int) -> None:
+        if sequence.sampling.max_tokens == 39 and len(sequence.state.token_ids) == 5:
+            raise RuntimeError("injected sampling failure")
+        take(loop, sequence, index)
+
+    monkeypatch.setattr(DecodeLoop, "_take", failing_take)
+
+    async def all_at_once() -> list[Any]:
+        tasks = [engine.complete(r) for r in requests]
+        return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+    results = asyncio.run(all_at_once())
+    assert isinstance(results[1], EngineUnavailable)
+    assert results[1].status == 503
+    assert "injected sampling failure" in results[1].message
+    for index in (0, 2):
+        assert results[index].token_ids == expected[index].token_ids
+    assert engine.in_flight == 0
+    monkeypatch.setattr(DecodeLoop, "_take", take)
+    assert [c.token_ids for c in together(engine, requests)] == [c.token_ids for c in expected]
+
+
+def test_a_request_that_cannot_take_a_slot_is_answered_not_left_waiting(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure handing out a slot (injected once) answers that request with a 503 error; the
+    engine goes on serving the next one."""
+    acquire = SlotTable.acquire
+    failures = iter([RuntimeError("injected slot failure")])
+
+    def failing_acquire(table: SlotTable, prompt: list[int], adapter: Path | None) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return acquire(table, prompt, adapter)
+
+    monkeypatch.setattr(SlotTable, "acquire", failing_acquire)
+    request = chat(QUESTIONS[1], max_tokens=8, temperature=0)
+
+    async def twice() -> list[Any]:
+        first = await asyncio.wait_for(
+            asyncio.gather(engine.complete(request), return_exceptions=True), 30
+        )
+        return [*first, await asyncio.wait_for(engine.complete(request), 30)]
+
+    failed, served = asyncio.run(twice())
+    assert isinstance(failed, EngineUnavailable)
+    assert "injected slot failure" in failed.message
+    assert served.token_ids
     assert engine.in_flight == 0
 
 

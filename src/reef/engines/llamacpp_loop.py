@@ -14,6 +14,11 @@ Each turn of the loop
 Prompt blocks and decode steps go to separate llama_decode calls so each sequence's tokens are
 evaluated in the same shapes whatever runs beside them (see llamacpp_slots): batching changes no
 answer and no logprob.
+
+A failure fails only the requests it touches: an error while sampling or emitting one sequence's
+token fails that request and the others in its batch go on; a failed llama_decode fails the
+sequences that were in it. A failed sequence's slot forgets its cache, whose cells may no longer
+match what the slot says it holds. Every job is settled exactly once, whatever fails.
 """
 
 from __future__ import annotations
@@ -58,6 +63,13 @@ class Job:
     cancel: threading.Event
     settle: Settle
     choices: Choices = field(default_factory=list)
+    settled: bool = False
+
+    def done(self, result: Any) -> None:
+        """Settle the job with its choices or an exception; later calls are ignored."""
+        if not self.settled:
+            self.settled = True
+            self.settle(result)
 
 
 class _Sequence:
@@ -143,7 +155,7 @@ class DecodeLoop:
             except Exception as error:  # a bug here must fail the requests, not hang them
                 log.exception("the llama.cpp decode loop failed a turn")
                 for sequence in list(self._running):
-                    self._stop(sequence, EngineUnavailable(f"the llama.cpp engine failed: {error}"))
+                    self._stop(sequence, _failure(error))
         self._shut_down()
 
     def _turn_once(self) -> None:
@@ -160,16 +172,27 @@ class DecodeLoop:
                     return
                 job = self._waiting.popleft()
             if job.cancel.is_set():
-                job.settle(Cancelled())
+                job.done(Cancelled())
                 continue
             try:
                 self._adapters.load(job.adapter)
             except Exception as error:
-                job.settle(error)
+                job.done(error)
                 continue
+            self._admit_job(job)
+
+    def _admit_job(self, job: Job) -> None:
+        acquired = None
+        try:
             acquired = self.slots.acquire(job.prompt, job.adapter)
             assert acquired is not None  # a slot was free and only this thread takes them
-            self._start(job, *acquired, index=0)
+        except Exception as error:
+            log.exception("a request could not take a llama.cpp slot")
+            if acquired is not None:
+                self._give_back(acquired[0], forget=True)
+            job.done(_failure(error))
+            return
+        self._start(job, *acquired, index=0)
 
     def _start(self, job: Job, slot: Slot, start: int, index: int) -> None:
         """Run choice `index` of `job` in `slot`; a job that cannot start gives its slot back and
@@ -181,7 +204,7 @@ class DecodeLoop:
             )
         except Exception as error:
             self.slots.release(slot)
-            job.settle(error)
+            job.done(error)
             return
         self._running.append(_Sequence(job, slot, index, start, sampler))
 
@@ -207,7 +230,7 @@ class DecodeLoop:
         sequence.slot.evaluated(block, whole_block=len(block) == BLOCK)
         sequence.position += len(block)
         if last:
-            self._take(sequence, len(block) - 1)
+            self._take_or_fail(sequence, len(block) - 1)
         return True
 
     def _decode(self) -> None:
@@ -222,11 +245,14 @@ class DecodeLoop:
         self._fill([(s, s.next_token, s.position) for s in group])  # type: ignore[misc]
         if not self._run_decode(group, adapter):
             return
-        for index, sequence in enumerate(group):
+        # Every slot records its new cell before any sequence is sampled: a failure sampling
+        # one must not leave another's record behind its cache.
+        for sequence in group:
             sequence.slot.evaluated([sequence.next_token], whole_block=False)  # type: ignore[list-item]
             sequence.position += 1
             sequence.next_token = None
-            self._take(sequence, index)
+        for index, sequence in enumerate(group):
+            self._take_or_fail(sequence, index)
 
     def _fill(self, tokens: list[tuple[_Sequence, int, int]], outputs: bool = True) -> None:
         """Put `tokens` (sequence, token, position) in the batch; `outputs`: logits for each."""
@@ -252,6 +278,14 @@ class DecodeLoop:
                 self._stop(sequence, error)
             return False
         return True
+
+    def _take_or_fail(self, sequence: _Sequence, index: int) -> None:
+        """`_take`; an error there fails this sequence's request only."""
+        try:
+            self._take(sequence, index)
+        except Exception as error:
+            log.exception("a llama.cpp sequence failed; the others in its batch go on")
+            self._fail(sequence, _failure(error))
 
     def _take(self, sequence: _Sequence, index: int) -> None:
         """Sample the sequence's next token from batch output `index` and add it to its text."""
@@ -292,14 +326,32 @@ class DecodeLoop:
             self._start(job, sequence.slot, start, index)
             return
         self.slots.release(sequence.slot)
-        job.settle(job.choices)
+        job.done(job.choices)
 
     def _stop(self, sequence: _Sequence, error: BaseException) -> None:
+        """End a running sequence's request with `error`; a slot whose sequence failed (rather
+        than was cancelled or shut down between turns) forgets its cache."""
         if sequence in self._running:
             self._running.remove(sequence)
             sequence.sampler.close()
-            self.slots.release(sequence.slot)
-            sequence.job.settle(error)
+            forget = not isinstance(error, Cancelled | _Closing)
+            self._give_back(sequence.slot, forget)
+            sequence.job.done(error)
+
+    def _fail(self, sequence: _Sequence, error: BaseException) -> None:
+        """`_stop` for a sequence that failed wherever it was: running, or already finished
+        and giving its slot to the job's next choice."""
+        if sequence in self._running:
+            self._stop(sequence, error)
+            return
+        if sequence.slot.busy and not any(s.slot is sequence.slot for s in self._running):
+            self._give_back(sequence.slot, forget=True)
+        sequence.job.done(error)
+
+    def _give_back(self, slot: Slot, forget: bool) -> None:
+        if forget:
+            self.slots.forget(slot)
+        self.slots.release(slot)
 
     def _logprob_entry(
         self, token: int, logprob: float, top: list[tuple[int, float]]
@@ -315,16 +367,27 @@ class DecodeLoop:
         return {**describe(token, logprob), "top_logprobs": [describe(t, lp) for t, lp in top]}
 
     def _shut_down(self) -> None:
-        closed = EngineUnavailable("the llama.cpp engine is stopping")
+        closed = _Closing("the llama.cpp engine is stopping")
         for sequence in list(self._running):
             self._stop(sequence, closed)
         with self._wake:
             waiting, self._waiting = list(self._waiting), deque()
             calls, self._calls = list(self._calls), deque()
         for job in waiting:
-            job.settle(closed)
+            job.done(closed)
         for _, settle in calls:
             settle(closed)
+
+
+class _Closing(EngineUnavailable):
+    """The engine is stopping: requests still running or waiting end with this."""
+
+
+def _failure(error: Exception) -> EngineUnavailable:
+    """What a client is told when the engine failed its request."""
+    if isinstance(error, EngineUnavailable):
+        return error
+    return EngineUnavailable(f"the llama.cpp engine failed this request: {error}")
 
 
 def _settle_call(work: Callable[[], Any], settle: Settle) -> None:

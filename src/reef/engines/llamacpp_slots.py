@@ -94,6 +94,15 @@ class SlotTable:
         self.counters.reused_tokens += kept
         return kept
 
+    def forget(self, slot: Slot) -> None:
+        """Drop everything `slot` caches (after a failure its cells may not match its record).
+        Removing a whole sequence cannot fail; only a partial removal can."""
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, 0, -1)
+        slot.tokens.clear()
+        slot.exact = 0
+
     def release(self, slot: Slot) -> None:
         slot.busy = False
         slot.last_used = time.monotonic()
