@@ -40,7 +40,7 @@ from serving_servers import running, stock_llama_server, write_reef_config
 
 from reef.engines.base import ChatRequest
 from reef.engines.llamacpp import LlamaCppEngine
-from reef.evaluation.runner import EvalSettings, model_generate, run_paired
+from reef.evaluation.runner import EvalSettings, beside_traffic, model_generate, run_paired
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.model import LocalModel
@@ -323,7 +323,8 @@ async def gate() -> dict[str, Any]:
     await today.start()
     try:
         serial_s, serial_results = await paired(today, 1)
-        batched_s, batched_results = await paired(today, today.slots)  # as the gate sends them
+        # As the gate sends them: a batch that leaves one slot to live traffic.
+        batched_s, batched_results = await paired(today, beside_traffic(today.slots))
     finally:
         await today.close()
     result = {

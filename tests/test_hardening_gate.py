@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from reef.config import load_config
-from reef.releases.workflow import ReleaseWorkflow
+from reef.config import ReefConfig, load_config
+from reef.releases.workflow import ReleaseWorkflow, gate_concurrency
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
 
@@ -127,3 +127,19 @@ def test_a_failing_publish_rejects_the_candidate_with_the_reason(
 
 async def _no_model(*_: object) -> str:
     raise AssertionError("the always policy evaluates nothing")
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [
+        ({"kind": "llamacpp"}, 3),  # four slots by default: one is left to live traffic
+        ({"kind": "llamacpp", "llamacpp": {"slots": 8}}, 7),
+        ({"kind": "llamacpp", "llamacpp": {"slots": 1}}, 1),
+        ({"kind": "upstream", "upstream": {"url": "http://127.0.0.1:9/v1"}}, 4),
+    ],
+)
+def test_the_gate_leaves_a_llamacpp_slot_to_live_traffic(
+    engine: dict[str, object], expected: int
+) -> None:
+    config = ReefConfig.model_validate({"engine": engine})
+    assert gate_concurrency(config) == expected

@@ -24,9 +24,16 @@ from reef.inference.model import Model, answer_text
 # Produces the answer text for a request under a binding.
 Generate = Callable[[ChatRequest, Binding], Awaitable[str]]
 
-# Requests in flight at once when the caller does not say (the gate passes the engine's slots),
-# so that evaluation fills one batch and leaves the queue (server.max_queue) to traffic.
+# Requests in flight at once when the caller does not say (the gate on llama.cpp passes
+# `beside_traffic(slots)`), so that evaluation leaves the queue (server.max_queue) to traffic.
 EVAL_CONCURRENCY = 4
+
+
+def beside_traffic(slots: int) -> int:
+    """How many evaluation requests to send at once to an engine decoding `slots` together:
+    one batch, less one slot kept free so that live traffic joins the batch at once instead of
+    waiting for an evaluation answer to finish (a single slot is shared)."""
+    return max(1, slots - 1)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from reef.config import ReefConfig
+from reef.engines import resolve_kind
 from reef.errors import Conflict, ReefError
-from reef.evaluation.runner import EvalSettings, Generate, PairedReport, TaskResult, run_paired
+from reef.evaluation.runner import (
+    EVAL_CONCURRENCY,
+    EvalSettings,
+    Generate,
+    PairedReport,
+    TaskResult,
+    beside_traffic,
+    run_paired,
+)
 from reef.evaluation.tasks import EvalTask, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.releases.candidates import Candidate, CandidateStore
@@ -176,9 +185,8 @@ class ReleaseWorkflow:
         current = self.binding(self._base_release(candidate))
         proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
         settings = self.eval_settings(candidate.scenario)
-        # As many requests at once as the llama.cpp engine has slots: one batch, no queueing.
-        slots = self.config.engine.llamacpp.slots
-        return await run_paired(tasks, current, proposed, generate, settings, on_task, slots)
+        concurrency = gate_concurrency(self.config)
+        return await run_paired(tasks, current, proposed, generate, settings, on_task, concurrency)
 
     @contextlib.contextmanager
     def _rejected_on_cancel(self, candidate: Candidate) -> Iterator[None]:
@@ -408,3 +416,12 @@ def _process_state(pid: int) -> tuple[str | None, float | None]:
         return None, None
     fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
     return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def gate_concurrency(config: ReefConfig) -> int:
+    """Evaluation requests in flight at once: on llama.cpp, a batch that leaves a slot to live
+    traffic; other engines batch on their own side (vLLM) or are remote (upstream)."""
+    kind, _ = resolve_kind(config.engine)
+    if kind == "llamacpp":
+        return beside_traffic(config.engine.llamacpp.slots)
+    return EVAL_CONCURRENCY
