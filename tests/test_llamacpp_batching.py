@@ -116,6 +116,35 @@ def test_cancelling_one_sequence_leaves_the_others_running(engine: LlamaCppEngin
     assert engine.in_flight == 0
 
 
+def test_a_decode_step_lists_its_sequences_in_slot_order(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp splits a batch over per-slot KV streams into one ubatch per run of consecutive
+    sequence ids, in the order the batch lists them: slots 1, 2, 3, 0 would take two passes
+    over the weights where 0, 1, 2, 3 take one. A first request makes one slot the most
+    recently used, so four requests then take the other three first and that one last; each
+    decode step must still list them in slot order."""
+    import llama_cpp
+
+    decode = llama_cpp.llama_decode
+    steps: list[list[int]] = []
+
+    def recording_decode(context: Any, batch: Any) -> int:
+        ids = [batch.seq_id[i][0] for i in range(batch.n_tokens)]
+        if len(set(ids)) == len(ids) > 1:  # a decode step: one token for each sequence
+            steps.append(ids)
+        return decode(context, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", recording_decode)
+    eos = str(engine._llm.token_eos())
+    endless = {"max_tokens": 12, "temperature": 0, "logit_bias": {eos: -100}}
+    alone(engine, [chat(QUESTIONS[0], **endless)])
+    together(engine, [chat(q, **endless) for q in QUESTIONS])
+    assert any(len(ids) == 4 for ids in steps)
+    for ids in steps:
+        assert ids == sorted(ids)
+
+
 def test_a_sequence_that_fails_fails_only_its_own_request(
     engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

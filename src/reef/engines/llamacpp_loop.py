@@ -9,7 +9,10 @@ Each turn of the loop
 3. decodes one token for every generating sequence of one adapter group in a single
    llama_decode. llama.cpp applies a LoRA adapter to the whole context, so sequences under
    different adapters cannot share a call: the groups take turns, round-robin, one group per
-   turn. With k groups generating, each decodes every k-th turn, whatever its size.
+   turn. With k groups generating, each decodes every k-th turn, whatever its size. A step
+   lists its sequences in slot order: llama.cpp evaluates a batch over per-slot KV streams in
+   one pass over the weights per run of consecutive sequence ids (slots 0-3 in one pass; 1, 2,
+   3, 0 in two; 0, 2, 3 in two, whatever the order).
 
 Prompt blocks and decode steps go to separate llama_decode calls so each sequence's tokens are
 evaluated in the same shapes whatever runs beside them (see llamacpp_slots): batching changes no
@@ -241,7 +244,9 @@ class DecodeLoop:
         groups = list(dict.fromkeys(s.job.adapter for s in ready))
         adapter = groups[self._turn % len(groups)]
         self._turn += 1
-        group = [s for s in ready if s.job.adapter == adapter]
+        # In slot order: llama.cpp evaluates a batch over per-slot KV streams in one pass per run
+        # of consecutive sequence ids as listed, so slots 1, 2, 3, 0 would cost two passes.
+        group = sorted((s for s in ready if s.job.adapter == adapter), key=_slot_order)
         self._fill([(s, s.next_token, s.position) for s in group])  # type: ignore[misc]
         if not self._run_decode(group, adapter):
             return
@@ -377,6 +382,10 @@ class DecodeLoop:
             job.done(closed)
         for _, settle in calls:
             settle(closed)
+
+
+def _slot_order(sequence: _Sequence) -> int:
+    return sequence.slot.seq_id
 
 
 class _Closing(EngineUnavailable):
