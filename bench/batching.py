@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests per block at c=4")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--model", type=Path, help="throughput on a GGUF other than the embedded model"
+    )
     options = parser.parse_args()
     report: dict[str, Any] = {"machine": machine()}
     if options.part in ("all", "throughput"):
@@ -90,10 +93,11 @@ def machine() -> dict[str, Any]:
     return {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()}
 
 
-def reef_server(folder: Path, n_ctx: int) -> ServerProcess:
-    write_reef_config(
-        folder, {"kind": "llamacpp", "llamacpp": {"n_ctx": n_ctx, "n_threads": N_THREADS}}
-    )
+def reef_server(folder: Path, n_ctx: int, model: Path | None = None) -> ServerProcess:
+    llamacpp: dict[str, Any] = {"n_ctx": n_ctx, "n_threads": N_THREADS}
+    if model is not None:
+        llamacpp["model"] = str(model.resolve())
+    write_reef_config(folder, {"kind": "llamacpp", "llamacpp": llamacpp})
     return reef_serve(folder, free_port(), "--engine", "llamacpp")
 
 
@@ -117,8 +121,8 @@ def throughput(options: argparse.Namespace) -> dict[str, Any]:
         reef_dir, stock_dir = Path(scratch, "reef"), Path(scratch, "stock")
         reef_dir.mkdir()
         stock_dir.mkdir()
-        stock = stock_llama_server(stock_dir, logits_all=False)
-        with running(reef_server(reef_dir, 2048)) as reef, running(stock):
+        stock = stock_llama_server(stock_dir, logits_all=False, model=options.model)
+        with running(reef_server(reef_dir, 2048, options.model)) as reef, running(stock):
             urls = {"reef": reef.url, "stock": stock.url}
             for url in urls.values():  # warm up: model pages in, caches filled
                 warm, _ = asyncio.run(drive(url, body, {}, 1, 1, 120, 300))
@@ -158,7 +162,7 @@ def throughput(options: argparse.Namespace) -> dict[str, Any]:
     print(
         f"  Reef p50 latency c=4 / c=1:             {result['p50_c4_over_c1']:.2f}x (target <= 2.5)"
     )
-    ceiling = decode_ceiling(N_THREADS)
+    ceiling = decode_ceiling(N_THREADS, model=options.model)
     one, four = ceiling[1], ceiling[4]
     result["ceiling"] = {
         "decode": ceiling,

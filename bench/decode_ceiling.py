@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from reef.engines.llamacpp import batch_context, embedded_model_path
@@ -25,13 +26,16 @@ PROMPT = b"Write a long story about a lighthouse keeper."
 SIZES = (1, 2, 4)
 
 
-def decode_ceiling(n_threads: int, steps: int = 25, rounds: int = 8) -> dict[int, dict[str, float]]:
+def decode_ceiling(
+    n_threads: int, steps: int = 25, rounds: int = 8, model: Path | None = None
+) -> dict[int, dict[str, float]]:
     """{batch size: {"tokens_per_s", "ms_per_call"}}: the median over `rounds` blocks of `steps`
-    decode calls at each size."""
+    decode calls at each size, on `model` (the embedded GGUF when None)."""
     import llama_cpp
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(embedded_model_path()), n_ctx=512, n_threads=1, verbose=False)
+    path = model or embedded_model_path()
+    llm = Llama(model_path=str(path), n_ctx=512, n_threads=1, verbose=False)
     context = batch_context(llm, 2048, max(SIZES), n_threads)  # the engine's own context
     batch = llama_cpp.llama_batch_init(64, 0, 1)
     try:
@@ -95,9 +99,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=25, help="decode calls per block")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--model", type=Path, help="a GGUF other than the embedded model")
     options = parser.parse_args()
-    print(f"llama.cpp decode on the embedded model, {options.threads} threads:")
-    results = decode_ceiling(options.threads, options.steps, options.rounds)
+    which = options.model or "the embedded model"
+    print(f"llama.cpp decode on {which}, {options.threads} threads:")
+    results = decode_ceiling(options.threads, options.steps, options.rounds, options.model)
     print("\n".join(describe(results)))
 
 

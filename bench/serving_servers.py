@@ -32,14 +32,15 @@ def pids_of(*servers: ServerProcess) -> tuple[int, ...]:
     return tuple(server.process.pid for server in servers if server.process is not None)
 
 
-def stock_llama_server(folder: Path, logits_all: bool) -> ServerProcess:
+def stock_llama_server(folder: Path, logits_all: bool, model: Path | None = None) -> ServerProcess:
+    """`llama_cpp.server` on `model` (the embedded GGUF when None)."""
     port = free_port()
     args = [
         sys.executable,
         "-m",
         "llama_cpp.server",
         "--model",
-        str(embedded_model_path()),
+        str((model or embedded_model_path()).resolve()),
         "--n_ctx",
         str(N_CTX),
         "--n_threads",
