@@ -348,3 +348,39 @@ def _eos_token() -> int:
         return int(probe._llm.token_eos())
     finally:
         asyncio.run(probe.close())
+
+
+def test_retry_after_counts_the_time_a_request_holds_a_slot_not_its_wait() -> None:
+    """With one slot, the second of two requests waits for the first to finish: its clock for
+    Retry-After starts when it takes the slot, so the average is a request's service time and
+    does not grow with the queue in front of it."""
+    single = LlamaCppEngine(n_ctx=512, n_threads=2, slots=1)
+    asyncio.run(single.start())
+    jobs: list[Any] = []
+    finished: list[float] = []
+    make_job = single._job
+
+    def recorded_job(*args: Any) -> Any:
+        job = make_job(*args)
+        settle = job.settle
+
+        def settled(result: Any) -> None:
+            finished.append(time.perf_counter())
+            settle(result)
+
+        job.settle = settled
+        jobs.append(job)
+        return job
+
+    single._job = recorded_job  # type: ignore[method-assign]
+    request = chat(QUESTIONS[0], max_tokens=8, temperature=0)
+
+    async def two_at_once() -> None:
+        await asyncio.gather(single.complete(request), single.complete(request))
+
+    try:
+        asyncio.run(two_at_once())
+    finally:
+        asyncio.run(single.close())
+    second = max(jobs, key=lambda job: job.started_at)
+    assert second.started_at >= min(finished)  # it took the slot only once the first was done

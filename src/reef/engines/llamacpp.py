@@ -101,7 +101,8 @@ class LlamaCppEngine:
         self.max_queue = max_queue
         self.slots = slots
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
-        self._seconds_per_request = 1.0  # a moving average, for Retry-After
+        # A moving average of the time a request holds a slot (not its wait), for Retry-After.
+        self._seconds_per_request = 1.0
         self._llm: Any = None
         self._formatter: Any = None
         self._context: Any = None
@@ -198,6 +199,7 @@ class LlamaCppEngine:
             except asyncio.CancelledError:
                 job.cancel.set()  # waiting: never runs; running: stops at its next token step
                 raise
+            self._served(job)
         return self._completion(prepared, _raise_error(choices))
 
     async def stream(
@@ -219,6 +221,7 @@ class LlamaCppEngine:
             try:
                 while not isinstance(item := await items.get(), _Done):
                     yield item
+                self._served(job)
                 completion = self._completion(prepared, _raise_error(item.result))
                 if prepared.request.include_usage_chunk() and completion.usage:
                     yield prepared.chunks.usage_chunk(completion.usage)
@@ -309,13 +312,18 @@ class LlamaCppEngine:
                 headers={"retry-after": str(retry_after)},
             )
         self._admitted += 1
-        started = time.perf_counter()
         try:
             yield
         finally:
             self._admitted -= 1
-            elapsed = time.perf_counter() - started
-            self._seconds_per_request = 0.8 * self._seconds_per_request + 0.2 * elapsed
+
+    def _served(self, job: Job) -> None:
+        """Fold the time `job` held its slot into the average Retry-After is computed from. The
+        time it waited is left out: it grows with the queue, and counting it would make the
+        estimate grow with the square of the queue."""
+        if job.started_at is not None:
+            held = time.perf_counter() - job.started_at
+            self._seconds_per_request = 0.8 * self._seconds_per_request + 0.2 * held
 
     def _prepare(self, request: ChatRequest) -> _Prepared:
         """Check and tokenize a request (thread-safe: the tokenizer only reads the vocabulary)."""

@@ -67,6 +67,7 @@ class Job:
     settle: Settle
     choices: Choices = field(default_factory=list)
     settled: bool = False
+    started_at: float | None = None  # when its first choice took a slot (perf_counter)
 
     def done(self, result: Any) -> None:
         """Settle the job with its choices or an exception; later calls are ignored."""
@@ -209,6 +210,8 @@ class DecodeLoop:
             self.slots.release(slot)
             job.done(error)
             return
+        if job.started_at is None:
+            job.started_at = time.perf_counter()
         self._running.append(_Sequence(job, slot, index, start, sampler))
 
     def _prefill(self) -> None:
