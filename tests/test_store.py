@@ -247,3 +247,24 @@ def test_add_record_async_alone_returns_the_committed_id(store: ExperienceStore)
     stored = store.get_record(record_id)
     assert stored is not None
     assert stored["request"]["messages"][0]["content"] == "async"
+
+
+def test_a_record_alone_goes_to_the_writer_while_another_process_writes(
+    store: ExperienceStore,
+) -> None:
+    """Another process holding the write lock must not block the caller's thread (the server's
+    event loop): the record is queued, and the writer thread commits it once the lock is free."""
+    other = sqlite3.connect(store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # as a learning worker's write would
+    built: list[str] = []
+
+    def build() -> Record:
+        built.append(threading.current_thread().name)
+        return _record(text="after the lock")
+
+    future = store.add_record(build, alone=True)
+    assert not future.done()
+    other.execute("COMMIT")
+    record_id = future.result(10)
+    assert built == ["reef-store-writer"]
+    assert store.get_record(record_id) is not None

@@ -75,7 +75,11 @@ class SlotTable:
             return None
         slot = _choose(free, prompt, adapter)
         slot.busy = True
-        return slot, self.reuse(slot, prompt, adapter)
+        try:
+            return slot, self.reuse(slot, prompt, adapter)
+        except BaseException:
+            slot.busy = False  # not handed out: free again for the next request
+            raise
 
     def reuse(self, slot: Slot, prompt: list[int], adapter: Path | None) -> int:
         """Keep the part of `slot`'s cache `prompt` reuses, drop the rest; the tokens kept."""

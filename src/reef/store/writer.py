@@ -6,12 +6,14 @@ each caller's future resolves only once the commit holding its row has finished.
 
 A caller with nobody to share a commit with (the only request a server has in flight) may ask
 for its job to run on its own thread instead, when the writer is idle: that saves the two thread
-hand-offs (about 0.1 ms each on two cores) and blocks the caller only for its own commit.
+hand-offs (about 0.1 ms each on two cores) and blocks the caller only for its own commit: if
+another process holds the database's write lock, the job goes to the writer thread, which waits.
 """
 
 from __future__ import annotations
 
 import queue
+import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -40,21 +42,39 @@ class GroupCommitWriter(threading.Thread):
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         # Held while a group runs on the connection, by this thread or by a caller's.
         self._connection = threading.Lock()
+        self._busy_timeout_ms = int(db.conn.execute("PRAGMA busy_timeout").fetchone()[0])
 
     def submit(self, work: Callable[[sqlite_utils.Database], T], here: bool = False) -> Future[T]:
         """Queue `work`; the future resolves once the commit holding it is done.
 
         `here`: run it now on the calling thread, in a transaction of its own, if no job is
-        queued and no group is running (the future is then already resolved); else queue it."""
+        queued, no group is running and no other process holds the database's write lock (the
+        future is then already resolved); else queue it."""
         job = _Job(work)
         if here and self._jobs.empty() and self._connection.acquire(blocking=False):
             try:
-                self._commit([job])
+                ran_here = self._commit_here(job)
             finally:
                 self._connection.release()
-            return job.future
+            if ran_here:
+                return job.future
         self._jobs.put(job)
         return job.future
+
+    def _commit_here(self, job: _Job) -> bool:
+        """Run `job` in a transaction of its own if the database's write lock is free now;
+        False when another process holds it: the caller must not wait for it (the writer
+        thread does, up to the busy timeout)."""
+        connection = self._db.conn
+        connection.execute("PRAGMA busy_timeout = 0")
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        self._finish([job])
+        return True
 
     def stop(self) -> None:
         self._jobs.put(None)
