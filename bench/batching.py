@@ -253,8 +253,11 @@ def agents() -> dict[str, Any]:
                     asyncio.run(two_agents(server.url, "warm-up"))
                     turns = asyncio.run(two_agents(server.url, "measured"))
             except httpx.HTTPError as error:  # reported, so the other server's figures stand
-                result[name] = {"error": f"{type(error).__name__}: {error}"}
-                print(f"{name}: failed ({result[name]['error']}); its log: {server.log_path}")
+                # The log's folder goes with the scratch folder: show its end now.
+                log_tail = server.log().strip().splitlines()[-12:]
+                result[name] = {"error": f"{type(error).__name__}: {error}", "log": log_tail}
+                print(f"{name}: failed ({result[name]['error']}); the end of its log:")
+                print("\n".join(f"  | {line}" for line in log_tail))
                 continue
             first, second = statistics.median(turns["first"]), statistics.median(turns["second"])
             result[name] = {**turns, "ratio": first / second}
@@ -268,6 +271,8 @@ def agents() -> dict[str, Any]:
 def stock_server(folder: Path) -> ServerProcess:
     server = stock_llama_server(folder, logits_all=False)
     server.args[server.args.index("--n_ctx") + 1] = "4096"
+    # By default a new request cuts off the stream in progress; the agents take turns instead.
+    server.args += ["--interrupt_requests", "false"]
     return server
 
 
