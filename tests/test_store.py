@@ -268,3 +268,11 @@ def test_a_record_alone_goes_to_the_writer_while_another_process_writes(
     record_id = future.result(10)
     assert built == ["reef-store-writer"]
     assert store.get_record(record_id) is not None
+
+
+def test_a_record_alone_on_a_closed_store_fails_its_future(tmp_path: Path) -> None:
+    store = ExperienceStore(tmp_path / "experience.db")
+    store.close()
+    future = store.add_record(_record(), alone=True)
+    with pytest.raises(sqlite3.ProgrammingError):
+        future.result(5)

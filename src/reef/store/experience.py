@@ -294,9 +294,10 @@ class ExperienceStore:
     # -- writes ---------------------------------------------------------------------------
 
     def add_record(self, record: Record | Callable[[], Record], alone: bool = False) -> Future[str]:
-        """Queue a record, or a function that builds it (called on the writer thread); the
-        future resolves to its id once it is committed. `alone`: the caller has no concurrent
-        writes to share a commit with, so an idle writer commits it on the caller's thread."""
+        """Queue a record, or a function that builds it (called where it is committed: on the
+        writer thread, or on the caller's when `alone`); the future resolves to its id once it
+        is committed. `alone`: the caller has no concurrent writes to share a commit with, so an
+        idle writer lets it commit on its own thread."""
         return self._writer.submit(_inserting(record), here=alone)
 
     async def add_record_async(

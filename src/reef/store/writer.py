@@ -66,13 +66,18 @@ class GroupCommitWriter(threading.Thread):
         False when another process holds it: the caller must not wait for it (the writer
         thread does, up to the busy timeout)."""
         connection = self._db.conn
-        connection.execute("PRAGMA busy_timeout = 0")
         try:
-            connection.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
+            connection.execute("PRAGMA busy_timeout = 0")
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+            finally:
+                connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        except sqlite3.OperationalError:  # locked (or failing): the writer thread deals with it
             return False
-        finally:
-            connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        except BaseException as error:  # a closed store: the caller gets the error, as queued
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(error)
+            return True
         self._finish([job])
         return True
 
