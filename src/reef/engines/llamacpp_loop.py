@@ -186,16 +186,13 @@ class DecodeLoop:
             self._admit_job(job)
 
     def _admit_job(self, job: Job) -> None:
-        acquired = None
-        try:
+        try:  # a failing acquire hands out no slot
             acquired = self.slots.acquire(job.prompt, job.adapter)
-            assert acquired is not None  # a slot was free and only this thread takes them
         except Exception as error:
             log.exception("a request could not take a llama.cpp slot")
-            if acquired is not None:
-                self._give_back(acquired[0], forget=True)
             job.done(_failure(error))
             return
+        assert acquired is not None  # a slot was free and only this thread takes them
         self._start(job, *acquired, index=0)
 
     def _start(self, job: Job, slot: Slot, start: int, index: int) -> None:
@@ -293,7 +290,7 @@ class DecodeLoop:
             self._take(sequence, index)
         except Exception as error:
             log.exception("a llama.cpp sequence failed; the others in its batch go on")
-            self._fail(sequence, _failure(error))
+            self._stop(sequence, _failure(error))
 
     def _take(self, sequence: _Sequence, index: int) -> None:
         """Sample the sequence's next token from batch output `index` and add it to its text."""
@@ -337,29 +334,17 @@ class DecodeLoop:
         job.done(job.choices)
 
     def _stop(self, sequence: _Sequence, error: BaseException) -> None:
-        """End a running sequence's request with `error`; a slot whose sequence failed (rather
-        than was cancelled or shut down between turns) forgets its cache."""
+        """End `sequence`'s request with `error`, wherever it was: running, or finishing (out
+        of the running list, its slot still held). A slot whose sequence failed, rather than
+        was cancelled between turns, forgets its cache."""
         if sequence in self._running:
             self._running.remove(sequence)
-            sequence.sampler.close()
-            forget = not isinstance(error, Cancelled | _Closing)
-            self._give_back(sequence.slot, forget)
-            sequence.job.done(error)
-
-    def _fail(self, sequence: _Sequence, error: BaseException) -> None:
-        """`_stop` for a sequence that failed wherever it was: running, or already finished
-        and giving its slot to the job's next choice."""
-        if sequence in self._running:
-            self._stop(sequence, error)
-            return
-        if sequence.slot.busy and not any(s.slot is sequence.slot for s in self._running):
-            self._give_back(sequence.slot, forget=True)
+        sequence.sampler.close()
+        if sequence.slot.busy:
+            if not isinstance(error, Cancelled):
+                self.slots.forget(sequence.slot)
+            self.slots.release(sequence.slot)
         sequence.job.done(error)
-
-    def _give_back(self, slot: Slot, forget: bool) -> None:
-        if forget:
-            self.slots.forget(slot)
-        self.slots.release(slot)
 
     def _logprob_entry(
         self, token: int, logprob: float, top: list[tuple[int, float]]
@@ -375,7 +360,7 @@ class DecodeLoop:
         return {**describe(token, logprob), "top_logprobs": [describe(t, lp) for t, lp in top]}
 
     def _shut_down(self) -> None:
-        closed = _Closing("the llama.cpp engine is stopping")
+        closed = EngineUnavailable("the llama.cpp engine is stopping")
         for sequence in list(self._running):
             self._stop(sequence, closed)
         with self._wake:
@@ -389,10 +374,6 @@ class DecodeLoop:
 
 def _slot_order(sequence: _Sequence) -> int:
     return sequence.slot.seq_id
-
-
-class _Closing(EngineUnavailable):
-    """The engine is stopping: requests still running or waiting end with this."""
 
 
 def _failure(error: Exception) -> EngineUnavailable:
