@@ -384,3 +384,8 @@ def test_retry_after_counts_the_time_a_request_holds_a_slot_not_its_wait() -> No
         asyncio.run(single.close())
     second = max(jobs, key=lambda job: job.started_at)
     assert second.started_at >= min(finished)  # it took the slot only once the first was done
+    # And the average moves toward the time a job held its slot, counted from `started_at`.
+    single._seconds_per_request = 1.0
+    second.started_at = time.perf_counter() - 3.0
+    single._served(second)
+    assert single._seconds_per_request == pytest.approx(0.8 * 1.0 + 0.2 * 3.0, abs=0.01)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -200,15 +201,21 @@ def test_a_record_built_on_the_writer_thread_keeps_its_raw_json(store: Experienc
     assert store.get_record(record_id)["request"] == json.loads(sent)  # type: ignore[index]
 
 
+def _noting_thread(built: list[str], text: str) -> Callable[[], Record]:
+    """A record builder that appends the name of the thread it runs on to `built`."""
+
+    def build() -> Record:
+        built.append(threading.current_thread().name)
+        return _record(text=text)
+
+    return build
+
+
 def test_a_record_alone_is_committed_on_the_callers_thread(store: ExperienceStore) -> None:
     """With the writer idle, `alone` commits here: the future is resolved on return, the row is
     on disk for another connection, and no thread hand-off happened."""
     built: list[str] = []
-
-    def build() -> Record:
-        built.append(threading.current_thread().name)
-        return _record(text="alone")
-
+    build = _noting_thread(built, "alone")
     future = store.add_record(build, alone=True)
     assert future.done()
     assert built == [threading.current_thread().name]
@@ -229,11 +236,7 @@ def test_a_record_alone_waits_its_turn_while_the_writer_is_busy(store: Experienc
     busy = store.write(slow)
     assert running.wait(10)
     built: list[str] = []
-
-    def build() -> Record:
-        built.append(threading.current_thread().name)
-        return _record(text="queued")
-
+    build = _noting_thread(built, "queued")
     future = store.add_record(build, alone=True)
     assert not future.done()
     release.set()
@@ -257,11 +260,7 @@ def test_a_record_alone_goes_to_the_writer_while_another_process_writes(
     other = sqlite3.connect(store.path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # as a learning worker's write would
     built: list[str] = []
-
-    def build() -> Record:
-        built.append(threading.current_thread().name)
-        return _record(text="after the lock")
-
+    build = _noting_thread(built, "after the lock")
     future = store.add_record(build, alone=True)
     assert not future.done()
     other.execute("COMMIT")
