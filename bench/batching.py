@@ -7,13 +7,16 @@ Part `throughput`: completion tokens/s of all requests together, and p50 latency
 llama.cpp engine at concurrency 1 and 4 and the stock `llama_cpp.server` at concurrency 4, side
 by side on 127.0.0.1, in interleaved rounds (a slow spell of the machine hits each alike); then
 what llama.cpp's own decode gains from a batch of 4 on this machine (`decode_ceiling.py`), the
-ceiling for any server on it.
+ceiling for any server on it. `--model GGUF` runs this part on other weights (both servers and
+the ceiling load them; `requantize.py` makes a Q4_0 copy of the embedded model).
 Part `agents`: two agents send a ~2,000-token conversation at once (concurrency 2), then the
 same conversation plus the model's answer and one new message: time to first token of the
-second turn against the first, on Reef and on the stock server. Part `gate`: the paired
+second turn against the first, on Reef and on the stock server (with `--interrupt_requests
+false`: by default it cuts off a stream when the next request arrives). Part `gate`: the paired
 evaluation of a harness candidate on 8 tasks, in process, on main's engine as it was before
-this change (one request at a time, from git) and on today's engine one at a time and
-concurrently: wall time, and whether the results are identical.
+this change (one request at a time, from git) and on today's engine one at a time and as the
+gate sends them (the engine's slots less one at once): wall time, and whether the results are
+identical.
 
 Every figure is printed with its baseline from the same run, and written to
 bench/out/batching.json.
