@@ -19,6 +19,12 @@ from reef.testing.processes import ServerProcess, free_port, reef_serve
 TOKEN = "test-token-4f1c"
 ROTATED_TOKEN = "test-token-next-9a2e"  # a second valid token, as during a rotation
 SMALL_ENGINE = "engine:\n  llamacpp:\n    n_ctx: 2048\n    n_threads: 2\n"
+# max_tokens for the longest answer the tests' grammars allow (a forced call to get_weather,
+# whose city may be 20 or 40 characters, or a JSON-schema answer): the call's wrapper takes about
+# 25 tokens and a sampled string a token per character or more. Smaller caps cut answers, which
+# then fail to parse: 60 for a chat call in CI; 40 for a Responses call, 1 run in 40 (60 sampled
+# calls took 24 to 52 tokens).
+GRAMMAR_ROOM = 160
 BODY_LIMIT = 256 * 1024
 
 

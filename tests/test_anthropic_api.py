@@ -15,7 +15,7 @@ import pytest
 
 from reef.server.anthropic_messages import anthropic_message
 from reef.testing.processes import ServerProcess
-from tests.conftest import TOKEN
+from tests.conftest import GRAMMAR_ROOM, TOKEN
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +122,7 @@ def test_a_forced_tool_call_is_a_tool_use_block_valid_against_its_schema(
 ) -> None:
     raw = claude.messages.with_raw_response.create(
         model="default",
-        max_tokens=40,
+        max_tokens=GRAMMAR_ROOM,
         messages=ASK_WEATHER,
         tools=[WEATHER],
         tool_choice=FORCE_WEATHER,
@@ -143,7 +143,7 @@ def test_a_forced_tool_call_is_a_tool_use_block_valid_against_its_schema(
 def test_a_forced_tool_call_streams_as_input_json_deltas(claude: anthropic.Anthropic) -> None:
     with claude.messages.stream(
         model="default",
-        max_tokens=40,
+        max_tokens=GRAMMAR_ROOM,
         messages=ASK_WEATHER,
         tools=[WEATHER],
         tool_choice=FORCE_WEATHER,
@@ -162,7 +162,7 @@ def test_a_tool_result_round_trip_ends_in_text(
 ) -> None:
     first = claude.messages.create(
         model="default",
-        max_tokens=40,
+        max_tokens=GRAMMAR_ROOM,
         messages=ASK_WEATHER,
         tools=[WEATHER],
         tool_choice=FORCE_WEATHER,

@@ -16,6 +16,7 @@ import pytest
 from openai import OpenAI
 
 from reef.testing.processes import ServerProcess
+from tests.conftest import GRAMMAR_ROOM
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +127,7 @@ def test_a_forced_function_call_is_valid_against_its_schema(
         input=ASK_WEATHER,
         tools=[WEATHER],
         tool_choice=FORCE_WEATHER,
-        max_output_tokens=40,
+        max_output_tokens=GRAMMAR_ROOM,
     )
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.name == "get_weather" and call.call_id
@@ -142,7 +143,7 @@ def test_a_forced_function_call_streams_its_arguments(client: OpenAI) -> None:
         input=ASK_WEATHER,
         tools=[WEATHER],
         tool_choice=FORCE_WEATHER,
-        max_output_tokens=40,
+        max_output_tokens=GRAMMAR_ROOM,
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
@@ -158,7 +159,7 @@ def test_a_function_call_output_round_trip_ends_in_text(client: OpenAI, http: ht
         input=ASK_WEATHER,
         tools=[WEATHER],
         tool_choice=FORCE_WEATHER,
-        max_output_tokens=40,
+        max_output_tokens=GRAMMAR_ROOM,
     )
     call = next(item for item in first.output if item.type == "function_call")
     items: Any = [

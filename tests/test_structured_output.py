@@ -12,12 +12,11 @@ import openai
 import pytest
 from openai import OpenAI
 
+from tests.conftest import GRAMMAR_ROOM
+
 pytestmark = pytest.mark.slow
 
 ASK = [{"role": "user", "content": "Describe the weather in Paris today."}]
-# Room for the longest answer the grammars allow: a forced call's wrapper (name, arguments) and a
-# 40-character string, one token a character at worst (CI saw a call cut at 60 tokens).
-ROOM = 160
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -61,7 +60,7 @@ FORCE_WEATHER: Any = {"type": "function", "function": {"name": "get_weather"}}
 
 def test_json_schema_answers_validate_against_the_schema(client: OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
-        model="default", messages=ASK, response_format=WEATHER_FORMAT, max_tokens=ROOM
+        model="default", messages=ASK, response_format=WEATHER_FORMAT, max_tokens=GRAMMAR_ROOM
     )
     answer = raw.parse()
     content = answer.choices[0].message.content
@@ -73,7 +72,11 @@ def test_json_schema_answers_validate_against_the_schema(client: OpenAI) -> None
 
 def test_json_schema_streamed_adds_up_to_a_valid_answer(client: OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="default", messages=ASK, response_format=WEATHER_FORMAT, max_tokens=ROOM, stream=True
+        model="default",
+        messages=ASK,
+        response_format=WEATHER_FORMAT,
+        max_tokens=GRAMMAR_ROOM,
+        stream=True,
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     jsonschema.validate(json.loads(text), WEATHER_SCHEMA)
@@ -84,7 +87,7 @@ def test_json_object_answers_are_a_json_object(client: OpenAI) -> None:
         model="default",
         messages=[{"role": "user", "content": "Reply in JSON: a colour and its hex code."}],
         response_format={"type": "json_object"},
-        max_tokens=ROOM,
+        max_tokens=GRAMMAR_ROOM,
         temperature=0,
     )
     assert answer.choices[0].finish_reason == "stop"
@@ -103,7 +106,7 @@ def test_the_sdk_parse_helper_reads_a_schema_shaped_answer(client: OpenAI) -> No
         model="default",
         messages=[{"role": "user", "content": "Name a colour."}],
         response_format=Colour,
-        max_tokens=ROOM,
+        max_tokens=GRAMMAR_ROOM,
         temperature=0,
     )
     parsed = answer.choices[0].message.parsed
@@ -116,7 +119,7 @@ def test_a_named_tool_choice_returns_that_tool_call(client: OpenAI, http: httpx.
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=[GET_WEATHER, GET_TIME],
         tool_choice=FORCE_WEATHER,
-        max_tokens=ROOM,
+        max_tokens=GRAMMAR_ROOM,
     )
     choice = raw.parse().choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -135,7 +138,7 @@ def test_required_tool_choice_calls_one_of_the_tools(client: OpenAI) -> None:
         messages=[{"role": "user", "content": "What time is it in Berlin?"}],
         tools=[GET_WEATHER, GET_TIME],
         tool_choice="required",
-        max_tokens=ROOM,
+        max_tokens=GRAMMAR_ROOM,
     )
     (call,) = answer.choices[0].message.tool_calls or []
     tools = {
@@ -151,7 +154,7 @@ def test_a_forced_tool_call_streams_as_tool_call_deltas(client: OpenAI, http: ht
         messages=[{"role": "user", "content": "What is the weather in Rome?"}],
         tools=[GET_WEATHER],
         tool_choice=FORCE_WEATHER,
-        max_tokens=ROOM,
+        max_tokens=GRAMMAR_ROOM,
         stream=True,
     )
     name, arguments, finish, deltas, receipt = "", "", None, 0, None
@@ -180,7 +183,7 @@ def test_a_tool_round_trip_ends_in_a_text_answer(client: OpenAI) -> None:
         messages=messages,
         tools=[GET_WEATHER],
         tool_choice=FORCE_WEATHER,
-        max_tokens=ROOM,
+        max_tokens=GRAMMAR_ROOM,
     )
     call = (first.choices[0].message.tool_calls or [])[0]
     messages.append(first.choices[0].message.model_dump(exclude_none=True))
