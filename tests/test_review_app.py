@@ -101,6 +101,21 @@ async def test_candidates_held_first_with_full_ids_and_scores(
         assert str(rows.get_row(ids["loser harness"])[8]) == "-1.00"
 
 
+async def test_a_poll_while_the_panes_are_coming_down_does_nothing(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll interval can fire while the app is being taken down (CI saw it once, on leaving
+    `run_test`): a poll then finds no pane, and must neither raise nor start a fetch."""
+    async with review(project, monkeypatch) as (app, pilot):
+        await until(pilot, lambda: not app._polling)
+        await app.query_one("#tabs", TabbedContent).remove()
+        polls = app.polls
+        app.poll()
+        assert not app._polling
+        await pilot.pause(0.5)  # intervals fire meanwhile, on no panes
+        assert app.polls == polls
+
+
 async def test_approve_key_releases_the_held_candidate_and_moves_the_head(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

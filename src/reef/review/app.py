@@ -94,7 +94,10 @@ class ReviewApp(App[None]):
 
     def _show_access(self, access: Access) -> None:
         self.access = access
-        banner = self.query_one("#access-banner", Label)
+        try:
+            banner = self.query_one("#access-banner", Label)
+        except NoMatches:  # the app is coming down: its widgets are gone
+            return
         banner.update("" if access.can_decide else f"read-only: {access.why}")
         banner.set_class(not access.can_decide, "shown")
         self.poll()
@@ -108,7 +111,10 @@ class ReviewApp(App[None]):
         if self._polling:
             self._poll_again = True
             return
-        target: Polled = self.screen if isinstance(self.screen, Polled) else self.active_pane()
+        try:
+            target: Polled = self.screen if isinstance(self.screen, Polled) else self.active_pane()
+        except NoMatches:  # the interval can fire while the app is coming down, its panes gone
+            return
         self._polling = True
         self.run_worker(lambda: self._fetch(target), thread=True, group="poll")
 
