@@ -32,14 +32,14 @@ def decode_ceiling(
     """{batch size: {"tokens_per_s", "ms_per_call"}}: the median over `rounds` blocks of `steps`
     decode calls at each size, on `model` (the embedded GGUF when None)."""
     import llama_cpp
-    from llama_cpp import Llama
 
-    path = model or embedded_model_path()
-    llm = Llama(model_path=str(path), n_ctx=512, n_threads=1, verbose=False)
+    from reef.engines.llamacpp_weights import load_model
+
+    llm = load_model(model or embedded_model_path())
     context = batch_context(llm, 2048, max(SIZES), n_threads)  # the engine's own context
     batch = llama_cpp.llama_batch_init(64, 0, 1)
     try:
-        prompt = llm.tokenize(PROMPT)
+        prompt = llm.tokenize(PROMPT, add_bos=True, special=False)
         for sequence in range(max(SIZES)):
             _decode(context.ctx, batch, [(sequence, token, i) for i, token in enumerate(prompt)])
         memory = llama_cpp.llama_get_memory(context.ctx)

@@ -37,8 +37,7 @@ def stock_llama_server(folder: Path, logits_all: bool, model: Path | None = None
     port = free_port()
     args = [
         sys.executable,
-        "-m",
-        "llama_cpp.server",
+        str(Path(__file__).with_name("stock_server.py")),  # llama_cpp.server, Reef's kernels
         "--model",
         str((model or embedded_model_path()).resolve()),
         "--n_ctx",

@@ -31,7 +31,7 @@ def eos_token() -> int:
     engine = LlamaCppEngine(n_ctx=256, n_threads=1)
     asyncio.run(engine.start())
     try:
-        return int(engine._llm.token_eos())
+        return int(engine._model.token_eos())
     finally:
         asyncio.run(engine.close())
 

@@ -95,7 +95,7 @@ def test_requests_run_at_once_not_one_after_another(engine: LlamaCppEngine) -> N
 
 
 def test_cancelling_one_sequence_leaves_the_others_running(engine: LlamaCppEngine) -> None:
-    eos = str(engine._llm.token_eos())
+    eos = str(engine._model.token_eos())
     endless = {"max_tokens": 40, "temperature": 0, "logit_bias": {eos: -100}}
     requests = [chat(q, **endless) for q in QUESTIONS[:3]]
     expected = alone(engine, requests)
@@ -136,7 +136,7 @@ def test_a_decode_step_lists_its_sequences_in_slot_order(
         return decode(context, batch)
 
     monkeypatch.setattr(llama_cpp, "llama_decode", recording_decode)
-    eos = str(engine._llm.token_eos())
+    eos = str(engine._model.token_eos())
     endless = {"max_tokens": 12, "temperature": 0, "logit_bias": {eos: -100}}
     alone(engine, [chat(QUESTIONS[0], **endless)])
     together(engine, [chat(q, **endless) for q in QUESTIONS])
@@ -151,7 +151,7 @@ def test_a_sequence_that_fails_fails_only_its_own_request(
     """An error sampling one sequence's token (injected here, at its sixth token) fails that
     request with a 503 error; the sequences batched with it finish as they would alone, and the
     engine then serves the failed request's prompt as before."""
-    eos = str(engine._llm.token_eos())
+    eos = str(engine._model.token_eos())
     endless = {"temperature": 0, "logit_bias": {eos: -100}}
     requests = [
         chat(QUESTIONS[0], max_tokens=40, **endless),
@@ -219,7 +219,7 @@ def test_two_adapters_take_turns_and_each_keeps_its_answers(
     """Sequences under different LoRA adapters cannot share a llama_decode: the groups alternate,
     one decode each in turn. Neither waits for the other to finish, and each answers as alone."""
     lora = random_lora(tmp_path / "lora")
-    eos = str(engine._llm.token_eos())
+    eos = str(engine._model.token_eos())
     endless = {"max_tokens": 32, "temperature": 0, "logit_bias": {eos: -100}, "stream": True}
     request = chat(QUESTIONS[0], **endless)  # the same request, with and without the adapter
 
@@ -345,7 +345,7 @@ def _eos_token() -> int:
     probe = LlamaCppEngine(n_ctx=256, n_threads=1, slots=1)
     asyncio.run(probe.start())
     try:
-        return int(probe._llm.token_eos())
+        return int(probe._model.token_eos())
     finally:
         asyncio.run(probe.close())
 

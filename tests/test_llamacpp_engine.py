@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from reef.engines.base import ChatRequest, Completion
@@ -41,33 +43,51 @@ def test_completion_captures_token_ids_and_logprobs(engine: LlamaCppEngine) -> N
     assert result.token_ids and len(result.token_ids) == len(result.token_logprobs or [])
     assert result.response["usage"]["completion_tokens"] == len(result.token_ids)
     assert all(lp <= 0 and math.isfinite(lp) for lp in result.token_logprobs or [])
-    assert engine._llm.detokenize(result.token_ids).decode().startswith(text[:5])
+    assert engine._model.detokenize(result.token_ids).decode().startswith(text[:5])
     # Not asked for: captured for training, not returned to the client.
     assert result.response["choices"][0]["logprobs"] is None
 
 
 def test_logprobs_match_llama_cpp_full_logits_path(engine: LlamaCppEngine) -> None:
-    """Reef's cheap logprobs (last logits row) equal llama-cpp-python's logits_all=True ones."""
-    from llama_cpp import Llama
+    """Reef's cheap logprobs (the sampled sequence's logits row) equal the log-softmax of
+    llama.cpp's logits over the same tokens in a context of its own, the prompt evaluated in
+    the engine's blocks and then a token a call, with logits at every position (teacher-forced:
+    no second sampling to diverge, and the eos ban changes the draw, not the logprobs)."""
+    from llama_cpp import _internals
 
-    request = chat(max_tokens=10, temperature=0, seed=7)
+    from reef.engines.llamacpp import batch_context
+    from reef.engines.llamacpp_slots import BLOCK
+    from reef.engines.llamacpp_weights import load_model
+
+    eos = str(engine._model.token_eos())
+    request = chat(max_tokens=10, temperature=0, seed=7, logit_bias={eos: -100})
     ours = complete(engine, request)
-    reference = Llama(
-        str(engine.model_path),
-        n_ctx=1024,
-        n_threads=2,
-        logits_all=True,
-        verbose=False,
-    )
+    prompt = engine._prompt_tokens(request)
+    model = load_model(engine.model_path)
+    context = batch_context(model, 1024, 1, 2)
+    batch = _internals.LlamaBatch(n_tokens=BLOCK, embd=0, n_seq_max=1, verbose=False)
+    calls = [prompt[i : i + BLOCK] for i in range(0, len(prompt), BLOCK)]
+    calls += [[token] for token in (ours.token_ids or [])[:-1]]
+    n_vocab = model.n_vocab()
+    rows = []
     try:
-        prompt = engine._prompt_tokens(request)
-        out = reference.create_completion(prompt, max_tokens=10, temperature=0, logprobs=1)
-        expected = out["choices"][0]["logprobs"]["token_logprobs"]
+        position = 0
+        for tokens in calls:
+            batch.set_batch(tokens, n_past=position, logits_all=True)
+            context.decode(batch)
+            position += len(tokens)
+            rows.append(np.array(context.get_logits_ith(len(tokens) - 1)[:n_vocab], np.float64))
     finally:
-        reference.close()
-    n = min(len(expected), len(ours.token_logprobs or []))
-    assert n >= 5
-    for got, want in zip(ours.token_logprobs[:n], expected[:n], strict=True):  # type: ignore[index]
+        batch.close()
+        context.close()
+        model.close()
+    generated = ours.token_ids or []
+    expected = [
+        float(row[token] - row.max() - np.log(np.exp(row - row.max()).sum()))
+        for row, token in zip(rows[len(calls) - len(generated) :], generated, strict=True)
+    ]
+    assert len(expected) == len(ours.token_logprobs or []) == 10
+    for got, want in zip(ours.token_logprobs, expected, strict=True):  # type: ignore[arg-type]
         assert got == pytest.approx(want, abs=2e-3)
 
 
@@ -217,3 +237,34 @@ def test_tools_with_auto_choice_are_accepted(engine: LlamaCppEngine) -> None:
     ]
     result = complete(engine, chat(messages=history, tools=[tool], max_tokens=4))
     assert result.response["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("system_info", "setting", "repacked"),
+    [
+        (b"AVX2 = 1 | AVX512 = 1 | REPACK = 1 |", "auto", True),
+        (b"AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |", "auto", False),  # its AMX kernels crash
+        (b"AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |", True, True),  # the user's call
+        (b"AVX2 = 1 | REPACK = 1 |", False, False),
+    ],
+)
+def test_weights_are_repacked_unless_the_build_has_its_crashing_amx_kernels(
+    monkeypatch: pytest.MonkeyPatch, system_info: bytes, setting: Any, repacked: bool
+) -> None:
+    import llama_cpp
+
+    from reef.engines.llamacpp_weights import model_params
+
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: system_info)
+    assert model_params(setting).use_extra_bufts is repacked
+
+
+def test_the_repack_setting_takes_auto_or_a_boolean(tmp_path: Path) -> None:
+    from reef.config import ConfigError, load_config
+
+    path = tmp_path / "reef.yaml"
+    path.write_text("engine:\n  llamacpp:\n    repack: false\n")
+    assert load_config(path, env={}).engine.llamacpp.repack is False
+    path.write_text("engine:\n  llamacpp:\n    repack: sometimes\n")
+    with pytest.raises(ConfigError, match=r"engine\.llamacpp\.repack"):
+        load_config(path, env={})

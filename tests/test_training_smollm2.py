@@ -118,39 +118,45 @@ def llama_cpp_last_logits(prompt: list[int], adapters: list[Path | None]) -> lis
     """llama.cpp's last-position logits for `prompt`, once per adapter (None: the base), loaded
     and applied the way the llama.cpp engine does."""
     import llama_cpp
+    from llama_cpp import _internals
 
-    llm = llama_cpp.Llama(
-        model_path=str(embedded_model_path()),
-        n_ctx=512,
-        n_threads=2,
-        logits_all=False,
-        verbose=False,
-    )
+    from reef.engines.llamacpp_weights import load_model
+
+    model = load_model(embedded_model_path())
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = 512
+    params.n_threads = params.n_threads_batch = 2
+    context = _internals.LlamaContext(model=model, params=params, verbose=False)
+    batch = _internals.LlamaBatch(n_tokens=len(prompt), embd=0, n_seq_max=1, verbose=False)
     rows = []
     loaded = []
     try:
         for adapter in adapters:
             if adapter is None:
-                assert llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, None, 0, None) == 0
+                assert llama_cpp.llama_set_adapters_lora(context.ctx, None, 0, None) == 0
             else:
-                lora = llama_cpp.llama_adapter_lora_init(llm._model.model, str(adapter).encode())
+                lora = llama_cpp.llama_adapter_lora_init(model.model, str(adapter).encode())
                 assert lora, f"llama.cpp refused {adapter}"
                 loaded.append(lora)
                 chosen = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(lora)
                 scales = (ctypes.c_float * 1)(1.0)
-                assert llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, chosen, 1, scales) == 0
-            llm.reset()
-            llm.eval(prompt)
-            pointer = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+                assert llama_cpp.llama_set_adapters_lora(context.ctx, chosen, 1, scales) == 0
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context.ctx), True)
+            batch.reset()
+            batch.add_sequence(prompt, 0, False)  # logits for the last position only
+            context.decode(batch)
+            pointer = llama_cpp.llama_get_logits_ith(context.ctx, -1)
             row = np.ctypeslib.as_array(
-                ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), (llm.n_vocab(),)
+                ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), (model.n_vocab(),)
             )
             rows.append(row.copy())
-        llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, None, 0, None)
+        llama_cpp.llama_set_adapters_lora(context.ctx, None, 0, None)
     finally:
         for lora in loaded:
             llama_cpp.llama_adapter_lora_free(lora)
-        llm.close()
+        batch.close()
+        context.close()
+        model.close()
     return rows
 
 

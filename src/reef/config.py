@@ -84,6 +84,9 @@ class LlamaCppConfig(_Section):
     # A ceiling on every request's max_tokens, when set (a CPU serving agents that ask for many
     # thousands of tokens for a title).
     max_tokens_cap: int | None = Field(None, ge=1)
+    # Weight repacking into llama.cpp's faster kernels (llama-server's --repack). auto: on,
+    # except with a llama.cpp build whose AMX kernels crash (see engines/llamacpp_weights.py).
+    repack: Literal["auto"] | bool = "auto"
 
 
 class EngineConfig(_Section):

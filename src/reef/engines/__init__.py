@@ -65,6 +65,7 @@ def build_engine(
             max_tokens_cap=llama.max_tokens_cap,
             max_queue=max_queue,
             slots=llama.slots,
+            repack=llama.repack,
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine

