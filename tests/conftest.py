@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
 import os
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +28,40 @@ SMALL_ENGINE = "engine:\n  llamacpp:\n    n_ctx: 2048\n    n_threads: 2\n"
 # then fail to parse: 60 for a chat call in CI; 40 for a Responses call, 1 run in 40 (60 sampled
 # calls took 24 to 52 tokens).
 GRAMMAR_ROOM = 160
+# The seeds of the tests that sample are offsets from this: `REEF_TEST_SEED=7 pytest` runs them on
+# other draws, to show that no test holds only for the draws it was written with.
+SEED = int(os.environ.get("REEF_TEST_SEED", "0"))
 BODY_LIMIT = 256 * 1024
+
+
+@functools.cache
+def embedded_vocabulary() -> Any:
+    """The embedded model's tokenizer (no weights loaded)."""
+    from llama_cpp import Llama
+
+    from reef.engines.llamacpp import embedded_model_path
+
+    vocabulary = Llama(model_path=str(embedded_model_path()), vocab_only=True, verbose=False)
+    atexit.register(vocabulary.close)  # before interpreter teardown, where llama_cpp's is gone
+    return vocabulary
+
+
+def end_of_turn() -> str:
+    """The embedded model's end-of-generation token id, as `logit_bias` keys it. A request that
+    bans it (`{end_of_turn(): -100}`) runs to exactly its max_tokens, whatever the model would
+    have said on this machine, so a test can count on the length."""
+    return str(embedded_vocabulary().token_eos())
+
+
+def token_of(text: str) -> str:
+    """The id of the one token of the embedded model that spells `text`, as logit_bias keys it."""
+    (token,) = embedded_vocabulary().tokenize(text.encode(), add_bos=False, special=False)
+    return str(token)
+
+
+def endless() -> dict[str, dict[str, int]]:
+    """Request fields that ban the end token, for a request that must run to its max_tokens."""
+    return {"logit_bias": {end_of_turn(): -100}}
 
 
 def needs_git_lfs() -> None:

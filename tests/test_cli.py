@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,7 @@ from typer.testing import CliRunner
 from reef.cli import app
 from reef.evaluation.tasks import load_tasks
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
-from tests.conftest import SMALL_ENGINE, TOKEN, write_config
+from tests.conftest import SMALL_ENGINE, TOKEN, endless, write_config
 
 runner = CliRunner()
 
@@ -181,6 +180,7 @@ def test_ctrl_c_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
             # server's 60 s graceful shutdown on a loaded 2-core machine (120 tokens did not).
             "max_tokens": 48,
             "stream": True,
+            **endless(),  # all 48 tokens, however the story would have ended
         }
         with httpx.stream(
             "POST",
@@ -197,8 +197,7 @@ def test_ctrl_c_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=long_request)
     thread.start()
-    assert started.wait(30)
-    time.sleep(0.2)
+    assert started.wait(30)  # the role chunk: the request is queued or running
     assert server.process is not None
     server.process.send_signal(signal.SIGINT)
     thread.join(60)
@@ -206,6 +205,7 @@ def test_ctrl_c_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
     lines = [line for line in result["lines"] if line.startswith("data: ")]  # type: ignore[union-attr]
     assert lines[-1] == "data: [DONE]", "the stream in flight was cut off"
     assert "agent_record_id" in lines[-2]
+    assert '"finish_reason":"length"' in "".join(lines).replace(" ", "")  # it ran to the end
     assert code == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/healthz")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from recipes.harness_evolve.mutations import Mutation, MutationRefused, apply, parse_mutation
@@ -91,28 +92,88 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
     engine: LlamaCppEngine,
 ) -> None:
     """The real model answers the failing prompts with the feedback beside them; answers that meet
-    the scorer become worked examples. No code reads the feedback's wording."""
+    the scorer become worked examples: exactly the first finished one per prompt, whatever the
+    model sampled on this machine (the test reads what it sampled). No code reads the feedback's
+    wording."""
     model = LocalModel(engine)
+    sampled: list[tuple[dict, Completion]] = []
 
     def generate(body: dict) -> Completion:
-        return asyncio.run(model.complete(ChatRequest.model_validate(body)))
+        completion = asyncio.run(model.complete(ChatRequest.model_validate(body)))
+        sampled.append((body, completion))
+        return completion
 
     wanted = "Start your answer with the word 'Sure!'"
+    prompts = ["What is 2+2?", "Name a fruit.", "What colour is the sky?"]
     failures = [
-        turn(f"r{n}", prompt, "An answer.", feedback=wanted)
-        for n, prompt in enumerate(["What is 2+2?", "Name a fruit.", "What colour is the sky?"])
+        turn(f"r{n}", prompt, "An answer.", feedback=wanted) for n, prompt in enumerate(prompts)
     ]
     scorer = ScorerSpec(type="regex", pattern="^\\W*Sure")
-    mutation = HindsightProposer(generate, scorer, max_examples=4, samples=4).propose(
+    result = HindsightProposer(generate, scorer, max_examples=4, samples=4).propose(
         failures, context()
     )
-    assert isinstance(mutation, Mutation) and mutation.path == "examples.jsonl", mutation
-    examples = [json.loads(line) for line in mutation.content.splitlines()]
-    assert examples and all(e["assistant"].lstrip(" '\"*").startswith("Sure") for e in examples)
-    assert {e["user"] for e in examples} <= {t.prompt for t in failures}
+
+    def answer(completion: Completion) -> str | None:
+        """The answer's text if the proposer may keep it: finished and meeting the scorer."""
+        choice = completion.response["choices"][0]
+        text = choice["message"]["content"]
+        kept = choice["finish_reason"] == "stop" and re.search("^\\W*Sure", text)
+        return text.strip() if kept else None
+
+    qualifying: dict[str, str] = {}
+    for prompt in prompts:
+        hinted = f"{prompt} {wanted}"
+        bodies = [body for body, _ in sampled if body["messages"][-1]["content"] == hinted]
+        asked = [completion for body, completion in sampled if body in bodies]
+        assert [b["seed"] for b in bodies] == list(range(len(bodies)))
+        assert bodies[0]["temperature"] == 0  # the first sample is greedy
+        first = next((i for i, c in enumerate(asked) if answer(c)), None)
+        # Sampled until the first answer that may be kept (one per prompt), or 4 times.
+        assert len(asked) == (4 if first is None else first + 1)
+        if first is not None:
+            qualifying[prompt] = answer(asked[first])  # type: ignore[assignment]
+    assert len(sampled) == sum(
+        body["messages"][-1]["content"] in {f"{p} {wanted}" for p in prompts} for body, _ in sampled
+    )  # and nothing else was asked
+    if not qualifying:
+        assert result == "no answer given under the feedback met the scorer"
+    else:
+        assert isinstance(result, Mutation) and result.path == "examples.jsonl", result
+        examples = [json.loads(line) for line in result.content.splitlines()]
+        assert {e["user"]: e["assistant"] for e in examples} == qualifying
     unreachable = ScorerSpec(type="contains", value="zebra-quartz-91")
+    sampled.clear()
     refused = HindsightProposer(generate, unreachable, samples=2).propose(failures, context())
     assert refused == "no answer given under the feedback met the scorer"
+    assert len(sampled) == 2 * len(prompts)
+
+
+def test_a_demonstration_becomes_a_worked_example_without_asking_the_model() -> None:
+    def generate(body: dict) -> Completion:
+        raise AssertionError("a demonstration needs no model")
+
+    shown = {"demonstration": "  Four.\nCheers, Reef \n"}
+    failures = [
+        Turn(
+            "r1",
+            [{"role": "user", "content": "What is 2+2?"}],
+            {"content": "4"},
+            "base",
+            [{"score": 0.0, "feedback": shown}],
+        )
+    ]
+    existing = {"examples.jsonl": b'{"user": "Hi", "assistant": "Hello.\\nCheers, Reef"}\n'}
+    mutation = HindsightProposer(generate, None).propose(failures, context(existing))
+    assert isinstance(mutation, Mutation) and mutation.op == "update"
+    assert [json.loads(line) for line in mutation.content.splitlines()] == [
+        {"user": "Hi", "assistant": "Hello.\nCheers, Reef"},
+        {"user": "What is 2+2?", "assistant": "Four.\nCheers, Reef"},
+    ]
+    assert "1 answer(s) the user wrote" in mutation.reason
+    nothing = [turn("r2", "Hi", "Yo.", feedback=None)]
+    assert HindsightProposer(generate, None).propose(nothing, context()) == (
+        "the failing turns carry no feedback text or demonstration to act on"
+    )
 
 
 def test_rule_proposer_keeps_other_feedback_as_a_rule() -> None:

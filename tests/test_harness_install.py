@@ -38,7 +38,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "reef.yaml").write_text(
         "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 48}\n"
     )
-    tree = harness(folder / "h1", "You are a coding agent. Answer briefly.", {"max_tokens": 24})
+    # Greedy, so pi's answer is the same in every run on a machine (pi sends no temperature).
+    settings = {"max_tokens": 24, "temperature": 0, "seed": 0}
+    tree = harness(folder / "h1", "You are a coding agent. Answer briefly.", settings)
     (tree / "skills/search").mkdir(parents=True)
     (tree / "skills/search/SKILL.md").write_text(
         "---\ndescription: search the code\n---\nUse grep.\n"

@@ -1,26 +1,32 @@
 """The whole loop on the real engine: traffic, feedback, harness evolution, gate, release, hot-swap.
 
 A scripted user wants every answer to end with a sign-off line the base model never writes. It
-talks to `reef serve` (with the harness_evolve recipe and its hindsight proposer) and
-scores each answer. The learning worker, a separate process started by the server, turns the
-feedback into a harness candidate, the gate checks it against the eval tasks, and the server
-switches to the release: held-out prompts then end with the sign-off far more often.
+talks to `reef serve` (with the harness_evolve recipe and its hindsight proposer) and, for each
+answer that lacks the sign-off, reports a score of 0 with the answer it wanted written out (a
+demonstration). The learning worker, a separate process started by the server, turns those into
+worked examples in a harness candidate, the gate evaluates it on the server's engine, and the
+server switches to the release: the next call is served under it, with the examples in front of
+the prompt the model reads.
+
+Every step is by construction, whatever the model samples on this machine: the demonstrations are
+the user's, and the gate's floor of 0 releases whatever the evaluation scored. Whether the model
+then signs off more often is a learning outcome, measured by `bench/learning_curve.py`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
 import httpx
+from llama_cpp import Llama
 
+from reef.engines.llamacpp import embedded_model_path
 from reef.testing.processes import free_port, reef_serve
 from tests.conftest import TOKEN
 
 SIGN_OFF = "Cheers, Reef"
-FEEDBACK = f"End every answer with the line: {SIGN_OFF}"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 TRAINING = ["What is the capital of France?", "Name an animal.", "What is 2+2?"]
 EVALS = ["What colour is grass?", "Name a planet.", "What is 3+3?"]
@@ -29,7 +35,8 @@ CONFIG = f"""
 engine:
   llamacpp: {{n_ctx: 2048, n_threads: 2}}
 gate:
-  policy: improve
+  policy: floor
+  floor: 0.0
   max_tokens: 48
 learning:
   recipe: harness_evolve
@@ -41,6 +48,16 @@ learning:
 """
 
 
+def wanted(answer: str) -> str:
+    """The answer the scripted user wanted: the one it got, with the sign-off line."""
+    return f"{answer.strip()}\n{SIGN_OFF}"
+
+
+def detokenize(ids: list[int]) -> str:
+    vocab = Llama(model_path=str(embedded_model_path()), vocab_only=True, verbose=False)
+    return bytes(vocab.detokenize(ids, special=True)).decode(errors="replace")
+
+
 def ask(url: str, prompt: str) -> httpx.Response:
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 48, "temperature": 0}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
@@ -48,13 +65,9 @@ def ask(url: str, prompt: str) -> httpx.Response:
     return response
 
 
-def signs_off(response: httpx.Response) -> bool:
-    text = response.json()["choices"][0]["message"]["content"]
-    return re.search(rf"{SIGN_OFF}\s*$", text) is not None
-
-
-def pass_rate(url: str) -> float:
-    return sum(signs_off(ask(url, prompt)) for prompt in HELD_OUT) / len(HELD_OUT)
+def records_of(url: str) -> list[dict]:
+    response = httpx.get(f"{url}/reef/records", params={"limit": 100}, headers=HEADERS)
+    return response.json()["data"]
 
 
 def children(pid: int) -> set[int]:
@@ -102,19 +115,20 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
         assert server.process is not None
         worker_pids = started_children(server.process.pid)
         assert worker_pids, "reef serve should start the learning worker as a child process"
-        before = pass_rate(server.url)
+        for prompt in HELD_OUT:  # traffic the worker has nothing to learn from
+            assert ask(server.url, prompt).headers["x-reef-release-id"] == "base"
 
-        for prompt in TRAINING:  # the scripted user
+        demonstrated = {}
+        for prompt in TRAINING:  # the scripted user writes out the answer it wanted
             response = ask(server.url, prompt)
-            if not signs_off(response):
-                report = {
-                    "references": [response.headers["x-reef-agent-record-id"]],
-                    "score": 0,
-                    "feedback": FEEDBACK,
-                }
-                httpx.post(
-                    f"{server.url}/reef/report", json=report, headers=HEADERS
-                ).raise_for_status()
+            answer = response.json()["choices"][0]["message"]["content"]
+            demonstrated[prompt] = wanted(answer)
+            report = {
+                "references": [response.headers["x-reef-agent-record-id"]],
+                "score": 0,
+                "feedback": {"demonstration": demonstrated[prompt]},
+            }
+            httpx.post(f"{server.url}/reef/report", json=report, headers=HEADERS).raise_for_status()
 
         deadline = time.monotonic() + 180
         while True:
@@ -122,7 +136,7 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
             if status["serving"].get("default", "base") != "base":
                 break
             last = status["learning"]["scenarios"].get("default", {}).get("last_step", {})
-            assert last.get("outcome") not in ("rejected", "error"), last
+            assert last.get("outcome") not in ("rejected", "error", "no proposal"), last
             assert time.monotonic() < deadline, f"no release: {status['learning']}\n{server.log()}"
             time.sleep(1)
 
@@ -132,18 +146,35 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
         assert processes_mapping(tree, ".gguf") == {server.process.pid}
         records = status["store"]["scenarios"]["default"]["records"]
         assert records == len(HELD_OUT) + len(TRAINING), status["store"]
-
-        after = pass_rate(server.url)
         learning = status["learning"]["scenarios"]["default"]
         assert learning["last_step"]["outcome"] == "released"
-        assert learning["consumed"] >= 1 or learning["batches_built"] >= 1
+        assert learning["batches_built"] == 1
+        candidates = httpx.get(
+            f"{server.url}/reef/scenarios/default/candidates", headers=HEADERS
+        ).json()["data"]
+        trained_on = {r["id"] for r in records_of(server.url) if r["reports"]}
+        assert set(candidates[0]["consumed_record_ids"]) == trained_on  # the feedback's records
+
         releases = httpx.get(
             f"{server.url}/reef/scenarios/default/releases", headers=HEADERS
         ).json()
         assert "examples.jsonl" in releases["data"][0]["reason"]
-        assert f"{SIGN_OFF}" in releases["data"][0]["diff"]  # released with its diff
-    assert after > before, (before, after)
-    assert after >= 0.5
+        assert SIGN_OFF in releases["data"][0]["diff"]  # released with its diff
+        harness = httpx.get(f"{server.url}/reef/harness", headers=HEADERS).json()
+        examples = [json.loads(line) for line in harness["files"]["examples.jsonl"].splitlines()]
+        assert {(e["user"], e["assistant"]) for e in examples} == {
+            (prompt, answer) for prompt, answer in demonstrated.items()
+        }
+
+        # The server switched without a restart: the next call is served under the release,
+        # and the model read the user's worked examples in front of the question.
+        served = ask(server.url, HELD_OUT[0])
+        assert served.headers["x-reef-release-id"] == releases["data"][0]["release_id"]
+        record_id = served.headers["x-reef-agent-record-id"]
+        record = httpx.get(f"{server.url}/reef/records/{record_id}", headers=HEADERS).json()
+        prompt_text = detokenize(record["prompt_token_ids"])
+        assert all(answer in prompt_text for answer in demonstrated.values())
+        assert prompt_text.rstrip().endswith("assistant") and HELD_OUT[0] in prompt_text
     for pid in worker_pids:  # Ctrl-C stopped the worker too
         assert (
             not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()

@@ -20,7 +20,7 @@ from reef.engines.llamacpp_slots import BLOCK, SlotTable
 from reef.errors import EngineUnavailable
 from reef.testing.artifacts import random_lora
 from reef.testing.processes import ServerProcess, free_port, reef_serve
-from tests.conftest import SMALL_ENGINE, write_config
+from tests.conftest import SEED, SMALL_ENGINE, write_config
 
 QUESTIONS = [
     "Name three colours.",
@@ -62,7 +62,7 @@ def together(engine: LlamaCppEngine, requests: list[ChatRequest]) -> list[Comple
 
 def test_batching_changes_no_answer_and_no_logprob(engine: LlamaCppEngine) -> None:
     requests = [chat(q, max_tokens=24, temperature=0) for q in [*QUESTIONS[:3], LONG]]
-    sampled = [chat(QUESTIONS[3], max_tokens=24, temperature=0.9, seed=11)]
+    sampled = [chat(QUESTIONS[3], max_tokens=24, temperature=0.9, seed=SEED + 11)]
     first = alone(engine, requests + sampled)
     batched = together(engine, requests + sampled)
     for one, other in zip(first, batched, strict=True):
@@ -75,8 +75,10 @@ def test_requests_run_at_once_not_one_after_another(engine: LlamaCppEngine) -> N
     first_token: list[float] = []
     finished: list[float] = []
 
+    endless = {str(engine._model.token_eos()): -100}  # each runs its 16 tokens
+
     async def one(question: str) -> None:
-        request = chat(question, max_tokens=16, temperature=0, stream=True)
+        request = chat(question, max_tokens=16, temperature=0, stream=True, logit_bias=endless)
         seen = False
         async for item in engine.stream(request):
             content = isinstance(item, dict) and item["choices"] and item["choices"][0]["delta"]
@@ -251,7 +253,7 @@ def test_two_adapters_take_turns_and_each_keeps_its_answers(
 
 
 def test_a_seed_keeps_the_prompt_cache(engine: LlamaCppEngine) -> None:
-    request = chat(LONG, max_tokens=8, temperature=1.0, seed=1234)
+    request = chat(LONG, max_tokens=8, temperature=1.0, seed=SEED + 1234)
     first = alone(engine, [request])[0]
     before = engine.cache_counters["reused_tokens"]
     again = alone(engine, [request])[0]
@@ -284,13 +286,13 @@ def test_a_conversation_resent_with_one_more_message_evaluates_only_the_new_toke
 
 
 def test_choices_share_the_slot_cache_and_keep_their_own_seeds(engine: LlamaCppEngine) -> None:
-    request = chat(QUESTIONS[2], n=3, max_tokens=10, temperature=1.0, seed=5)
+    request = chat(QUESTIONS[2], n=3, max_tokens=10, temperature=1.0, seed=SEED + 5)
     [result] = alone(engine, [request])
     texts = [choice["message"]["content"] for choice in result.response["choices"]]
     assert [c["index"] for c in result.response["choices"]] == [0, 1, 2]
     singles = [
         alone(engine, [chat(QUESTIONS[2], max_tokens=10, temperature=1.0, seed=s)])[0]
-        for s in (5, 6, 7)
+        for s in (SEED + 5, SEED + 6, SEED + 7)
     ]
     assert texts == [s.response["choices"][0]["message"]["content"] for s in singles]
 

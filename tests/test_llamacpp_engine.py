@@ -13,11 +13,17 @@ import pytest
 from reef.engines.base import ChatRequest, Completion
 from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path
 from reef.errors import BadRequest, Unsupported
+from tests.conftest import SEED
 
 
 def chat(**fields: Any) -> ChatRequest:
     fields.setdefault("messages", [{"role": "user", "content": "Name three colours."}])
     return ChatRequest.model_validate(fields)
+
+
+def no_end(engine: LlamaCppEngine) -> dict[str, float]:
+    """A logit_bias that bans the end token: the answer runs to its max_tokens on any machine."""
+    return {str(engine._model.token_eos()): -100}
 
 
 def complete(engine: LlamaCppEngine, request: ChatRequest) -> Completion:
@@ -111,7 +117,7 @@ def test_top_logprobs_are_returned_when_asked(engine: LlamaCppEngine) -> None:
 
 
 def test_same_seed_same_answer(engine: LlamaCppEngine) -> None:
-    request = chat(max_tokens=24, temperature=1.0, seed=1234)
+    request = chat(max_tokens=24, temperature=1.0, seed=SEED + 1234)
     first = complete(engine, request).token_ids
     complete(engine, chat(max_tokens=3))  # leaves another prompt in the cache
     assert complete(engine, request).token_ids == first
@@ -120,7 +126,7 @@ def test_same_seed_same_answer(engine: LlamaCppEngine) -> None:
 
 def test_max_tokens_and_max_completion_tokens_limit_length(engine: LlamaCppEngine) -> None:
     for field in ("max_tokens", "max_completion_tokens"):
-        result = complete(engine, chat(**{field: 3}, temperature=0))
+        result = complete(engine, chat(**{field: 3}, temperature=0, logit_bias=no_end(engine)))
         assert len(result.token_ids or []) == 3
         assert result.response["choices"][0]["finish_reason"] == "length"
 
@@ -128,7 +134,7 @@ def test_max_tokens_and_max_completion_tokens_limit_length(engine: LlamaCppEngin
 def test_max_tokens_cap_bounds_every_request(engine: LlamaCppEngine) -> None:
     engine.max_tokens_cap = 2
     try:
-        result = complete(engine, chat(max_tokens=50, temperature=0))
+        result = complete(engine, chat(max_tokens=50, temperature=0, logit_bias=no_end(engine)))
     finally:
         engine.max_tokens_cap = None
     assert len(result.token_ids or []) == 2
@@ -140,18 +146,26 @@ def test_stop_sequence_cuts_the_text(engine: LlamaCppEngine) -> None:
         max_tokens=60,
         temperature=0,
         seed=0,
+        logit_bias=no_end(engine),
     )
     free = complete(engine, request).response["choices"][0]["message"]["content"]
-    assert "5" in free, "the model should count past 5 for this test to mean anything"
-    stopped = complete(engine, request.model_copy(update={"stop": ["5"]}))
+    # A stop sequence from the middle of what the model says on this machine, wherever the
+    # model would have gone: 60 tokens always hold more than 20 characters.
+    stop = free[10:13]
+    stopped = complete(engine, request.model_copy(update={"stop": [stop]}))
     text = stopped.response["choices"][0]["message"]["content"]
-    assert text == free[: free.index("5")]
+    assert text == free[: free.index(stop)]
     assert stopped.response["choices"][0]["finish_reason"] == "stop"
 
 
 def test_stream_yields_chunks_that_add_up_to_the_completion(engine: LlamaCppEngine) -> None:
     request = chat(
-        max_tokens=20, temperature=0, seed=3, stream=True, stream_options={"include_usage": True}
+        max_tokens=20,
+        temperature=0,
+        seed=3,
+        stream=True,
+        stream_options={"include_usage": True},
+        logit_bias=no_end(engine),
     )
     items = stream(engine, request)
     *chunks, completion = items

@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
-from tests.conftest import TOKEN
+from tests.conftest import SEED, TOKEN, endless
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +27,22 @@ def stored(http: httpx.Client, record_id: str) -> dict:
 
 def test_n_choices_come_back_in_one_record(client: OpenAI, http: httpx.Client) -> None:
     raw = client.chat.completions.with_raw_response.create(
-        model="default", messages=ASK, n=3, max_tokens=6, seed=11
+        model="default", messages=ASK, n=3, max_tokens=6, seed=SEED + 11, extra_body=endless()
     )
     answer = raw.parse()
     assert [choice.index for choice in answer.choices] == [0, 1, 2]
-    assert all(choice.message.content for choice in answer.choices)
-    assert len({choice.message.content for choice in answer.choices}) > 1  # own seeds
+    # Each choice has its own seed, the next after the request's: choice k is what a request of
+    # its own with seed 11 + k answers.
+    alone = [
+        client.chat.completions.create(
+            model="default", messages=ASK, max_tokens=6, seed=SEED + 11 + k, extra_body=endless()
+        )
+        .choices[0]
+        .message.content
+        for k in range(3)
+    ]
+    assert [choice.message.content for choice in answer.choices] == alone
+    assert all(alone)
     record = stored(http, raw.headers["x-reef-agent-record-id"])
     assert len(record["response"]["choices"]) == 3
     assert answer.usage is not None
@@ -43,7 +53,7 @@ def test_n_choices_come_back_in_one_record(client: OpenAI, http: httpx.Client) -
 
 def test_n_choices_stream_with_their_indexes(client: OpenAI, http: httpx.Client) -> None:
     stream = client.chat.completions.create(
-        model="default", messages=ASK, n=2, max_tokens=5, stream=True
+        model="default", messages=ASK, n=2, max_tokens=5, stream=True, extra_body=endless()
     )
     texts, finishes, receipt = {0: "", 1: ""}, {}, None
     for chunk in stream:
@@ -63,7 +73,11 @@ def test_n_choices_stream_with_their_indexes(client: OpenAI, http: httpx.Client)
 
 def test_text_completion_continues_the_prompt(client: OpenAI, http: httpx.Client) -> None:
     raw = client.completions.with_raw_response.create(
-        model="default", prompt="The capital of France is", max_tokens=5, temperature=0
+        model="default",
+        prompt="The capital of France is",
+        max_tokens=5,
+        temperature=0,
+        extra_body=endless(),
     )
     answer = raw.parse()
     assert answer.object == "text_completion"
@@ -92,7 +106,13 @@ def test_text_completion_default_length_echo_and_logprobs(client: OpenAI) -> Non
 
 def test_text_completion_streams(client: OpenAI, http: httpx.Client) -> None:
     stream = client.completions.create(
-        model="default", prompt="Once upon a time", max_tokens=6, stream=True, logprobs=1
+        model="default",
+        prompt="Once upon a time",
+        max_tokens=6,
+        stream=True,
+        logprobs=1,
+        seed=SEED + 3,
+        extra_body=endless(),
     )
     text, receipt, finish, ids, offsets = "", None, None, set(), []
     for chunk in stream:

@@ -1,10 +1,11 @@
 """The project the review tests run on, built by real `reef release publish` processes, and the
 reads (reef.review.queries) checked against it.
 
-The gate scores a one-word answer 1 (`^\\s*\\S+\\s*$`). The model answers "Say hello." with
-several words under the gate's 16 tokens, so the harness capped at one token wins, the one that
-lets the model talk loses against it, and the third, published under `gate: {policy: review}`,
-is held for a human.
+The engine is the loopback peer's `words` model, which echoes the prompt cut to `max_tokens`
+words, so every score is known on any machine: the gate scores a one-word answer 1
+(`^\\s*\\S+\\s*$`), the base answers "echo: Say hello." under the gate's 16 tokens, so the
+harness capped at one token ("echo:") wins, the one that lets the model talk loses against it,
+and the third, published under `gate: {policy: review}`, is held for a human.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ from reef.review import queries
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.artifacts import harness
 from reef.testing.processes import run_reef
+from tests.conftest import peer_process
 
-ENGINE = "engine:\n  llamacpp:\n    n_ctx: 1024\n    n_threads: 2\n"
+
+def engine(peer_url: str) -> str:
+    return f"engine:\n  kind: upstream\n  upstream:\n    url: {peer_url}/v1\n    model: words\n"
+
+
 TASK = {
     "id": "one-word",
     "messages": [{"role": "user", "content": "Say hello."}],
@@ -34,18 +40,24 @@ _template: dict[str, Path] = {}
 
 def build_template(folder: Path) -> Path:
     """Three real candidates (winner released as default@1, loser rejected, one held) and two
-    records with feedback."""
+    records with feedback, gated on a peer started for the build (the project keeps its URL:
+    the review tests read and decide, and nothing runs on the engine again)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "reef.yaml").write_text(ENGINE + "gate:\n  max_tokens: 16\n")
-    (folder / "review.yaml").write_text(ENGINE + "gate:\n  policy: review\n  max_tokens: 16\n")
+    with peer_process(folder).start() as peer:
+        gated(folder, engine(peer.url))
+    add_records(folder)
+    return folder
+
+
+def gated(folder: Path, engine: str) -> None:
+    (folder / "reef.yaml").write_text(engine + "gate:\n  max_tokens: 16\n")
+    (folder / "review.yaml").write_text(engine + "gate:\n  policy: review\n  max_tokens: 16\n")
     (folder / "evals").mkdir()
     (folder / "evals/default.jsonl").write_text(json.dumps(TASK) + "\n")
     publish(folder, harness(folder / "art/winner", "You are terse.", {"max_tokens": 1}), 0)
     publish(folder, harness(folder / "art/loser", "You are chatty.", {"max_tokens": 16}), 1)
     held = harness(folder / "art/held", "You are held for review.", {"max_tokens": 2})
     publish(folder, held, 0, "-c", "review.yaml")
-    add_records(folder)
-    return folder
 
 
 def publish(folder: Path, artifact: Path, exit_code: int, *extra: str) -> None:

@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.conftest import GRAMMAR_ROOM
+from tests.conftest import GRAMMAR_ROOM, token_of
 
 pytestmark = pytest.mark.slow
 
@@ -83,24 +83,29 @@ def test_json_schema_streamed_adds_up_to_a_valid_answer(client: OpenAI) -> None:
 
 
 def test_json_object_answers_are_a_json_object(client: OpenAI) -> None:
+    """Any object is an unbounded grammar, so no max_tokens is room enough for what the model may
+    say: the test pushes the token that closes an object at once (`{}`), and the grammar holds
+    the answer to one object, then ends it. A bias cannot leave the grammar: pushed harder, the
+    token `}` (no object yet) is never chosen."""
     answer = client.chat.completions.create(
         model="default",
         messages=[{"role": "user", "content": "Reply in JSON: a colour and its hex code."}],
         response_format={"type": "json_object"},
         max_tokens=GRAMMAR_ROOM,
         temperature=0,
+        logit_bias={token_of("{}"): 30, token_of("}"): 100},
     )
     assert answer.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(answer.choices[0].message.content or ""), dict)
+    assert json.loads(answer.choices[0].message.content or "") == {}
 
 
 def test_the_sdk_parse_helper_reads_a_schema_shaped_answer(client: OpenAI) -> None:
     """`client.chat.completions.parse` sends a strict schema from a pydantic model."""
-    from pydantic import BaseModel
+    from pydantic import BaseModel, Field
 
-    class Colour(BaseModel):
-        name: str
-        hex: str
+    class Colour(BaseModel):  # bounded, so the answer closes within GRAMMAR_ROOM
+        name: str = Field(max_length=20)
+        hex: str = Field(max_length=9)
 
     answer = client.chat.completions.parse(
         model="default",

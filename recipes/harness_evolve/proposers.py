@@ -1,8 +1,9 @@
 """Proposers: reflect on failing turns and propose one harness mutation.
 
-`HindsightProposer` asks the served model the failing prompts again with the feedback beside them
-and shows the answers that meet the scorer as worked examples (small models follow examples far
-better than rules). `RuleProposer` keeps the feedback as a rule, for models that follow rules.
+`HindsightProposer` shows what the user wanted as worked examples (small models follow examples
+far better than rules): answers users wrote themselves, and the failing prompts asked again with
+the feedback beside them, whose answers meet the scorer. `RuleProposer` keeps the feedback as a
+rule, for models that follow rules.
 `ModelProposer` asks a model (the served one, or any OpenAI-compatible endpoint) to reflect and
 answer with a JSON mutation, and is told about recent rejections so that it does not repeat them.
 """
@@ -18,7 +19,7 @@ from recipes.harness_evolve.mutations import EDITABLE, Mutation
 
 from reef.evaluation.tasks import ScorerSpec
 from reef.learning.experience import Turn
-from reef.learning.hindsight import Generate, hints, relabel
+from reef.learning.hindsight import Generate, Relabelled, demonstrations, hints, relabel
 from reef.learning.recipe import StepContext
 
 PROPOSER_PROMPT = """You improve the harness of an AI assistant: its system prompt (AGENTS.md), \
@@ -47,8 +48,9 @@ def describe_failures(turns: list[Turn], limit: int = 6) -> str:
 
 
 class HindsightProposer:
-    """Failing prompts answered again under their feedback; answers that meet `scorer` become
-    worked examples (the newest replace the oldest beyond `max_examples`)."""
+    """Worked examples of what the user wanted: answers the user wrote themselves (feedback
+    `{"demonstration": "..."}`), and failing prompts answered again under their feedback whose
+    answers meet `scorer`. The newest replace the oldest beyond `max_examples`."""
 
     def __init__(
         self, generate: Generate, scorer: ScorerSpec | None, max_examples: int = 4, samples: int = 4
@@ -59,21 +61,32 @@ class HindsightProposer:
         self.samples = samples
 
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
-        if not any(hints(turn) for turn in failures):
-            return "the failing turns carry no feedback text to act on"
-        answers = relabel(failures, self.generate, self.scorer, self.samples, keep=1)
-        if not answers:
+        shown_by_user = [(t.prompt, text.strip()) for t in failures for text in demonstrations(t)]
+        hinted = [t for t in failures if hints(t) and not demonstrations(t)]
+        if not shown_by_user and not hinted:
+            return "the failing turns carry no feedback text or demonstration to act on"
+        answers = relabel(hinted, self.generate, self.scorer, self.samples, keep=1)
+        found = shown_by_user + [(item.turn.prompt, item.answer.strip()) for item in answers]
+        if not found:
             return "no answer given under the feedback met the scorer"
         existing = context.files.get("examples.jsonl", b"").decode().splitlines()
         shown = [json.loads(line) for line in existing if line.strip()]
-        for item in answers:
-            shown = [e for e in shown if e["user"] != item.turn.prompt]
-            shown.append({"user": item.turn.prompt, "assistant": item.answer.strip()})
+        for prompt, answer in found:
+            shown = [e for e in shown if e["user"] != prompt]
+            shown.append({"user": prompt, "assistant": answer})
         shown = shown[-self.max_examples :]
         content = "".join(json.dumps(e) + "\n" for e in shown)
         op = "update" if "examples.jsonl" in context.files else "create"
-        reason = f"answers given with the feedback in view ({answers[0].hint[:120]!r}) as examples"
-        return Mutation(op, "examples.jsonl", content, reason)
+        return Mutation(op, "examples.jsonl", content, _examples_reason(shown_by_user, answers))
+
+
+def _examples_reason(shown_by_user: list[tuple[str, str]], answers: list[Relabelled]) -> str:
+    sources = []
+    if shown_by_user:
+        sources.append(f"{len(shown_by_user)} answer(s) the user wrote")
+    if answers:
+        sources.append(f"answers given with the feedback in view ({answers[0].hint[:120]!r})")
+    return " and ".join(sources) + " as examples"
 
 
 class RuleProposer:

@@ -31,9 +31,9 @@ from reef.learning.recipe import (
 class HarnessEvolveSettings(RecipeSettings):
     batch_size: int = 2
     threshold: float = 0.5
-    # llm: a model reflects and proposes a mutation (learning.proposer_*); hindsight: the served
-    # model answers the failing prompts with the feedback in view, and answers that meet `scorer`
-    # become worked examples; rule: the feedback becomes a rule.
+    # llm: a model reflects and proposes a mutation (learning.proposer_*); hindsight: answers
+    # users wrote (demonstrations) and the served model's answers to the failing prompts with the
+    # feedback in view that meet `scorer` become worked examples; rule: the feedback becomes a rule.
     proposer: Literal["llm", "hindsight", "rule"] = "llm"
     max_examples: int = 4
     hindsight_samples: int = Field(4, ge=1, le=16)

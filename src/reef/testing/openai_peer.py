@@ -4,7 +4,9 @@ It answers `POST /v1/chat/completions` by echoing the last user message (`echo: 
 or streamed, `GET /v1/models`, and, as vLLM does, `GET /health` and
 `POST /v1/load_lora_adapter`. Special models drive edge cases:
 `fail-<status>` answers with that HTTP status and an OpenAI error body; `tool-call` answers with a
-call to the first tool in the request; `reply:<text>` answers with that text. `GET /peer/last`
+call to the first tool in the request; `reply:<text>` answers with that text; `words` answers the
+echo cut to `max_tokens` words, with finish_reason `length` when cut (a model whose tokens are
+words). `GET /peer/last`
 returns the last request it saw, with its Authorization header, so tests can check what was
 forwarded.
 
@@ -52,6 +54,9 @@ async def chat(request: Request) -> Response:
         error = {"message": f"peer failure {status}", "type": "peer_error", "code": None}
         return JSONResponse({"error": error}, status_code=status)
     text = model.removeprefix("reply:") if model.startswith("reply:") else _echo(body)
+    finish = "stop"
+    if model == "words" and body.get("max_tokens") and len(text.split()) > body["max_tokens"]:
+        text, finish = " ".join(text.split()[: body["max_tokens"]]), "length"
     call = _tool_call(body) if model == "tool-call" and body.get("tools") else None
     usage = {
         "prompt_tokens": 3,
@@ -61,7 +66,7 @@ async def chat(request: Request) -> Response:
     envelope = {"id": "chatcmpl-peer", "created": int(time.time()), "model": model}
     if body.get("stream"):
         return StreamingResponse(
-            _chunks(envelope, text, call, usage, body), media_type="text/event-stream"
+            _chunks(envelope, text, call, usage, body, finish), media_type="text/event-stream"
         )
     message: dict[str, Any] = {"role": "assistant", "content": None if call else text}
     if call:
@@ -69,7 +74,7 @@ async def chat(request: Request) -> Response:
     choice = {
         "index": 0,
         "message": message,
-        "finish_reason": "tool_calls" if call else "stop",
+        "finish_reason": "tool_calls" if call else finish,
         "logprobs": None,
     }
     return JSONResponse(
@@ -83,6 +88,7 @@ async def _chunks(
     call: dict[str, Any] | None,
     usage: dict[str, Any],
     body: dict[str, Any],
+    finish: str,
 ) -> AsyncIterator[bytes]:
     def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
         chunk = {
@@ -113,7 +119,7 @@ async def _chunks(
     else:
         for word in text.split(" "):
             yield event({"content": word + " "})
-        yield event({}, "stop")
+        yield event({}, finish)
     if (body.get("stream_options") or {}).get("include_usage"):
         chunk = {**envelope, "object": "chat.completion.chunk", "choices": [], "usage": usage}
         yield f"data: {json.dumps(chunk)}\n\n".encode()
