@@ -132,6 +132,8 @@ def test_status_records_report_and_export(llama_server: ServerProcess, tmp_path:
 
     code, output = reef("records", "--scenario", "cli", env=env)
     assert code == 0 and "meh" in output and "0.5" in output
+    # Piped, 80 columns: every id whole, to paste into `reef report`.
+    assert all(receipt in output for receipt in receipts), output
 
     code, output = reef("status", env=env)
     assert code == 0 and "llamacpp" in output and "cli" in output

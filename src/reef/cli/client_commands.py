@@ -15,7 +15,7 @@ import httpx
 import typer
 from rich.table import Table
 
-from reef.cli.output import console, fail
+from reef.cli.output import add_id_column, console, fail
 from reef.config import DEFAULT_PORT
 from reef.engines.base import message_text
 from reef.export import trajectories
@@ -94,17 +94,10 @@ def records(
     if as_json:
         console.print_json(data=rows)
         return
-    table = Table(
-        "record",
-        "time",
-        "scenario",
-        "release",
-        "prompt",
-        "answer",
-        "feedback",
-        "learned as",
-        show_lines=False,
-    )
+    table = Table(show_lines=False)
+    add_id_column(table, "record", (row["id"] for row in rows))
+    for header in ("time", "scenario", "release", "prompt", "answer", "feedback", "learned as"):
+        table.add_column(header)
     for row in rows:
         table.add_row(
             row["id"],

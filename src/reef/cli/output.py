@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 console = Console()
 errors = Console(stderr=True)
@@ -14,3 +16,10 @@ errors = Console(stderr=True)
 def fail(message: str, code: int = 1) -> NoReturn:
     errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def add_id_column(table: Table, header: str, ids: Iterable[str]) -> None:
+    """A column of ids, never cut however narrow the terminal (they are pasted into other
+    commands): as wide as the longest, and the other columns give way."""
+    width = max((len(i) for i in ids), default=len(header))
+    table.add_column(header, no_wrap=True, min_width=max(width, len(header)))

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.syntax import Syntax
 from rich.table import Table
 
-from reef.cli.output import console, fail
+from reef.cli.output import add_id_column, console, fail
 from reef.config import ConfigError, ReefConfig, load_config
 from reef.errors import ReefError
 from reef.evaluation.runner import model_generate
@@ -78,7 +78,12 @@ def _when(timestamp: float) -> str:
 
 
 def _releases_table(releases: list[Release]) -> Table:
-    table = Table("release", "kind", "parent", "created", "candidate", "reason")
+    table = Table()
+    add_id_column(table, "release", (r.release_id for r in releases))
+    for header in ("kind", "parent", "created"):
+        table.add_column(header)
+    add_id_column(table, "candidate", (r.candidate_id or "-" for r in releases))
+    table.add_column("reason")
     for release in releases:
         table.add_row(
             release.release_id,
@@ -178,7 +183,7 @@ def _metric_differences(a: Release, b: Release) -> dict[str, tuple[Any, Any]]:
 def _candidates_table(candidates: list[Candidate]) -> Table:
     colour = {"released": "green", "rejected": "red", "held": "yellow"}
     table = Table()
-    table.add_column("candidate", no_wrap=True)
+    add_id_column(table, "candidate", (c.id for c in candidates))
     for name in ("scenario", "kind", "state", "base", "decision"):
         table.add_column(name)
     for c in candidates:
