@@ -20,6 +20,7 @@ DEFAULT_CONFIG_FILE = "reef.yaml"
 DEFAULT_PORT = 8900
 
 EngineKind = Literal["auto", "llamacpp", "vllm", "upstream"]
+AUTO_MAX_TOKENS = 1024  # generation.max_tokens: auto, on a local engine
 
 
 class ConfigError(ValueError):
@@ -87,6 +88,10 @@ class LlamaCppConfig(_Section):
     # Weight repacking into llama.cpp's faster kernels (llama-server's --repack). auto: on,
     # except with a llama.cpp build whose AMX kernels crash (see engines/llamacpp_weights.py).
     repack: Literal["auto"] | bool = "auto"
+    # End an answer that has started to repeat itself, token for token (a block of up to 128
+    # tokens repeated over 64 tokens and 3 times), with finish_reason "length": small models
+    # can loop until the window is full. false lets every answer run to its max_tokens.
+    stop_loops: bool = True
 
 
 class EngineConfig(_Section):
@@ -137,8 +142,25 @@ class LearningConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+class GenerationConfig(_Section):
+    """How long an answer may run, whatever the request asks for."""
+
+    # The most tokens an answer may have: a request asking for more (agents ask for thousands)
+    # or for nothing gets this many at most, and the harness adapters announce it to agents.
+    # auto: 1024 on llama.cpp and vLLM (a small local model can repeat itself for minutes),
+    # none on the upstream engine (its own limits apply); null: no cap.
+    max_tokens: int | Literal["auto"] | None = Field("auto", ge=1)
+
+    def max_tokens_on(self, engine: str) -> int | None:
+        """The cap on the engine named `engine` (llamacpp, vllm, upstream)."""
+        if self.max_tokens == "auto":
+            return None if engine == "upstream" else AUTO_MAX_TOKENS
+        return self.max_tokens
+
+
 class ScenarioConfig(_Section):
     gate: GateConfig | None = None
+    generation: GenerationConfig | None = None
 
 
 class RetentionConfig(_Section):
@@ -162,6 +184,7 @@ class ReefConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
     learning: LearningConfig = Field(default_factory=LearningConfig)
     scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
@@ -182,6 +205,10 @@ class ReefConfig(_Section):
     def gate_for(self, scenario: str) -> GateConfig:
         override = self.scenarios.get(scenario)
         return override.gate if override and override.gate else self.gate
+
+    def generation_for(self, scenario: str) -> GenerationConfig:
+        override = self.scenarios.get(scenario)
+        return override.generation if override and override.generation else self.generation
 
     def token_values(self) -> list[str]:
         return [token.get_secret_value() for token in self.server.tokens]

@@ -66,6 +66,7 @@ def build_engine(
             max_queue=max_queue,
             slots=llama.slots,
             repack=llama.repack,
+            stop_loops=llama.stop_loops,
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine

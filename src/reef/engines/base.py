@@ -180,6 +180,14 @@ class ChatRequest(BaseModel):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def capped(self, limit: int | None) -> ChatRequest:
+        """This request with at most `limit` tokens to generate (itself when it asks no more)."""
+        asked = self.token_limit()
+        if limit is None or (asked is not None and asked <= limit):
+            return self
+        field = "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+        return self.model_copy(update={field: limit})
+
     def include_usage_chunk(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 

@@ -88,6 +88,7 @@ class LlamaCppEngine:
         max_queue: int = 16,
         slots: int = 4,
         repack: Repack = "auto",
+        stop_loops: bool = True,
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -100,6 +101,7 @@ class LlamaCppEngine:
         self.max_queue = max_queue
         self.slots = slots
         self.repack = repack  # llama.cpp's weight repacking (see llamacpp_weights)
+        self.stop_loops = stop_loops  # end answers that repeat themselves (see repetition.py)
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
         self._seconds_per_request = 1.0
@@ -126,6 +128,11 @@ class LlamaCppEngine:
             return {"prompt_tokens": 0, "reused_tokens": 0}
         counters = self._loop.slots.counters
         return {"prompt_tokens": counters.prompt_tokens, "reused_tokens": counters.reused_tokens}
+
+    @property
+    def loops_stopped(self) -> int:
+        """Answers ended because they had started to repeat themselves."""
+        return self._loop.loops_stopped if self._loop is not None else 0
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -263,6 +270,7 @@ class LlamaCppEngine:
             emit=emit,
             cancel=threading.Event(),
             settle=settle,
+            stop_loops=self.stop_loops,
         )
 
     def _completion(self, prepared: _Prepared, choices: Choices) -> Completion:
@@ -372,12 +380,15 @@ class LlamaCppEngine:
         if room < 1:
             raise Unsupported(
                 f"the prompt is {prompt_length} tokens and the engine's context window is "
-                f"{self.n_ctx}: shorten the messages or raise engine.llamacpp.n_ctx"
+                f"{self.n_ctx}: shorten the messages or raise engine.llamacpp.n_ctx",
+                code="context_length_exceeded",  # OpenAI's code for it
             )
         wanted = request.token_limit() or self.default_max_tokens
         if self.max_tokens_cap is not None:
             wanted = min(wanted, self.max_tokens_cap)
         return Sampling(
+            # More than the window holds after the prompt is clamped to what it holds (OpenAI
+            # refuses; agents that ask for tens of thousands of tokens would then fail).
             max_tokens=min(wanted, room),
             logit_bias=self._logit_bias(request),
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,

@@ -39,6 +39,7 @@ from reef.engines.llamacpp_adapters import Adapters
 from reef.engines.llamacpp_output import ChoiceOutput, Emit, Generation
 from reef.engines.llamacpp_sampling import SequenceSampler, logits_row, logprob_of
 from reef.engines.llamacpp_slots import BLOCK, Slot, SlotTable
+from reef.engines.repetition import Repetition
 from reef.engines.structured import OutputConstraint
 from reef.errors import EngineUnavailable
 
@@ -65,6 +66,7 @@ class Job:
     emit: Emit | None
     cancel: threading.Event
     settle: Settle
+    stop_loops: bool = True  # end a choice that repeats itself (see repetition.py)
     choices: Choices = field(default_factory=list)
     settled: bool = False
     started_at: float | None = None  # when its first choice took a slot (perf_counter)
@@ -86,6 +88,7 @@ class _Sequence:
         self.next_token: int | None = None  # sampled, to be decoded next
         self.state = Generation()
         self.out = ChoiceOutput(job.chunks, job.emit, index, job.constraint)
+        self.repetition = Repetition() if job.stop_loops else None
 
     @property
     def prefilling(self) -> bool:
@@ -115,6 +118,7 @@ class DecodeLoop:
         self._calls: deque[tuple[Callable[[], Any], Settle]] = deque()
         self._running: list[_Sequence] = []
         self._turn = 0  # round-robin position over adapter groups
+        self.loops_stopped = 0  # choices ended because they repeated themselves
         self._wake = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="reef-llamacpp", daemon=True)
@@ -315,6 +319,10 @@ class DecodeLoop:
         sequence.out.send(state, sampling.hold if sampling.stops else 0)
         if len(state.token_ids) >= sampling.max_tokens:
             state.finish_reason = "length"
+            return self._finish(sequence)
+        if sequence.repetition is not None and sequence.repetition.looping(token):
+            self.loops_stopped += 1
+            state.finish_reason = "length"  # as if out of tokens: it would only have repeated
             return self._finish(sequence)
         sequence.next_token = token
 

@@ -50,7 +50,7 @@ async def _messages(request: Request) -> Response:
     asked = parse(MessagesRequest, await read_json(request, state.config.server.max_body_bytes))
     body = asked.as_chat()
     call = state.call_context(request.headers)
-    chat = call.binding.apply(parse(ChatRequest, body))
+    chat = call.served(parse(ChatRequest, body))
     if chat.stream:
         return await streamed(state, call, body, chat, MessageStreamShape())
     completion, headers = await served_whole(request, state, call, body, chat)

@@ -52,7 +52,7 @@ async def completions(request: Request) -> Response:
             request, forward("/completions", body, call.binding.adapter)
         )
         return await _answer(state, call, body, answer, started)
-    chat = call.binding.apply(asked.as_chat()).continuing(asked.text())
+    chat = call.served(asked.as_chat()).continuing(asked.text())
     if asked.stream:
         return await streamed(state, call, body, chat, TextStreamShape(asked.text(), asked.echo))
     completion = await until_disconnected(

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from reef.config import AUTO_MAX_TOKENS
 from reef.harness.adapters import list_adapters, render_install
 from reef.inference.binding import BASE_BINDING
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
@@ -56,10 +57,16 @@ async def install(request: Request) -> Response:
         files=current["files"],
         system_prompt=current["system_prompt"],
         context_window=state.config.engine.llamacpp.n_ctx,
-        # The harness's own max_tokens becomes pi's per-call limit.
-        max_tokens=int(current["settings"].get("max_tokens") or 1024),
+        max_tokens=announced_max_tokens(current["settings"], state.max_tokens_for(scenario)),
     )
     return PlainTextResponse(script, media_type="text/x-shellscript")
+
+
+def announced_max_tokens(settings: dict[str, Any], cap: int | None) -> int:
+    """The per-call limit an agent is told: the harness's own max_tokens within the scenario's
+    cap (agents may ask for more anyway; the cap then holds them to it)."""
+    limits = [int(limit) for limit in (settings.get("max_tokens"), cap) if limit]
+    return min(limits, default=AUTO_MAX_TOKENS)
 
 
 routes = [

@@ -41,7 +41,7 @@ async def chat_completions(request: Request) -> Response:
     body, raw = await read_json_bytes(request, state.config.server.max_body_bytes)
     call = state.call_context(request.headers)
     asked = parse(ChatRequest, body)
-    chat = call.binding.apply(asked)
+    chat = call.served(asked)
     if chat is asked and _as_sent(asked, body):  # nothing changed it: send the client's bytes
         chat.sent_as(raw)
     if chat.stream:

@@ -123,6 +123,7 @@ async def status(request: Request) -> Response:
                 "in_flight": getattr(engine, "in_flight", None),
                 # Engines with slots (llama.cpp): prompt tokens, and how many came from a cache.
                 "prompt_cache": getattr(engine, "cache_counters", None),
+                "loops_stopped": getattr(engine, "loops_stopped", None),
             },
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},

@@ -58,7 +58,7 @@ async def _responses(request: Request) -> Response:
     if asked.previous_response_id is not None:
         history, call = await _chained(state, call, asked.previous_response_id)
     body = asked.as_chat(history)
-    chat = call.binding.apply(parse(ChatRequest, body))
+    chat = call.served(parse(ChatRequest, body))
     record_id = new_id("rec")
     response_id = response_id_of(record_id)
     recorded = asked.recorded(body)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reef.config import ReefConfig
-from reef.engines.base import Engine
+from reef.engines.base import ChatRequest, Engine
 from reef.errors import BadRequest
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.server_file import new_internal_token
@@ -23,10 +23,16 @@ class CallContext:
     session: str | None
     capture: bool
     binding: Binding  # the release serving this call, fixed for the whole call
+    max_tokens: int | None = None  # the scenario's cap on an answer (generation.max_tokens)
 
     @property
     def release_id(self) -> str:
         return self.binding.release_id
+
+    def served(self, request: ChatRequest) -> ChatRequest:
+        """The request as the engine runs it: under the call's release, within the cap (the
+        record keeps what the client sent)."""
+        return self.binding.apply(request).capped(self.max_tokens)
 
 
 @dataclass
@@ -51,7 +57,12 @@ class ServerState:
         if session is not None and len(session) > 256:
             raise BadRequest("x-reef-session must be at most 256 characters")
         capture = headers.get("x-reef-capture", "true").strip().lower() not in ("false", "0", "no")
-        return CallContext(scenario, session, capture, self.bindings.get(scenario, BASE_BINDING))
+        binding = self.bindings.get(scenario, BASE_BINDING)
+        return CallContext(scenario, session, capture, binding, self.max_tokens_for(scenario))
+
+    def max_tokens_for(self, scenario: str) -> int | None:
+        """The most tokens an answer in `scenario` may have on this server's engine."""
+        return self.config.generation_for(scenario).max_tokens_on(self.engine.name)
 
 
 def scenario_from(headers: Mapping[str, str]) -> str:
