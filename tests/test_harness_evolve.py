@@ -16,6 +16,7 @@ from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.tasks import ScorerSpec
 from reef.inference.model import LocalModel
 from reef.learning.experience import Trajectory, Turn
+from reef.learning.hindsight import answers_the_question
 from reef.learning.recipe import RecipeError, StepContext, load_recipe
 
 SIGN_OFF = "End every answer with the line: Cheers, Reef"
@@ -113,25 +114,27 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
         failures, context()
     )
 
-    def answer(completion: Completion) -> str | None:
-        """The answer's text if the proposer may keep it: finished and meeting the scorer."""
+    def answer(completion: Completion, failure: Turn) -> str | None:
+        """The answer's text if the proposer may keep it: finished, meeting the scorer, and still
+        an answer to the question (its rule tested in test_hindsight.py)."""
         choice = completion.response["choices"][0]
         text = choice["message"]["content"]
-        kept = choice["finish_reason"] == "stop" and re.search("^\\W*Sure", text)
-        return text.strip() if kept else None
+        finished = choice["finish_reason"] == "stop"
+        kept = finished and re.search("^\\W*Sure", text)
+        return text.strip() if kept and answers_the_question(text, failure, wanted) else None
 
     qualifying: dict[str, str] = {}
-    for prompt in prompts:
+    for prompt, failure in zip(prompts, failures, strict=True):
         hinted = f"{prompt} {wanted}"
         bodies = [body for body, _ in sampled if body["messages"][-1]["content"] == hinted]
         asked = [completion for body, completion in sampled if body in bodies]
         assert [b["seed"] for b in bodies] == list(range(len(bodies)))
         assert bodies[0]["temperature"] == 0  # the first sample is greedy
-        first = next((i for i, c in enumerate(asked) if answer(c)), None)
+        first = next((i for i, c in enumerate(asked) if answer(c, failure)), None)
         # Sampled until the first answer that may be kept (one per prompt), or 4 times.
         assert len(asked) == (4 if first is None else first + 1)
         if first is not None:
-            qualifying[prompt] = answer(asked[first])  # type: ignore[assignment]
+            qualifying[prompt] = answer(asked[first], failure)  # type: ignore[assignment]
     assert len(sampled) == sum(
         body["messages"][-1]["content"] in {f"{p} {wanted}" for p in prompts} for body, _ in sampled
     )  # and nothing else was asked

@@ -1,10 +1,19 @@
-"""Hindsight relabelling's pieces that need no model: hints, demonstrations, the hinted prompt."""
+"""Hindsight relabelling's pieces that need no model: hints, demonstrations, the hinted prompt,
+and which sampled answers are kept (the samples scripted)."""
 
 from __future__ import annotations
 
+from reef.engines.base import Completion
 from reef.evaluation.tasks import ScorerSpec
 from reef.learning.experience import Turn
-from reef.learning.hindsight import demonstrations, hints, meets, with_hint
+from reef.learning.hindsight import (
+    answers_the_question,
+    demonstrations,
+    hints,
+    meets,
+    relabel,
+    with_hint,
+)
 
 
 def turn(*feedback: object) -> Turn:
@@ -37,3 +46,29 @@ def test_without_a_scorer_any_non_empty_answer_meets_the_hint() -> None:
     assert meets(None, "Apple.", messages) and not meets(None, "  ", messages)
     sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
     assert meets(sure, "Sure! Apple.", messages) and not meets(sure, "Apple.", messages)
+
+
+def reply(text: str, finish: str = "stop") -> Completion:
+    choice = {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    return Completion(response={"choices": [choice]}, model="scripted", token_ids=[1, 2])
+
+
+def test_an_answer_that_only_meets_the_preference_is_not_kept() -> None:
+    """ "Sure!" alone meets "start with Sure" and says nothing; "Sure! A pear is a fruit." keeps
+    the answer. The sampled answers are scripted: what is checked is which ones are kept."""
+    sampled = iter(["Sure!", "Sure! Sure! Sure!", "Sure! Bananas are yellow.", "Sure! A pear."])
+    found = turn("Start your answer with the word 'Sure!'")
+    sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
+    kept = relabel([found], lambda body: reply(next(sampled)), sure, samples=4, keep=2)
+    assert [item.answer for item in kept] == ["Sure! A pear."]
+    assert not answers_the_question("Sure! Sure!", found, "Start your answer with 'Sure!'")
+    assert answers_the_question("Sure, a pear.", found, "Start your answer with 'Sure!'")
+
+
+def test_a_cut_answer_and_a_repeat_are_not_kept() -> None:
+    sampled = iter(
+        [reply("Sure! A pear", "length"), reply("Sure! A pear."), reply("Sure! A pear.")]
+    )
+    found = turn("Start with Sure")
+    kept = relabel([found], lambda body: next(sampled), None, samples=3, keep=3)
+    assert [item.answer for item in kept] == ["Sure! A pear."]

@@ -2,8 +2,9 @@
 
 The project's eval tasks ask for short, right answers, at the gate's settings (temperature 0,
 seed 0). Publishing the quickstart's one-line harness ("Answer in one short sentence.") runs every
-task on both sides, in order, and the default `improve` policy decides from the scores it stored:
-released when the harness passes more, rejected otherwise. Which one it is depends on what the
+task on both sides, in order, and the default `no_regression` policy decides from the scores it
+stored: released when the harness passes more and loses none of the tasks the base passes,
+rejected otherwise, naming the tasks it lost. Which one it is depends on what the
 model answers on this machine, so the test holds the decision to the scores, not to an outcome.
 """
 
@@ -27,7 +28,7 @@ def test_a_fresh_projects_gate_decides_on_its_own_tasks(tmp_path: Path) -> None:
     created = run_reef(tmp_path, "init", str(project))
     assert created.returncode == 0, created.stdout + created.stderr
     gate = yaml.safe_load((project / "reef.yaml").read_text())["gate"]
-    assert (gate["policy"], gate["temperature"], gate["seed"]) == ("improve", 0.0, 0)
+    assert (gate["policy"], gate["temperature"], gate["seed"]) == ("no_regression", 0.0, 0)
     tasks = load_tasks(project / "evals/default.jsonl")
     assert len(tasks) >= 5
 
@@ -50,10 +51,13 @@ def test_a_fresh_projects_gate_decides_on_its_own_tasks(tmp_path: Path) -> None:
         pytest.approx(current, abs=1e-4),
         pytest.approx(better, abs=1e-4),
     )
-    if better > current:
+    lost = [r["task_id"] for r in results if r["candidate_score"] < r["current_score"]]
+    assert evaluation["lost"] == lost
+    if better > current and not lost:
         assert candidate["state"] == "released" and candidate["release_id"] == "default@1"
         assert published.returncode == 0
     else:
         assert candidate["state"] == "rejected" and candidate["release_id"] is None
         assert published.returncode == 1
-        assert "does not beat current" in candidate["decision"]
+        assert all(task in candidate["decision"] for task in lost), candidate["decision"]
+        assert lost or "does not beat current" in candidate["decision"]

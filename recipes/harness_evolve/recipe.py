@@ -16,7 +16,7 @@ from pydantic import Field
 from recipes.harness_evolve.mutations import MutationRefused, apply
 from recipes.harness_evolve.proposers import HindsightProposer, ModelProposer, RuleProposer
 
-from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.learning.experience import ExperienceView, Trajectory, Turn
 from reef.learning.recipe import (
     Evaluated,
@@ -115,7 +115,10 @@ class HarnessEvolve(Recipe):
             return []
         return [
             EvalTask(
-                id=f"failing:{turn.record_id}", messages=turn.messages, scorer=self.settings.scorer
+                id=f"failing:{turn.record_id}",
+                messages=turn.messages,
+                scorer=self.settings.scorer,
+                group=FEEDBACK_GROUP,
             )
             for turn in failures
         ]

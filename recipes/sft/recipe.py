@@ -9,6 +9,10 @@ A step gathers training examples, each a prompt as the engine renders it and a c
   answers the `scorer` accepts (any, without a scorer) are what the model should have said, and
   it learns to say them to the original prompt, without the hint.
 
+Beside them it replays what the agent already does elsewhere, so that learning one thing does
+not cost it the rest: the current release's own greedy answers to `replay` other questions (the
+scenario's latest calls outside the batch, else a few general questions) join the examples.
+
 It trains a LoRA on them with `reef.training` (continuing the current release's adapter when the
 scenario already serves one), exports it as a PEFT folder and a llama.cpp GGUF adapter, and
 proposes it as a `lora` candidate. The worker's gate then compares it with the current release on
@@ -25,7 +29,7 @@ from typing import Any
 
 from pydantic import Field
 
-from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.learning.experience import ExperienceView, Trajectory, Turn
 from reef.learning.hindsight import demonstrations, hints, relabel
 from reef.learning.recipe import Proposal, ProposalRefused, Recipe, RecipeSettings, StepContext
@@ -39,6 +43,15 @@ from reef.learning.weights import (
 )
 
 log = logging.getLogger("reef.learning")
+# Replayed when the scenario has too few other calls: plain questions of every kind.
+GENERAL_QUESTIONS = [
+    "What do bees make?",
+    "How many days are in a week?",
+    "What is the opposite of up?",
+    "Which animal says moo?",
+    "What is ice made of?",
+    "Name a shape with three sides.",
+]
 
 
 class SFTSettings(LoraRecipeSettings):
@@ -48,8 +61,11 @@ class SFTSettings(LoraRecipeSettings):
     scorer: ScorerSpec | None = None
     hindsight_samples: int = Field(4, ge=1, le=16)
     hindsight_keep: int = Field(2, ge=1, le=16)  # answers kept per failing turn
-    max_tokens: int = Field(128, ge=8)  # for hindsight answers
+    max_tokens: int = Field(128, ge=8)  # for hindsight and replayed answers
     train_batch_size: int = Field(4, ge=1)  # examples per LoRA step (see LoraRecipeSettings)
+    # Other questions whose current answers are trained on beside the new examples, so the
+    # model keeps answering as it did (0: none).
+    replay: int = Field(4, ge=0)
 
 
 class SFT(Recipe):
@@ -110,6 +126,8 @@ class SFT(Recipe):
             )
             for turn, completion in self._tokenized(pairs, base)
         ]
+        learned = len(examples)
+        examples += self._replayed(context, {tuple(map(str, t.messages)) for t in turns})
         files, trained = train_on_current(
             context, lambda resume_from: self._train(base, examples, context, resume_from)
         )
@@ -119,13 +137,13 @@ class SFT(Recipe):
             kind="lora",
             files=files,
             reason=(
-                f"LoRA r{self.settings.rank} on {len(examples)} example(s) from "
-                f"{len(turns)} turn(s), {self.settings.steps} steps, loss "
-                f"{losses[0]:.3f} -> {losses[-1]:.3f}"
+                f"LoRA r{self.settings.rank} on {learned} example(s) from {len(turns)} "
+                f"turn(s) and {len(examples) - learned} replayed, {self.settings.steps} steps, "
+                f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
             eval_tasks=self._failing_prompts(failing),
-            metrics={"loss": losses, "examples": len(examples)},
+            metrics={"loss": losses, "examples": learned, "replayed": len(examples) - learned},
         )
 
     def _completions(
@@ -150,6 +168,26 @@ class SFT(Recipe):
             pairs.append((item.turn, item.completion_token_ids))
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))
         return pairs
+
+    def _replayed(self, context: StepContext, learned: set[tuple[str, ...]]) -> list[Any]:
+        """The current release's finished greedy answers to `replay` questions outside what is
+        learned from, as training examples (prompt and answer token ids as served)."""
+        from reef.training import TrainingExample
+
+        assert context.generate is not None
+        questions = [m for m in context.anchors if tuple(map(str, m)) not in learned]
+        questions += [[{"role": "user", "content": q}] for q in GENERAL_QUESTIONS]
+        replayed = []
+        for messages in questions:
+            if len(replayed) >= self.settings.replay:
+                break
+            body = {"messages": messages, "temperature": 0, "max_tokens": self.settings.max_tokens}
+            completion = context.generate(body)
+            finished = completion.response["choices"][0].get("finish_reason") == "stop"
+            if finished and completion.prompt_token_ids and completion.token_ids:
+                ids = list(completion.token_ids)
+                replayed.append(TrainingExample(list(completion.prompt_token_ids), ids))
+        return replayed
 
     @staticmethod
     def _tokenized(
@@ -188,7 +226,10 @@ class SFT(Recipe):
             return []
         return [
             EvalTask(
-                id=f"failing:{turn.record_id}", messages=turn.messages, scorer=self.settings.scorer
+                id=f"failing:{turn.record_id}",
+                messages=turn.messages,
+                scorer=self.settings.scorer,
+                group=FEEDBACK_GROUP,
             )
             for turn in failing
         ]

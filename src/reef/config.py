@@ -107,17 +107,46 @@ class StoreConfig(_Section):
     synchronous: Literal["normal", "full"] = "full"
 
 
+class GroupRule(_Section):
+    """What the gate asks of one group of eval tasks (see GateConfig.groups)."""
+
+    # keep: no task of the group may score lower than under the current release by more than
+    # `margin`; improve: the group's mean must beat the current one's by more than `margin`;
+    # floor: the group's mean must reach `floor`; any: the group only counts in the mean.
+    rule: Literal["keep", "improve", "floor", "any"] = "keep"
+    margin: float = Field(0.0, ge=0)
+    floor: float = Field(0.5, ge=0, le=1)
+
+
 class GateConfig(_Section):
     """How a candidate is judged against the current release on the scenario's eval tasks."""
 
-    # always: release without evaluating; floor: candidate mean >= floor; improve: candidate
-    # mean > current mean + margin; review: evaluate, then hold for a human.
-    policy: Literal["always", "floor", "improve", "review"] = "improve"
+    # no_regression: the mean must beat current's by more than `margin` and every group of
+    # tasks must keep its rule (by default: no task the current release scores higher on may
+    # be lost); improve: the mean alone must beat current's by more than `margin`; floor:
+    # candidate mean >= floor; always: release without evaluating; review: evaluate, then
+    # hold for a human.
+    policy: Literal["always", "floor", "improve", "no_regression", "review"] = "no_regression"
     margin: float = Field(0.0, ge=0)
     floor: float = Field(0.5, ge=0, le=1)
+    # no_regression: the rule of each group of tasks (a task's `group`; the recipe's tasks for
+    # the feedback it learns from are `feedback`, replayed good answers `replay`); a group not
+    # named here keeps the `keep` rule with no margin.
+    groups: dict[str, GroupRule] = Field(default_factory=dict)
+    # Good answers of the scenario's own traffic (scored at or above `replay_threshold`) held
+    # back from learning and replayed as tasks (`reference` scorer, group `replay`): at most
+    # this many, the newest.
+    replay: int = Field(8, ge=0)
+    replay_threshold: float = Field(0.5, ge=0, le=1)
+    # A scenario with fewer eval tasks of its own than this is also judged on the project's
+    # other evals/ files.
+    min_tasks: int = Field(6, ge=0)
     temperature: float = Field(0.0, ge=0, le=2)
     seed: int = 0
     max_tokens: int = Field(256, ge=1)
+
+    def rule_for(self, group: str) -> GroupRule:
+        return self.groups.get(group) or GroupRule()
 
 
 class LearningConfig(BaseModel):

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from reef.cli.output import add_id_column, console, fail
 from reef.config import DEFAULT_PORT
-from reef.engines.base import message_text
+from reef.engines.base import last_user_text, response_text
 from reef.export import trajectories
 
 UrlOption = Annotated[
@@ -104,8 +104,8 @@ def records(
             datetime.fromtimestamp(row["created_at"]).strftime("%H:%M:%S"),
             row["scenario"],
             row["release_id"],
-            _short(_last_user_text(row["request"])),
-            _short(_answer_text(row["response"])),
+            _short(last_user_text(row["request"].get("messages", []))),
+            _short(response_text(row["response"])),
             _short("; ".join(_describe_report(r) for r in row["reports"])),
             _short("; ".join(_describe_annotation(a) for a in row.get("annotations", []))),
         )
@@ -179,18 +179,6 @@ def export(
 def _short(text: str, width: int = 40) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _last_user_text(request: dict[str, Any]) -> str:
-    for message in reversed(request.get("messages", [])):
-        if message.get("role") == "user":
-            return message_text(message.get("content"))
-    return ""
-
-
-def _answer_text(response: dict[str, Any]) -> str:
-    choices = response.get("choices") or [{}]
-    return str((choices[0].get("message") or {}).get("content") or "")
 
 
 def _describe_annotation(annotation: dict[str, Any]) -> str:

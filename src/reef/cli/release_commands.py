@@ -180,16 +180,32 @@ def _metric_differences(a: Release, b: Release) -> dict[str, tuple[Any, Any]]:
     return {k: (old[k], new[k]) for k in old if old[k] != new[k]}
 
 
+LOST_WIDTH = 30  # characters of lost task ids a candidates table keeps whole
+
+
 def _candidates_table(candidates: list[Candidate]) -> Table:
     colour = {"released": "green", "rejected": "red", "held": "yellow"}
     table = Table()
     add_id_column(table, "candidate", (c.id for c in candidates))
+    # What each lost, second: a reviewer reads regressions before anything else.
+    lost = [_lost(c) for c in candidates]
+    width = min(LOST_WIDTH, max((len(text) for text in lost), default=0))
+    table.add_column("lost", no_wrap=True, min_width=max(width, len("lost")), style="bold red")
     for name in ("scenario", "kind", "state", "base", "decision"):
         table.add_column(name)
-    for c in candidates:
+    for c, its_losses in zip(candidates, lost, strict=True):
         state = f"[{colour.get(c.state, 'white')}]{c.state}[/]"
-        table.add_row(c.id, c.scenario, c.kind, state, c.base_release_id or "-", c.decision or "")
+        table.add_row(
+            c.id, its_losses, c.scenario, c.kind, state, c.base_release_id or "-", c.decision or ""
+        )
     return table
+
+
+def _lost(candidate: Candidate) -> str:
+    """The tasks the candidate scored lower on than the release it was built on, first ones
+    named: what a reviewer should look at before anything else."""
+    lost = (candidate.evaluation or {}).get("lost") or []
+    return ", ".join(lost[:2]) + (f" +{len(lost) - 2}" if len(lost) > 2 else "")
 
 
 @app.command()

@@ -49,6 +49,20 @@ def message_text(content: Any, *, only_text: bool = False) -> str:
     return "\n".join(texts)
 
 
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last user message (the question a call asks), or ""."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return message_text(message.get("content"))
+    return ""
+
+
+def response_text(response: dict[str, Any]) -> str:
+    """The text of a chat completion's first choice, or ""."""
+    choices = response.get("choices") or [{}]
+    return message_text((choices[0].get("message") or {}).get("content"))
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 

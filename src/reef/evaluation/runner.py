@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from reef.engines.base import ChatRequest
+from reef.engines.base import ChatRequest, last_user_text
 from reef.evaluation.scorers import score
-from reef.evaluation.tasks import EvalTask
+from reef.evaluation.tasks import DEFAULT_GROUP, EvalTask
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
 
@@ -50,6 +50,12 @@ class TaskResult:
     candidate_score: float
     current_answer: str
     candidate_answer: str
+    group: str = DEFAULT_GROUP
+    prompt: str = ""  # the task's last user message, for a reviewer
+
+    def lost(self, margin: float = 0.0) -> bool:
+        """The candidate scores lower than the current release, by more than `margin`."""
+        return self.current_score - self.candidate_score > margin
 
 
 @dataclass
@@ -65,6 +71,16 @@ class PairedReport:
     def candidate_mean(self) -> float:
         return statistics.fmean(t.candidate_score for t in self.tasks) if self.tasks else 0.0
 
+    def groups(self) -> dict[str, PairedReport]:
+        """The report of each group of tasks, in the order the groups first appear."""
+        named = dict.fromkeys(t.group for t in self.tasks)
+        return {
+            group: PairedReport(
+                self.current_release_id, [t for t in self.tasks if t.group == group]
+            )
+            for group in named
+        }
+
     def summary(self) -> dict[str, Any]:
         wins = sum(t.candidate_score > t.current_score for t in self.tasks)
         losses = sum(t.candidate_score < t.current_score for t in self.tasks)
@@ -76,6 +92,15 @@ class PairedReport:
             "wins": wins,
             "losses": losses,
             "ties": len(self.tasks) - wins - losses,
+            "lost": [t.task_id for t in self.tasks if t.lost()],  # regressions, for review
+            "groups": {
+                name: {
+                    "tasks": len(group.tasks),
+                    "current_mean": round(group.current_mean, 4),
+                    "candidate_mean": round(group.candidate_mean, 4),
+                }
+                for name, group in self.groups().items()
+            },
             "results": [asdict(t) for t in self.tasks],
         }
 
@@ -112,6 +137,8 @@ async def run_paired(
             candidate_score=score(task.scorer, candidate_answer, task),
             current_answer=current_answer,
             candidate_answer=candidate_answer,
+            group=task.group,
+            prompt=last_user_text(task.messages),
         )
         if on_task:
             on_task(result)

@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 
+from reef.engines.base import last_user_text
 from reef.errors import ReefError
+from reef.evaluation.content import kept
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 
 JUDGE_PROMPT = (
@@ -18,6 +20,11 @@ JUDGE_PROMPT = (
     "Reply with only a number between 0 and 1: 1 if the answer fully meets the criterion, "
     "0 if it does not."
 )
+
+
+# A `reference` scorer passes an answer that still says half of what the reference said beyond
+# the question (see evaluation.content.kept).
+REFERENCE_KEPT = 0.5
 
 
 class ScorerError(ReefError):
@@ -35,6 +42,9 @@ def score(spec: ScorerSpec, answer: str, task: EvalTask) -> float:
         return float(value.lower() in answer.lower())
     if spec.type == "regex":
         return float(re.search(_required(spec.pattern, "pattern", spec), answer) is not None)
+    if spec.type == "reference":
+        reference = _required(spec.value, "value", spec)
+        return float(kept(reference, answer, last_user_text(task.messages)) >= REFERENCE_KEPT)
     if spec.type == "python":
         result = _callable(_required(spec.function, "function", spec))(answer, task)
         return _as_score(result, spec.function or "")

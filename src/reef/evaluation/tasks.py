@@ -4,9 +4,14 @@
      "scorer": {"type": "contains", "value": "Paris"}}
 
 Scorer types: `exact` (`value`), `contains` (`value`, `case_sensitive`), `regex` (`pattern`),
-`python` (`function`: "module:function", called with the answer and the task, returning a number
-or a bool), `judge` (`criterion`, `model`, `url`, `api_key_env`: an OpenAI-compatible model asked
-for a score between 0 and 1).
+`reference` (`value`, a good answer: 1 when the answer still says at least half of its content
+words, see `evaluation.content`), `python` (`function`: "module:function", called with the answer
+and the task, returning a number or a bool), `judge` (`criterion`, `model`, `url`,
+`api_key_env`: an OpenAI-compatible model asked for a score between 0 and 1).
+
+A task may name its `group` (any name; `default` when it names none): the gate holds each group
+to its rule (`gate.groups`), e.g. correctness tasks that must not regress beside the tasks of a
+user's preference that must improve.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.errors import ReefError, describe_validation_error
 
+DEFAULT_GROUP = "default"
+FEEDBACK_GROUP = "feedback"  # a recipe's tasks: the prompts users gave feedback on
+
 
 class ScorerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["exact", "contains", "regex", "python", "judge"]
+    type: Literal["exact", "contains", "regex", "reference", "python", "judge"]
     value: str | None = None
     pattern: str | None = None
     case_sensitive: bool = False
@@ -40,6 +48,7 @@ class EvalTask(BaseModel):
     id: str = ""
     messages: list[dict[str, Any]] = Field(min_length=1)
     scorer: ScorerSpec
+    group: str = DEFAULT_GROUP
 
 
 class EvalTasksError(ReefError):

@@ -10,7 +10,9 @@ Every recipe gets the same processing:
   the feedback of every copy; identical turns of different sessions stay apart;
 - **consumption**: a record a candidate was built from is never offered again (persisted);
 - **staleness**: with `max_staleness: N`, records served more than N releases before the
-  current head are skipped and counted.
+  current head are skipped and counted;
+- **held back**: one in four good answers (see `evaluation.replay`) is kept out of learning, so
+  that the gate can ask a candidate those questions again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reef.engines.base import message_text
+from reef.evaluation.replay import good, held_back
 from reef.store import ExperienceStore
 
 PAGE = 1000
@@ -76,6 +79,7 @@ class ExperienceCounts:
     waiting: int = 0
     consumed: int = 0
     stale_skipped: int = 0
+    held_back: int = 0
 
 
 class ExperienceView:
@@ -88,7 +92,10 @@ class ExperienceView:
         consumed: set[str],
         head_number: int = 0,
         max_staleness: int | None = None,
+        hold_back_at: float | None = None,
     ) -> None:
+        """`hold_back_at`: the score at which a good answer may be held back for the gate's
+        replay (None: none is)."""
         self.scenario = scenario
         self.counts = ExperienceCounts()
         records = _deduplicated(_all_records(store, scenario))
@@ -96,6 +103,8 @@ class ExperienceView:
         for record in records:
             if record["id"] in consumed:
                 self.counts.consumed += 1
+            elif hold_back_at is not None and _held_back(record, hold_back_at):
+                self.counts.held_back += 1
             elif (
                 max_staleness is not None
                 and head_number - _number(record["release_id"]) > max_staleness
@@ -108,6 +117,11 @@ class ExperienceView:
 
     def turns(self) -> list[Turn]:
         return [turn for trajectory in self.trajectories for turn in trajectory.turns]
+
+
+def _held_back(record: dict[str, Any], threshold: float) -> bool:
+    outside_sessions = record.get("session") is None
+    return outside_sessions and held_back(record["id"]) and good(record, threshold)
 
 
 def _all_records(store: ExperienceStore, scenario: str) -> list[dict[str, Any]]:

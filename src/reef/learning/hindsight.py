@@ -2,10 +2,14 @@
 
 A turn the user scored low, with feedback text, is asked again with that feedback put next to the
 user's message (small models follow text there far better than in a system prompt). Several
-answers are sampled; those the recipe's scorer accepts (all of them, without a scorer) are kept.
-Kept answers are the training signal: a LoRA learns to give them without the hint (`sft`), or a
-harness shows them as worked examples (`harness_evolve`). Nothing here reads the feedback's
-wording: any preference the model can follow once told is learned the same way.
+answers are sampled; an answer is kept when the recipe's scorer accepts it (any, without a
+scorer) *and* it still answers the question: beyond the feedback's own words, it says something,
+and mostly what the question or the first answer said (`evaluation.content.grounded`). "Sure!"
+alone meets "start with Sure" and says nothing; "Sure! Paris." keeps the answer. Kept answers
+are the training signal: a LoRA learns to give them without the hint (`sft`), or a harness shows
+them as worked examples (`harness_evolve`). Nothing here reads the feedback's wording: any
+preference the model can follow once told is learned the same way. (A correction whose whole
+content is in the feedback, "No: 9", is better given as a demonstration.)
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reef.engines.base import Completion, message_text
+from reef.evaluation.content import content_words, grounded
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.learning.experience import Turn
@@ -65,6 +70,19 @@ def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]
     return [*hinted, {"role": "user", "content": hint}]
 
 
+# Of an answer's content words beyond the feedback's, the share the question or the first answer
+# must have said.
+GROUNDED = 0.5
+
+
+def answers_the_question(answer: str, turn: Turn, hint: str) -> bool:
+    """Whether a hindsight answer still answers: it says something beyond the feedback's words,
+    and mostly what the question or the original answer said."""
+    feedback = content_words(hint)
+    own = " ".join(sorted(content_words(answer) - feedback))
+    return grounded(own, [turn.prompt, turn.answer_text]) >= GROUNDED
+
+
 def meets(scorer: ScorerSpec | None, answer: str, messages: list[dict[str, Any]]) -> bool:
     if scorer is None:
         return bool(answer.strip())
@@ -82,7 +100,8 @@ def relabel(
     max_tokens: int = 128,
 ) -> list[Relabelled]:
     """Up to `keep` distinct answers per turn, out of `samples` sampled under its hint, that meet
-    `scorer`. The first sample is greedy (temperature 0): often the best a small model gives."""
+    `scorer` and still answer the question. The first sample is greedy (temperature 0): often
+    the best a small model gives."""
     kept: list[Relabelled] = []
     for turn in turns:
         for hint in hints(turn)[:1]:
@@ -101,6 +120,8 @@ def relabel(
                 answer = str(choice["message"].get("content") or "")
                 cut_short = choice.get("finish_reason") != "stop"
                 if cut_short or answer in answers or not meets(scorer, answer, turn.messages):
+                    continue
+                if not answers_the_question(answer, turn, hint):
                     continue
                 answers.add(answer)
                 kept.append(Relabelled(turn, hint, answer, list(completion.token_ids or [])))

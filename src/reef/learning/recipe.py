@@ -107,6 +107,9 @@ class StepContext:
     # Keeps what the recipe concluded about a record beside it (shown by `reef records`):
     # annotate(record_id, {"score": -1, "votes": [...], "hint": "..."}).
     annotate: Callable[[str, dict[str, Any]], None] | None = None
+    # The messages of the scenario's latest calls outside the batch, newest first: questions on
+    # which a recipe can keep the agent answering as it does (replay against forgetting).
+    anchors: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass

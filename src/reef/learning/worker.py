@@ -30,7 +30,7 @@ from reef.engines.base import ChatRequest, Completion
 from reef.evaluation.runner import model_generate
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
-from reef.learning.experience import ExperienceView
+from reef.learning.experience import ExperienceView, Trajectory
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
 from reef.releases.candidates import Candidate
 from reef.releases.chain import read_folder
@@ -78,12 +78,14 @@ class LearningWorker:
 
     def view(self, scenario: str) -> ExperienceView:
         head = self.workflow.chain.head(scenario)
+        gate = self.config.gate_for(scenario)
         view = ExperienceView(
             self.store,
             scenario,
             consumed=self.workflow.candidates.consumed_record_ids(scenario),
             head_number=head.number if head else 0,
             max_staleness=self.recipe.settings.max_staleness,
+            hold_back_at=gate.replay_threshold if gate.replay else None,
         )
         counts = view.counts
         save_counts(self.store, scenario, counts.waiting, counts.consumed, counts.stale_skipped)
@@ -131,6 +133,7 @@ class LearningWorker:
     ) -> StepResult:
         batch = self.recipe.build_batch(view)
         context = await asyncio.to_thread(self._context, scenario, instruction)
+        context.anchors = anchors(view, batch)
         proposal = await asyncio.to_thread(self.recipe.propose, batch, context)
         if proposal is None:
             return StepResult(scenario, "no proposal", "the recipe proposed nothing")
@@ -251,6 +254,20 @@ class LearningWorker:
             "instruction": instruction,
         }
         save_step(self.store, row)
+
+
+ANCHORS = 16  # questions outside the batch a step offers its recipe
+
+
+def anchors(view: ExperienceView, batch: list[Trajectory]) -> list[list[dict[str, Any]]]:
+    """The messages of the view's latest single-turn calls outside `batch`, newest first."""
+    taken = {turn.record_id for trajectory in batch for turn in trajectory.turns}
+    others = [
+        t.turns[0].messages
+        for t in reversed(view.trajectories)
+        if len(t.turns) == 1 and t.turns[0].record_id not in taken
+    ]
+    return others[:ANCHORS]
 
 
 def _evaluated(candidate: Candidate) -> Evaluated | None:

@@ -23,6 +23,7 @@ from typing import Any
 from reef.config import ReefConfig
 from reef.engines import resolve_kind
 from reef.errors import Conflict, ReefError
+from reef.evaluation.replay import replay_tasks
 from reef.evaluation.runner import (
     EVAL_CONCURRENCY,
     EvalSettings,
@@ -32,7 +33,7 @@ from reef.evaluation.runner import (
     beside_traffic,
     run_paired,
 )
-from reef.evaluation.tasks import EvalTask, load_tasks, tasks_path
+from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.releases.candidates import Candidate, CandidateStore
 from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, check_path, read_folder
@@ -223,10 +224,24 @@ class ReleaseWorkflow:
         )
 
     def _tasks(self, scenario: str, extra: list[EvalTask]) -> list[EvalTask]:
+        """The scenario's eval tasks; the project's other eval files when it has few of its
+        own; the recipe's `extra` tasks; and the held-back good answers of its traffic."""
+        gate = self.config.gate_for(scenario)
         path = tasks_path(self.config.evals_dir, scenario)
-        if extra and not path.exists():
-            return extra
-        return [*load_tasks(path), *extra]
+        own = load_tasks(path) if path.exists() else []
+        if len(own) < gate.min_tasks:
+            own += [t for other in self._other_eval_files(path) for t in load_tasks(other)]
+        replayed = replay_tasks(self.candidates.store, scenario, gate.replay_threshold, gate.replay)
+        tasks = [*own, *extra, *replayed]
+        if not tasks:
+            raise EvalTasksError(
+                f"no eval tasks at {path}: write one JSON task per line (see `reef init`'s example)"
+            )
+        return tasks
+
+    def _other_eval_files(self, own: Path) -> list[Path]:
+        folder = self.config.evals_dir
+        return sorted(p for p in folder.glob("*.jsonl") if p != own) if folder.is_dir() else []
 
     def eval_settings(self, scenario: str) -> EvalSettings:
         gate = self.config.gate_for(scenario)

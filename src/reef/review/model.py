@@ -62,6 +62,7 @@ class CandidateRow:
     created_at: float
     current_mean: float | None
     candidate_mean: float | None
+    lost: int = 0  # tasks the candidate scored lower on than the current release
 
     @property
     def delta(self) -> float | None:

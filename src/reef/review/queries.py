@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reef.engines.base import message_text
+from reef.engines.base import last_user_text, response_text
 from reef.errors import ReefError
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.releases.chain import Release, is_weight_file, lfs_size, read_folder, text_diff
@@ -35,7 +35,8 @@ RECENT_SCORES = 50  # reports in "mean feedback score of recent traffic"
 _CANDIDATE_COLUMNS = (
     "id, scenario, kind, state, source, reason, decision, base_release_id, release_id, "
     "created_at, json_extract(evaluation, '$.current_mean') AS current_mean, "
-    "json_extract(evaluation, '$.candidate_mean') AS candidate_mean"
+    "json_extract(evaluation, '$.candidate_mean') AS candidate_mean, "
+    "COALESCE(json_array_length(evaluation, '$.lost'), 0) AS lost"
 )
 
 
@@ -150,16 +151,20 @@ def candidate_detail(workflow: ReleaseWorkflow, candidate_id: str) -> CandidateD
     )
     evaluation = candidate.evaluation or {}
     prompts = _task_prompts(workflow, candidate.scenario)
+    results = evaluation.get("results", [])
+    # Regressions first: the tasks the candidate scores lower on, then the others in order.
+    results = sorted(results, key=lambda r: r["candidate_score"] >= r["current_score"])
     tasks = [
         TaskView(
             task_id=result["task_id"],
-            prompt=prompts.get(result["task_id"], "(task no longer in the eval file)"),
+            prompt=result.get("prompt")
+            or prompts.get(result["task_id"], "(task no longer in the eval file)"),
             current_answer=result["current_answer"],
             candidate_answer=result["candidate_answer"],
             current_score=result["current_score"],
             candidate_score=result["candidate_score"],
         )
-        for result in evaluation.get("results", [])
+        for result in results
     ]
     files = _candidate_files(workflow, candidate.files_path, candidate.release_id)
     loss = (candidate.metrics or {}).get("loss") or []
@@ -306,7 +311,7 @@ def record_rows(
             release_id=row["release_id"],
             created_at=row["created_at"],
             prompt=last_user_text(json.loads(row["request"]).get("messages", [])),
-            answer=answer_text(json.loads(row["response"])),
+            answer=response_text(json.loads(row["response"])),
             feedback=feedback.get(row["id"], ""),
         )
         for row in rows
@@ -337,15 +342,3 @@ def describe_report(report: dict[str, Any]) -> str:
     if feedback is not None:
         parts.append(feedback if isinstance(feedback, str) else json.dumps(feedback))
     return " ".join(parts)
-
-
-def last_user_text(messages: list[dict[str, Any]]) -> str:
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            return message_text(message.get("content"))
-    return ""
-
-
-def answer_text(response: dict[str, Any]) -> str:
-    choices = response.get("choices") or [{}]
-    return str((choices[0].get("message") or {}).get("content") or "")

@@ -362,6 +362,18 @@ class ExperienceStore:
         )
         return self._with_reports([_decode_record(row) for row in rows])
 
+    def scored_records(self, scenario: str, limit: int = 500) -> list[dict[str, Any]]:
+        """The newest records of `scenario` outside any session that a report scored, newest
+        first, with their reports."""
+        rows = self._query(
+            "SELECT * FROM records WHERE scenario = ? AND session IS NULL AND id IN ("
+            "  SELECT rr.record_id FROM report_references rr"
+            "  JOIN reports r ON r.id = rr.report_id WHERE r.score IS NOT NULL"
+            ") ORDER BY seq DESC LIMIT ?",
+            [scenario, limit],
+        )
+        return self._with_reports([_decode_record(row) for row in rows])
+
     def record_exists(self, record_id: str) -> bool:
         return bool(self._query("SELECT 1 AS x FROM records WHERE id = ?", [record_id]))
 

@@ -16,7 +16,19 @@ from reef.review.source import ReviewSource
 from reef.review.widgets import cells
 from reef.review.widgets.keyed_table import Cell, KeyedTable
 
-COLUMNS = ("candidate", "state", "kind", "scenario", "origin", "base", "cur.", "cand.", "Δ", "why")
+COLUMNS = (
+    "candidate",
+    "state",
+    "kind",
+    "scenario",
+    "origin",
+    "base",
+    "cur.",
+    "cand.",
+    "Δ",
+    "lost",
+    "why",
+)
 FILTERS: tuple[str | None, ...] = (None, *STATES)
 
 
@@ -31,6 +43,7 @@ def candidate_cells(row: CandidateRow) -> list[Cell]:
         cells.score(row.current_mean),
         cells.score(row.candidate_mean),
         cells.delta(row.delta),
+        cells.lost(row.lost),
         cells.short(row.decision or row.reason, 80),
     ]
 

@@ -13,9 +13,9 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from reef.engines.base import message_text
+from reef.engines.base import message_text, response_text
 from reef.review.model import ReviewError
-from reef.review.queries import answer_text, describe_report
+from reef.review.queries import describe_report
 
 ROLE_STYLES = {"system": "magenta", "user": "bold cyan", "assistant": "bold green"}
 
@@ -31,7 +31,7 @@ def conversation(record: dict[str, Any]) -> Text:
         text.append(f"{role}\n", style=ROLE_STYLES.get(role, "bold"))
         text.append(message_text(message.get("content")) + "\n\n")
     text.append("answer\n", style=ROLE_STYLES["assistant"])
-    text.append(answer_text(record["response"]) + "\n\n")
+    text.append(response_text(record["response"]) + "\n\n")
     reports = record.get("reports") or []
     text.append("feedback\n", style="bold yellow")
     for report in reports:

@@ -31,6 +31,11 @@ def delta(value: float | None) -> Text:
     return Text(f"{value:+.2f}", style=style)
 
 
+def lost(count: int) -> Text:
+    """How many tasks a candidate lost: red when any (regressions catch the eye first)."""
+    return Text(str(count), style="bold red") if count else Text("0", style="dim")
+
+
 def when(timestamp: float) -> str:
     """The time of day for today, the date otherwise."""
     moment = datetime.fromtimestamp(timestamp)

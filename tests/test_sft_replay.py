@@ -1,0 +1,49 @@
+"""sft replays what the agent already answers elsewhere beside what it learns: the current
+release's finished greedy answers to the scenario's other questions (the model is scripted:
+what is checked is which questions are asked and which answers become examples)."""
+
+from __future__ import annotations
+
+from recipes.sft.recipe import GENERAL_QUESTIONS, SFT, SFTSettings
+
+from reef.engines.base import Completion
+from reef.learning.recipe import StepContext
+
+
+def ask(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_replay_answers_other_questions_as_the_current_release_does() -> None:
+    asked: list[dict] = []
+
+    def generate(body: dict) -> Completion:
+        asked.append(body)
+        question = body["messages"][-1]["content"]
+        finish = "length" if question == "A long one?" else "stop"
+        choice = {"message": {"content": f"About {question}"}, "finish_reason": finish}
+        return Completion(
+            response={"choices": [choice]},
+            model="scripted",
+            token_ids=[7, 8, 2],
+            prompt_token_ids=[1, len(asked)],
+        )
+
+    context = StepContext(
+        "default",
+        "base",
+        {},
+        generate=generate,
+        anchors=[ask("Learned already?"), ask("A long one?"), ask("Other?")],
+    )
+    recipe = SFT(SFTSettings(replay=3, max_tokens=64))
+    learned = {tuple(map(str, ask("Learned already?")))}
+    examples = recipe._replayed(context, learned)
+
+    questions = [body["messages"][-1]["content"] for body in asked]
+    # Not what is learned from; a cut answer is skipped; then the general questions fill in.
+    assert questions == ["A long one?", "Other?", GENERAL_QUESTIONS[0], GENERAL_QUESTIONS[1]]
+    assert all(body["temperature"] == 0 and body["max_tokens"] == 64 for body in asked)
+    assert [e.completion_ids for e in examples] == [[7, 8, 2]] * 3
+    assert [e.prompt_ids for e in examples] == [[1, 2], [1, 3], [1, 4]]
+    assert SFT(SFTSettings(replay=0))._replayed(context, learned) == []
