@@ -3,14 +3,17 @@
     .venv/bin/python bench/openclaw.py [--rounds 3] [--sessions 2] [--budget 900]
 
 In a fresh project: `reef serve` on the embedded SmolLM2-135M with `openclaw_rl` (the keyword
-judge: the 135M model's own votes are close to noise) and the `improve` gate on eval prompts
-scored "at most 12 words". The baseline is the base model's held-out answers, measured in the
-same run. Each round, a scripted user opens `--sessions` sessions per training prompt; each
-answer, sampled at temperature 1, is followed by the user's next message: "No, shorter: answer
-in a few words." when it runs over 12 words, thanks otherwise. No score is ever reported. The
-worker judges, trains, gates; then the held-out prompts are asked again (greedy) under whatever
-serves. It prints, per round, the judged turns, the gate's decision, and the held-out mean length
-in words and share of short answers, and draws them (`--plot`, default docs/openclaw_rounds.png).
+judge: the 135M model's own votes are close to noise) and the default `no_regression` gate on
+the six correctness tasks `reef init` writes beside eval prompts scored "at most 12 words"
+(group `preference`). The baseline is the base model's held-out answers and correctness tasks,
+measured in the same run. Each round, a scripted user opens `--sessions` sessions per training
+prompt; each answer, sampled at temperature 1, is followed by the user's next message: "No,
+shorter: answer in a few words." when it runs over 12 words, thanks otherwise. No score is ever
+reported. The worker judges, trains, gates; then the held-out prompts are asked again (greedy)
+under whatever serves. It prints, per round, the judged turns, the gate's decision, the held-out
+mean length in words and share of short answers, and the correctness tasks passed, and draws
+them (`--plot`, default docs/openclaw_rounds.png). Measurements are not recorded: they are not
+traffic.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from reef.testing.scripted_user import (
     SHORT_PATTERN,
     TRAINING,
     converse,
+    correct,
+    correctness_tasks,
     eval_tasks,
     mean_words,
     pass_rate,
@@ -37,7 +42,6 @@ from reef.testing.scripted_user import (
 CONFIG = """engine:
   llamacpp: {n_ctx: 1024, n_threads: 1}
 gate:
-  policy: improve
   max_tokens: 48
 learning:
   recipe: openclaw_rl
@@ -51,13 +55,16 @@ learning:
 
 def project(folder: Path, batch: int) -> Path:
     (folder / "evals").mkdir(parents=True)
-    (folder / "evals/default.jsonl").write_text(eval_tasks(EVALS, SHORT_PATTERN))
+    preference = eval_tasks(EVALS, SHORT_PATTERN, group="preference")
+    (folder / "evals/default.jsonl").write_text(correctness_tasks() + preference)
     (folder / "reef.yaml").write_text(CONFIG.replace("BATCH", str(batch)))
     return folder
 
 
-def held_out(url: str) -> tuple[float, float]:
-    return mean_words(url, HELD_OUT), pass_rate(url, HELD_OUT, SHORT_PATTERN, max_tokens=48)
+def held_out(url: str) -> tuple[float, float, int]:
+    """Mean words and share of short answers on the held-out prompts; correctness tasks."""
+    short = pass_rate(url, HELD_OUT, SHORT_PATTERN, max_tokens=48, capture=False)
+    return mean_words(url, HELD_OUT, capture=False), short, len(correct(url, 48))
 
 
 def decided(server: ServerProcess, seen: int, budget: float) -> dict:
@@ -77,9 +84,15 @@ def run(rounds: int, sessions: int, budget: float) -> list[dict]:
     folder = project(Path(tempfile.mkdtemp(prefix="reef-openclaw-")), batch)
     rows = []
     with reef_serve(folder, free_port()).start() as server:
-        words, short = held_out(server.url)
-        rows.append({"round": 0, "words": words, "short": short, "decision": "base"})
-        print(f"round 0 (base): held-out {words:.1f} words, {short:.0%} short", flush=True)
+        words, short, right = held_out(server.url)
+        rows.append(
+            {"round": 0, "words": words, "short": short, "correct": right, "decision": "base"}
+        )
+        print(
+            f"round 0 (base): held-out {words:.1f} words, {short:.0%} short; {right} of 6 "
+            "correctness tasks",
+            flush=True,
+        )
         for number in range(1, rounds + 1):
             replies = [
                 converse(server.url, prompt, session=f"r{number}-{prompt}-{copy}")[1]
@@ -88,13 +101,21 @@ def run(rounds: int, sessions: int, budget: float) -> list[dict]:
             ]
             corrected = sum(reply.startswith("No") for reply in replies)
             candidate = decided(server, number - 1, budget)
-            words, short = held_out(server.url)
+            words, short, right = held_out(server.url)
             state = candidate.get("state", "none in budget")
-            rows.append({"round": number, "words": words, "short": short, "decision": state})
+            rows.append(
+                {
+                    "round": number,
+                    "words": words,
+                    "short": short,
+                    "correct": right,
+                    "decision": state,
+                }
+            )
             print(
                 f"round {number}: {len(replies)} sessions, {corrected} corrected; candidate "
                 f"{state} ({candidate.get('decision', '')}); held-out {words:.1f} words, "
-                f"{short:.0%} short",
+                f"{short:.0%} short; {right} of 6 correctness tasks",
                 flush=True,
             )
     return rows
@@ -130,7 +151,7 @@ def main() -> None:
     print(
         f"held-out mean words {base['words']:.1f} (base) -> {last['words']:.1f} "
         f"({last['words'] / base['words']:.2f}x); short answers {base['short']:.0%} -> "
-        f"{last['short']:.0%}"
+        f"{last['short']:.0%}; correctness tasks {base['correct']} -> {last['correct']} of 6"
     )
     plot(rows, arguments.plot)
     print(f"drawn: {arguments.plot}")

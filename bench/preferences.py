@@ -1,14 +1,20 @@
-"""Is a preference said only in feedback text learned? One table: preference x recipe.
+"""Is a preference said only in feedback learned, without forgetting the rest? Preference x recipe.
 
-    .venv/bin/python bench/preferences.py [--preferences sure,short] [--recipes sft] [--budget 300]
+    .venv/bin/python bench/preferences.py [--preferences sure,short] [--recipes sft]
+        [--policies no_regression,improve] [--rounds 3] [--budget 300]
 
-For each preference and recipe, in a fresh project: `reef serve` on the embedded SmolLM2-135M
-with the recipe configured as docs/recipes.md shows it; the held-out prompts' pass rate on the
-base model (the baseline, measured in the same run); a scripted user asks the training prompts and
-answers each miss with a score of 0 and the preference in its own words (no code reads them:
-each preference has a scorer, a regular expression, that the recipe uses to accept answers and
-the gate to compare); then the time until a release serves, and the held-out pass rate under it.
-A run that releases nothing within `--budget` seconds keeps the base's rate.
+For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
+SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
+correctness tasks `reef init` writes (short, right answers) beside three tasks for the preference
+(group `preference`). The baseline is the base model, measured in the same run: the held-out
+prompts' pass rate for the preference, and how many correctness tasks it passes. Then, round by
+round, a scripted user asks the training prompts and answers each miss with a score of 0 and the
+preference in its own words (no code reads them: each preference has a scorer, a regular
+expression, that the recipe uses to accept answers and the gate to compare), each hit with a
+score of 1; the worker steps; the round ends when the gate decides. Measurements are never
+recorded (they are not traffic to learn from). The table gives, under what serves at the end:
+the held-out pass rate and the correctness tasks passed, beside the base's; `improve` (the mean
+alone) is the old default, kept as the baseline policy that forgot.
 """
 
 from __future__ import annotations
@@ -23,9 +29,17 @@ from pathlib import Path
 import httpx
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
-from reef.testing.scripted_user import EVALS, HELD_OUT, TRAINING, ask, eval_tasks
-from reef.testing.scripted_user import meets as matches
-from reef.testing.scripted_user import pass_rate as held_out_rate
+from reef.testing.scripted_user import (
+    EVALS,
+    HELD_OUT,
+    TRAINING,
+    ask,
+    correct,
+    correctness_tasks,
+    eval_tasks,
+    meets,
+    pass_rate,
+)
 
 
 @dataclass(frozen=True)
@@ -39,67 +53,96 @@ PREFERENCES = [
     Preference("sure", "Start your answer with the word 'Sure!'", r"^\W*Sure"),
     Preference("short", "Too long. Reply in five words or fewer.", r"^\W*(\S+\s+){0,4}\S+\W*$"),
     Preference("sign-off", "End every answer with the line: Cheers, Reef", r"Cheers, Reef\W*$"),
+    Preference(  # a format
+        "bullet", "Write your answer as one bullet point starting with '- '.", r"^\s*[-*] "
+    ),
+    Preference(  # a language
+        "french", "Answer in French.", r"(?i)\b(le|la|les|est|une|des|du|et|je|vous|oui)\b"
+    ),
 ]
 RECIPES = {
     "sft": "recipe: sft\n  batch_size: 6\n  steps: 30\n  max_tokens: 48\n",
     "harness_evolve": "recipe: harness_evolve\n  proposer: hindsight\n  batch_size: 3\n",
 }
+TOKENS = 32  # max_tokens of every answer measured, and of the gate's
 
 
-def project(folder: Path, preference: Preference, recipe: str) -> Path:
+def project(folder: Path, preference: Preference, recipe: str, policy: str) -> Path:
     (folder / "evals").mkdir(parents=True)
-    (folder / "evals/default.jsonl").write_text(eval_tasks(EVALS, preference.pattern))
+    preference_tasks = eval_tasks(EVALS[:3], preference.pattern, group="preference")
+    (folder / "evals/default.jsonl").write_text(correctness_tasks() + preference_tasks)
     (folder / "reef.yaml").write_text(
         "engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n"
-        "gate:\n  policy: improve\n  max_tokens: 32\n"
+        f"gate:\n  policy: {policy}\n  max_tokens: {TOKENS}\n"
         f"learning:\n  interval_s: 0.5\n  {RECIPES[recipe]}"
         f"  scorer: {{type: regex, pattern: '{preference.pattern}'}}\n"
     )
     return folder
 
 
-def answer(url: str, prompt: str) -> httpx.Response:
-    return ask(url, prompt, max_tokens=32)
+def held_out_rate(url: str, preference: Preference) -> float:
+    return pass_rate(url, HELD_OUT, preference.pattern, max_tokens=TOKENS, capture=False)
 
 
-def meets(response: httpx.Response, preference: Preference) -> bool:
-    return matches(response, preference.pattern)
+def decided(server: ServerProcess, seen: int, budget: float) -> dict:
+    """The next candidate the gate decides (after `seen` decided), or {} past the budget."""
+    started = time.monotonic()
+    while time.monotonic() - started < budget:
+        listed = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
+        done = [c for c in listed if c["state"] in ("released", "rejected")]
+        if len(done) > seen:
+            return done[0]
+        time.sleep(2)
+    return {}
 
 
-def pass_rate(url: str, preference: Preference) -> float:
-    return held_out_rate(url, HELD_OUT, preference.pattern, max_tokens=32)
+def latest_decided(server: ServerProcess) -> dict:
+    listed = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
+    return next((c for c in listed if c["state"] in ("released", "rejected")), {})
 
 
-def serving(server: ServerProcess) -> str:
-    return str(httpx.get(f"{server.url}/reef/status").json()["serving"].get("default", "base"))
+def a_round(server: ServerProcess, preference: Preference) -> None:
+    """The scripted user asks every training prompt and scores the answer."""
+    for prompt in TRAINING:
+        response = ask(server.url, prompt, max_tokens=TOKENS)
+        hit = meets(response, preference.pattern)
+        report = {
+            "references": [response.headers["x-reef-agent-record-id"]],
+            "score": 1 if hit else 0,
+            **({} if hit else {"feedback": preference.feedback}),
+        }
+        httpx.post(f"{server.url}/reef/report", json=report).raise_for_status()
 
 
-def run(preference: Preference, recipe: str, budget: float) -> dict:
-    folder = project(Path(tempfile.mkdtemp(prefix="reef-pref-")), preference, recipe)
+def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: float) -> dict:
+    folder = project(Path(tempfile.mkdtemp(prefix="reef-pref-")), preference, recipe, policy)
+    decisions = []
     with reef_serve(folder, free_port()).start() as server:
-        before = pass_rate(server.url, preference)
+        before, knew = held_out_rate(server.url, preference), correct(server.url, TOKENS)
         started = time.monotonic()
-        for prompt in TRAINING:
-            response = answer(server.url, prompt)
-            if not meets(response, preference):
-                report = {
-                    "references": [response.headers["x-reef-agent-record-id"]],
-                    "score": 0,
-                    "feedback": preference.feedback,
-                }
-                httpx.post(f"{server.url}/reef/report", json=report).raise_for_status()
-        while serving(server) == "base" and time.monotonic() - started < budget:
-            time.sleep(2)
-        released = serving(server)
-        seconds = time.monotonic() - started
-        after = pass_rate(server.url, preference) if released != "base" else before
+        for number in range(rounds):
+            a_round(server, preference)
+            candidate = decided(server, number, budget)
+            decisions.append(candidate.get("state", "none"))
+            if not candidate or time.monotonic() - started > rounds * budget:
+                break
+        status = httpx.get(f"{server.url}/reef/status").json()
+        release = status["serving"].get("default", "base")
+        after, knows = held_out_rate(server.url, preference), correct(server.url, TOKENS)
+        last = latest_decided(server)
     return {
         "preference": preference.name,
         "recipe": recipe,
+        "policy": policy,
         "before": before,
         "after": after,
-        "release": released,
-        "seconds": round(seconds),
+        "correct_before": len(knew),
+        "correct_after": len(knows),
+        "forgot": sorted(set(knew) - set(knows)),
+        "release": release,
+        "decisions": decisions,
+        "last_decision": last.get("decision", ""),
+        "seconds": round(time.monotonic() - started),
     }
 
 
@@ -107,44 +150,58 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preferences", default=",".join(p.name for p in PREFERENCES))
     parser.add_argument("--recipes", default=",".join(RECIPES))
-    parser.add_argument("--budget", type=float, default=300.0)
+    parser.add_argument("--policies", default="no_regression")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds per round")
     parser.add_argument("--json", type=Path, default=Path("bench/out/preferences.json"))
     args = parser.parse_args()
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
     rows = []
-    print(f"{'preference':10} {'recipe':15} {'before':>7} {'after':>7} {'release':>10} {'s':>5}")
+    print(
+        f"{'preference':10} {'recipe':15} {'policy':14} {'held-out':>13} {'correct':>8} "
+        f"{'release':>10} {'rounds':>22} {'s':>5}"
+    )
     for preference in chosen:
         for recipe in args.recipes.split(","):
-            row = run(preference, recipe, args.budget)
-            rows.append(row)
-            print(
-                f"{row['preference']:10} {row['recipe']:15} {row['before']:>7.2f} "
-                f"{row['after']:>7.2f} {row['release']:>10} {row['seconds']:>5}",
-                flush=True,
-            )
+            for policy in args.policies.split(","):
+                row = run(preference, recipe, policy, args.rounds, args.budget)
+                rows.append(row)
+                print(
+                    f"{row['preference']:10} {row['recipe']:15} {row['policy']:14} "
+                    f"{row['before']:>5.2f} -> {row['after']:<5.2f} "
+                    f"{row['correct_before']:>3} -> {row['correct_after']:<2} "
+                    f"{row['release']:>10} {','.join(row['decisions']):>22} {row['seconds']:>5}",
+                    flush=True,
+                )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
     draw(rows, args.json.with_suffix(".png"))
 
 
 def draw(rows: list[dict], path: Path) -> None:
-    """Before and after bars, one group per preference and recipe (needs matplotlib: .[bench])."""
+    """Held-out pass rate and correctness tasks, base and after learning, one group per run
+    (needs matplotlib: .[bench])."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['preference']}\n{r['recipe']}\n{r['seconds']} s" for r in rows]
-    positions = range(len(rows))
-    figure, axis = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
-    axis.bar([p - 0.2 for p in positions], [r["before"] for r in rows], 0.4, label="base")
-    axis.bar([p + 0.2 for p in positions], [r["after"] for r in rows], 0.4, label="after learning")
-    axis.axhline(0.75, color="grey", linestyle="--", linewidth=0.8, label="goal 0.75")
-    axis.set_xticks(list(positions), labels, fontsize=8)
-    axis.set_ylim(0, 1.05)
-    axis.set_ylabel("held-out pass rate")
-    axis.set_title("A preference said only in feedback, SmolLM2-135M on 2 CPU cores")
-    axis.legend(loc="upper left", fontsize=8)
+    labels = [f"{r['preference']}\n{r['recipe']}\n{r['policy']}" for r in rows]
+    positions = list(range(len(rows)))
+    figure, (rates, knowledge) = plt.subplots(2, 1, figsize=(max(6, 1.5 * len(rows)), 6))
+    rates.bar([p - 0.2 for p in positions], [r["before"] for r in rows], 0.4, label="base")
+    rates.bar([p + 0.2 for p in positions], [r["after"] for r in rows], 0.4, label="after")
+    rates.axhline(0.75, color="grey", linestyle="--", linewidth=0.8, label="goal 0.75")
+    rates.set_ylim(0, 1.05)
+    rates.set_ylabel("preference, held out")
+    rates.set_xticks(positions, [""] * len(rows))
+    rates.legend(loc="upper left", fontsize=8)
+    knowledge.bar([p - 0.2 for p in positions], [r["correct_before"] for r in rows], 0.4)
+    knowledge.bar([p + 0.2 for p in positions], [r["correct_after"] for r in rows], 0.4)
+    knowledge.set_ylim(0, 6.3)
+    knowledge.set_ylabel("correctness tasks (of 6)")
+    knowledge.set_xticks(positions, labels, fontsize=7)
+    figure.suptitle("A preference said only in feedback, SmolLM2-135M on 2 CPU cores")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     print(f"drawn: {path}")

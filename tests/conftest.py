@@ -21,7 +21,11 @@ from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 TOKEN = "test-token-4f1c"
 ROTATED_TOKEN = "test-token-next-9a2e"  # a second valid token, as during a rotation
-SMALL_ENGINE = "engine:\n  llamacpp:\n    n_ctx: 2048\n    n_threads: 2\n"
+# Tests make an answer run to its max_tokens by banning the end token (`endless()`), and a model
+# that cannot end often loops: the engines they use do not end loops (engine.llamacpp.stop_loops),
+# or the length would depend on what the model says on the machine. test_generation_limits.py
+# tests the loop detector on an engine of its own.
+SMALL_ENGINE = "engine:\n  llamacpp:\n    n_ctx: 2048\n    n_threads: 2\n    stop_loops: false\n"
 # max_tokens for the longest answer the tests' grammars allow (a forced call to get_weather,
 # whose city may be 20 or 40 characters, or a JSON-schema answer): the call's wrapper takes about
 # 25 tokens and a sampled string a token per character or more. Smaller caps cut answers, which
@@ -112,7 +116,7 @@ def http(llama_server: ServerProcess) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaCppEngine]:
     """The embedded model in process, for tests of the engine and of evaluation."""
-    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2)
+    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2, stop_loops=False)
     asyncio.run(loaded.start())
     yield loaded
     asyncio.run(loaded.close())

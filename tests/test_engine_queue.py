@@ -28,7 +28,7 @@ SLOTS = 4  # engine.llamacpp.slots, by default
 
 @pytest.fixture(scope="module")
 def eos_token() -> int:
-    engine = LlamaCppEngine(n_ctx=256, n_threads=1)
+    engine = LlamaCppEngine(n_ctx=256, n_threads=1, stop_loops=False)
     asyncio.run(engine.start())
     try:
         return int(engine._model.token_eos())

@@ -90,7 +90,9 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def chat(server: ServerProcess, scenario: str, **fields: object) -> httpx.Response:
     body = {"messages": ASK, "temperature": 0, **endless(), **fields}
     headers = {"x-reef-scenario": scenario}
-    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers)
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=120
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -119,7 +121,8 @@ def test_each_scenario_caps_what_an_answer_may_run_to(
 
 def test_a_stream_is_capped_too(capped: ServerProcess) -> None:
     body = {"messages": ASK, "max_tokens": 5000, "stream": True, **endless()}
-    with httpx.stream("POST", f"{capped.url}/v1/chat/completions", json=body) as response:
+    url = f"{capped.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
         chunks = [
             json.loads(line.removeprefix("data: "))
             for line in response.iter_lines()
@@ -144,7 +147,8 @@ def test_the_cap_defaults_to_none_upstream_so_the_clients_bytes_go_as_sent(
     with reef_serve(tmp_path, free_port()).start() as server:
         sent = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50000}'
         headers = {"content-type": "application/json"}
-        reply = httpx.post(f"{server.url}/v1/chat/completions", content=sent, headers=headers)
+        url = f"{server.url}/v1/chat/completions"
+        reply = httpx.post(url, content=sent, headers=headers, timeout=120)
         assert reply.status_code == 200, reply.text
         forwarded = httpx.get(peer.url + "/peer/last").json()["body"]
     assert forwarded["max_tokens"] == 50000

@@ -34,7 +34,7 @@ LONG = "Summarise this text. " + "The river runs past the old mill and under the
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaCppEngine]:
-    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2, slots=4)
+    loaded = LlamaCppEngine(n_ctx=1024, n_threads=2, slots=4, stop_loops=False)
     asyncio.run(loaded.start())
     yield loaded
     asyncio.run(loaded.close())
@@ -356,7 +356,7 @@ def test_retry_after_counts_the_time_a_request_holds_a_slot_not_its_wait() -> No
     """With one slot, the second of two requests waits for the first to finish: its clock for
     Retry-After starts when it takes the slot, so the average is a request's service time and
     does not grow with the queue in front of it."""
-    single = LlamaCppEngine(n_ctx=512, n_threads=2, slots=1)
+    single = LlamaCppEngine(n_ctx=512, n_threads=2, slots=1, stop_loops=False)
     asyncio.run(single.start())
     jobs: list[Any] = []
     finished: list[float] = []

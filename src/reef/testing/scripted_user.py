@@ -12,6 +12,11 @@ import re
 
 import httpx
 
+from reef.engines.base import response_text
+from reef.evaluation.scorers import score
+from reef.evaluation.tasks import EvalTask
+from reef.templates import environment
+
 TRAINING = [
     "What is the capital of France?",
     "Name an animal.",
@@ -33,14 +38,16 @@ HELD_OUT = [
 ]
 
 
-def ask(url: str, prompt: str, max_tokens: int = 32) -> httpx.Response:
-    """One greedy answer from the server at `url`, as a client gets it (with its receipt)."""
+def ask(url: str, prompt: str, max_tokens: int = 32, capture: bool = True) -> httpx.Response:
+    """One greedy answer from the server at `url`, as a client gets it (with its receipt; with
+    `capture=False`, a measurement: not recorded, so never learned from)."""
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
     }
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+    headers = {} if capture else {"x-reef-capture": "false"}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
     response.raise_for_status()
     return response
 
@@ -50,18 +57,45 @@ def meets(response: httpx.Response, pattern: str) -> bool:
     return re.search(pattern, text.strip()) is not None
 
 
-def pass_rate(url: str, prompts: list[str], pattern: str, max_tokens: int = 32) -> float:
+def pass_rate(
+    url: str, prompts: list[str], pattern: str, max_tokens: int = 32, capture: bool = True
+) -> float:
     """The share of `prompts` whose answer matches `pattern`."""
-    return sum(meets(ask(url, p, max_tokens), pattern) for p in prompts) / len(prompts)
+    passed = sum(meets(ask(url, p, max_tokens, capture), pattern) for p in prompts)
+    return passed / len(prompts)
 
 
-def eval_tasks(prompts: list[str], pattern: str) -> str:
-    """`evals/<scenario>.jsonl` text: one task per prompt, scored by `pattern`."""
+def eval_tasks(prompts: list[str], pattern: str, group: str | None = None) -> str:
+    """`evals/<scenario>.jsonl` text: one task per prompt, scored by `pattern` (in `group`)."""
     scorer = {"type": "regex", "pattern": pattern}
+    named = {"group": group} if group else {}
     return "".join(
-        json.dumps({"messages": [{"role": "user", "content": p}], "scorer": scorer}) + "\n"
+        json.dumps({"messages": [{"role": "user", "content": p}], "scorer": scorer, **named}) + "\n"
         for p in prompts
     )
+
+
+# -- what the agent knew: the correctness tasks of a `reef init` project ------------------------
+
+
+def correctness_tasks() -> str:
+    """The eval tasks `reef init` writes (short, right answers), as `evals/<scenario>.jsonl`."""
+    return environment().get_template("init/evals/default.jsonl.j2").render()
+
+
+def correct(url: str, max_tokens: int = 32) -> list[str]:
+    """The ids of the correctness tasks the server at `url` passes, asked as the gate asks
+    (greedy, seed 0) and not recorded."""
+    tasks = [EvalTask.model_validate_json(line) for line in correctness_tasks().splitlines()]
+    passed = []
+    for task in tasks:
+        body = {"messages": task.messages, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
+        headers = {"x-reef-capture": "false"}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
+        reply.raise_for_status()
+        if score(task.scorer, response_text(reply.json()), task) >= 0.5:
+            passed.append(task.id)
+    return passed
 
 
 # -- a user who says what it wants only in its next message (OpenClaw-style) ---------------------
@@ -95,7 +129,7 @@ def converse(url: str, prompt: str, session: str, max_tokens: int = 48) -> tuple
     return answer, reply
 
 
-def mean_words(url: str, prompts: list[str], max_tokens: int = 48) -> float:
+def mean_words(url: str, prompts: list[str], max_tokens: int = 48, capture: bool = True) -> float:
     """The mean length in words of the greedy answers to `prompts`."""
-    answers = [ask(url, p, max_tokens).json()["choices"][0]["message"]["content"] for p in prompts]
-    return sum(words(a or "") for a in answers) / len(answers)
+    answers = [response_text(ask(url, p, max_tokens, capture).json()) for p in prompts]
+    return sum(words(a) for a in answers) / len(answers)
