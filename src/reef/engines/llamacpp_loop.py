@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from reef.engines.llamacpp_adapters import Adapters
 from reef.engines.llamacpp_output import ChoiceOutput, Emit, Generation
 from reef.engines.llamacpp_sampling import SequenceSampler, logits_row, logprob_of
 from reef.engines.llamacpp_slots import BLOCK, Slot, SlotTable
+from reef.engines.llamacpp_threads import ThreadChoice
 from reef.engines.repetition import Repetition
 from reef.engines.structured import OutputConstraint
 from reef.errors import EngineUnavailable
@@ -46,6 +47,7 @@ from reef.errors import EngineUnavailable
 log = logging.getLogger(__name__)
 
 Choices = list[tuple[Generation, ChoiceOutput]]
+PROMPT_BLOCK = "prompt block"  # the kind of a prompt block's llama_decode, for ThreadChoice
 Settle = Callable[[Any], None]  # called once on the loop thread: a result or an exception
 
 
@@ -102,7 +104,13 @@ class _Sequence:
 
 class DecodeLoop:
     def __init__(
-        self, model: Any, context: Any, n_slots: int, prompt_budget: int, adapters: Adapters
+        self,
+        model: Any,
+        context: Any,
+        n_slots: int,
+        prompt_budget: int,
+        adapters: Adapters,
+        threads: ThreadChoice | None = None,
     ) -> None:
         import llama_cpp
 
@@ -111,6 +119,8 @@ class DecodeLoop:
         self._vocab = model.vocab
         self._n_vocab = model.n_vocab()
         self._adapters = adapters
+        self.threads = threads or ThreadChoice(1, adaptive=False)
+        self._threads_set: int | None = None  # the count the context decodes with now
         self._prompt_budget = max(BLOCK, prompt_budget)
         self.slots = SlotTable(llama_cpp.llama_get_memory(context), n_slots)
         self._batch = llama_cpp.llama_batch_init(max(BLOCK, n_slots), 0, 1)
@@ -232,7 +242,7 @@ class DecodeLoop:
         tokens = [(sequence, token, sequence.position + i) for i, token in enumerate(block)]
         self._fill(tokens, outputs=False)
         self._batch.logits[len(block) - 1] = last  # only the prompt's last token is sampled
-        if not self._run_decode([sequence], sequence.job.adapter):
+        if not self._run_decode([sequence], sequence.job.adapter, PROMPT_BLOCK):
             return False
         sequence.slot.evaluated(block, whole_block=len(block) == BLOCK)
         sequence.position += len(block)
@@ -252,7 +262,7 @@ class DecodeLoop:
         # of consecutive sequence ids as listed, so slots 1, 2, 3, 0 would cost two passes.
         group = sorted((s for s in ready if s.job.adapter == adapter), key=_slot_order)
         self._fill([(s, s.next_token, s.position) for s in group])  # type: ignore[misc]
-        if not self._run_decode(group, adapter):
+        if not self._run_decode(group, adapter, len(group)):
             return
         # Every slot records its new cell before any sequence is sampled: a failure sampling
         # one must not leave another's record behind its cache.
@@ -274,12 +284,17 @@ class DecodeLoop:
             batch.seq_id[i][0] = sequence.slot.seq_id
             batch.logits[i] = outputs
 
-    def _run_decode(self, sequences: list[_Sequence], adapter: Path | None) -> bool:
+    def _run_decode(self, sequences: list[_Sequence], adapter: Path | None, kind: Hashable) -> bool:
+        """One llama_decode of the batch as filled, with the thread count fastest for its `kind`
+        (a prompt block, or a decode step of that many sequences)."""
         import llama_cpp
 
         try:
             self._adapters.apply(adapter)
+            count = self._use_threads(kind)
+            started = time.perf_counter()
             code = llama_cpp.llama_decode(self._context, self._batch)
+            self.threads.took(kind, count, time.perf_counter() - started)
             if code != 0:
                 raise EngineUnavailable(f"llama.cpp could not decode a batch (code {code})")
         except Exception as error:
@@ -287,6 +302,15 @@ class DecodeLoop:
                 self._stop(sequence, error)
             return False
         return True
+
+    def _use_threads(self, kind: Hashable) -> int:
+        import llama_cpp
+
+        count = self.threads.threads_for(kind)
+        if count != self._threads_set:
+            llama_cpp.llama_set_n_threads(self._context, count, count)
+            self._threads_set = count
+        return count
 
     def _take_or_fail(self, sequence: _Sequence, index: int) -> None:
         """`_take`; an error there fails this sequence's request only."""

@@ -124,6 +124,8 @@ async def status(request: Request) -> Response:
                 # Engines with slots (llama.cpp): prompt tokens, and how many came from a cache.
                 "prompt_cache": getattr(engine, "cache_counters", None),
                 "loops_stopped": getattr(engine, "loops_stopped", None),
+                # Engines with a KV cache of their own (llama.cpp): its capacity and memory.
+                "kv_cache": getattr(engine, "kv_cache", None),
             },
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
