@@ -10,11 +10,12 @@ two threads, more than half with one.
 So the decode loop times its calls: `ThreadChoice` keeps, for each kind of call (a prompt block,
 or a decode step of b sequences), the duration under each thread count it may use (the
 configured count, halved down to one: a moving average for the count in use, the latest
-measurement for the others), and gives every call the count that is fastest for its kind. The other counts are measured again now and then: after 16 calls of the
-kind, then, each time one is confirmed slower, after twice as many, up to 1024 (about ten
-seconds of decoding); when one turns out faster, it is chosen and the intervals start again.
-On a quiet machine that costs a slower call in a thousand; a busy one moves to fewer threads
-within a few calls, and back within seconds of the core coming free.
+measurement for the others), and gives every call the count that is fastest for its kind. The
+other counts are measured again now and then: after 16 calls of the kind, then, each time one is
+confirmed slower, after twice as many, up to 1024 (about ten seconds of decoding); when one
+turns out faster, it is chosen and the intervals start again. On a quiet machine that costs a
+slower call in a thousand; a busy one moves to fewer threads within a few calls, and back within
+seconds of the core coming free.
 """
 
 from __future__ import annotations
