@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from reef.engines.llamacpp_adapters import Adapters
 from reef.engines.llamacpp_output import ChoiceOutput, Emit, Generation
 from reef.engines.llamacpp_sampling import SequenceSampler, logits_row, logprob_of
@@ -118,6 +120,7 @@ class DecodeLoop:
         self._context = context
         self._vocab = model.vocab
         self._n_vocab = model.n_vocab()
+        self._scratch = np.empty(self._n_vocab, dtype=np.float32)  # logprob_of's, per token
         self._adapters = adapters
         self.threads = threads or ThreadChoice(1, adaptive=False)
         self._threads_set: int | None = None  # the count the context decodes with now
@@ -325,9 +328,9 @@ class DecodeLoop:
         import llama_cpp
 
         state, sampling = sequence.state, sequence.sampling
-        token = sequence.sampler.sample(self._context, index)
         row = logits_row(self._context, index, self._n_vocab)
-        logprob, top = logprob_of(row, token, sampling.top_logprobs)
+        token = sequence.sampler.sample(self._context, index, row)
+        logprob, top = logprob_of(row, token, sampling.top_logprobs, self._scratch)
         if state.first_token_at is None:
             state.first_token_at = time.perf_counter()
         state.token_ids.append(token)

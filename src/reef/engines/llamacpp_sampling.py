@@ -53,20 +53,41 @@ class Sampling:
 
 
 class SequenceSampler:
-    """A llama.cpp sampler chain for one choice; `sample` also advances its grammar."""
+    """A llama.cpp sampler chain for one choice; `sample` also advances its grammar.
+
+    A greedy choice with nothing that keeps state (no grammar, no penalties) is the most likely
+    token after the logit bias: numpy's argmax over the logits row the engine reads anyway for
+    logprobs, a tenth of what building llama.cpp's candidate array of the whole vocabulary
+    costs, every token."""
 
     def __init__(self, vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None) -> None:
         import llama_cpp
 
-        params = llama_cpp.llama_sampler_chain_default_params()
-        self._chain = llama_cpp.llama_sampler_chain_init(params)
-        for sampler in _samplers(vocab, n_vocab, sampling, grammar):
-            llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+        self._greedy = (
+            sampling.temperature == 0
+            and grammar is None
+            and not (sampling.presence_penalty or sampling.frequency_penalty)
+        )
+        self._bias = _bias_arrays(sampling.logit_bias)
+        self._chain = None
+        if not self._greedy:
+            params = llama_cpp.llama_sampler_chain_default_params()
+            self._chain = llama_cpp.llama_sampler_chain_init(params)
+            for sampler in _samplers(vocab, n_vocab, sampling, grammar):
+                llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
-    def sample(self, context: Any, index: int) -> int:
-        """The token drawn from the logits of batch output `index` (accepted into the chain)."""
+    def sample(self, context: Any, index: int, row: np.ndarray) -> int:
+        """The token drawn from the logits of batch output `index` (`row`: its logits), accepted
+        into the chain."""
         import llama_cpp
 
+        if self._greedy:
+            if self._bias is None:
+                return int(row.argmax())
+            tokens, values = self._bias
+            biased = row.copy()
+            biased[tokens] += values
+            return int(biased.argmax())
         return int(llama_cpp.llama_sampler_sample(self._chain, context, index))
 
     def close(self) -> None:
@@ -75,6 +96,12 @@ class SequenceSampler:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)  # frees the samplers it holds
             self._chain = None
+
+
+def _bias_arrays(bias: dict[int, float]) -> tuple[np.ndarray, np.ndarray] | None:
+    if not bias:
+        return None
+    return np.array(list(bias), dtype=np.int64), np.array(list(bias.values()), dtype=np.float32)
 
 
 def _samplers(vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None) -> list[Any]:
@@ -116,11 +143,13 @@ def logits_row(context: Any, index: int, n_vocab: int) -> np.ndarray:
 
 
 def logprob_of(
-    row: np.ndarray, token: int, top: int | None
+    row: np.ndarray, token: int, top: int | None, scratch: np.ndarray | None = None
 ) -> tuple[float, list[tuple[int, float]]]:
-    """`token`'s log-softmax under `row`, and the `top` most likely tokens with theirs."""
-    peak = float(row.max())
-    log_norm = peak + float(np.log(np.exp(row - peak).sum()))
+    """`token`'s log-softmax under `row`, and the `top` most likely tokens with theirs;
+    `scratch`, an array of the row's shape, spares an allocation per token."""
+    peak = row.max()
+    shifted = np.subtract(row, peak, out=scratch)
+    log_norm = float(peak) + float(np.log(np.exp(shifted, out=shifted).sum()))
     logprob = float(row[token]) - log_norm
     if not top:
         return logprob, []
