@@ -4,9 +4,11 @@
 
 Three servers on the embedded SmolLM2-135M, 2 threads each, started in turn:
 
-- **Reef** as `reef serve` runs it by default (thread counts timed per call, a q8_0 KV cache);
-- **Reef, before**: the same with `adaptive_threads: false` and `cache_type: f16`, the engine as
-  it was before this benchmark's changes (the baseline for "no more than 5% slower when quiet");
+- **Reef** as `reef serve` runs it by default (thread counts timed per call, q8_0 keys in the KV
+  cache);
+- **Reef, before**: the same with `adaptive_threads: false` and `cache_type_k: f16`, the engine
+  as it was before this benchmark's changes (the baseline for "no more than 5% slower when
+  quiet");
 - **llama_cpp.server**, the stock server of the same llama.cpp, with Reef's weight kernels
   (bench/stock_server.py), `--n_ctx 2048`, one sequence.
 
@@ -47,7 +49,7 @@ STOCK = "llama_cpp.server"
 def reef_server(folder: Path, before: bool) -> ServerProcess:
     engine = {"n_ctx": 8192, "n_threads": 2, "stop_loops": False}
     if before:
-        engine |= {"adaptive_threads": False, "cache_type": "f16"}
+        engine |= {"adaptive_threads": False, "cache_type_k": "f16"}
     write_reef_config(folder, {"kind": "llamacpp", "llamacpp": engine})
     return reef_serve(folder, free_port())
 
@@ -92,7 +94,8 @@ def capacity(server: ServerProcess, name: str) -> str:
     if name == STOCK:
         return "1 x 2048 tokens, f16"
     cache = httpx.get(f"{server.url}/reef/status").json()["engine"]["kv_cache"]
-    return f"{cache['slots']} x {cache['tokens_per_slot']} tokens, {cache['type']}"
+    kinds = f"K {cache['type_k']}, V {cache['type_v']}"
+    return f"{cache['slots']} x {cache['tokens_per_slot']} tokens, {kinds}"
 
 
 def measure(args: argparse.Namespace) -> dict:

@@ -83,10 +83,11 @@ class LlamaCppConfig(_Section):
     n_batch: int = Field(512, ge=1)
     # Requests decoded together, each in its own slot of the KV cache with its prompt cache.
     slots: int = Field(4, ge=1, le=64)
-    # The KV cache's type: q8_0 (with flash attention) takes half the memory of f16 (for the
-    # embedded model at the defaults, 4 slots x 8192 tokens: 400 MB instead of 755) and decodes
-    # as fast or faster on a CPU; f16 without flash attention is how the cache was before.
-    cache_type: Literal["q8_0", "f16"] = "q8_0"
+    # The KV cache's element types (llama.cpp's --cache-type-k/-v): q8_0 keys take half the
+    # memory of f16 and decode as fast (the embedded model at the defaults: 566 MB instead of
+    # 755); q8_0 values need flash attention, about twice as slow at long contexts on a CPU.
+    cache_type_k: Literal["q8_0", "f16"] = "q8_0"
+    cache_type_v: Literal["q8_0", "f16"] = "f16"
     # A request that sets no max_tokens generates at most this many (small models can ramble
     # until the context is full, minutes on a CPU).
     default_max_tokens: int = Field(1024, ge=1)

