@@ -98,8 +98,8 @@ class LlamaCppConfig(_Section):
     # except with a llama.cpp build whose AMX kernels crash (see engines/llamacpp_weights.py).
     repack: Literal["auto"] | bool = "auto"
     # End an answer that has started to repeat itself, token for token (a block of up to 128
-    # tokens repeated over 64 tokens and 3 times), with finish_reason "length": small models
-    # can loop until the window is full. false lets every answer run to its max_tokens.
+    # tokens repeated over 64 tokens and 3 times), as a stop sequence would (finish_reason
+    # "stop"): small models can loop until the window is full. false: every answer runs on.
     stop_loops: bool = True
 
 

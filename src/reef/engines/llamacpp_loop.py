@@ -348,8 +348,10 @@ class DecodeLoop:
             state.finish_reason = "length"
             return self._finish(sequence)
         if sequence.repetition is not None and sequence.repetition.looping(token):
+            # Ended as a stop sequence ends an answer: "length" would make agents (Codex,
+            # Claude Code) fail the call as cut short, and what follows would only repeat.
             self.loops_stopped += 1
-            state.finish_reason = "length"  # as if out of tokens: it would only have repeated
+            state.finish_reason = "stop"
             return self._finish(sequence)
         sequence.next_token = token
 

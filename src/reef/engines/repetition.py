@@ -5,8 +5,8 @@ stay in it until its window is full: minutes on a CPU for nothing a client wants
 watches one sequence's tokens. For each period p up to `max_period` it counts how many tokens in
 a row equal the token p places before them; once the tail of the answer is a block of p tokens
 repeated exactly, over at least `min_span` tokens and at least `min_repeats` times, the answer
-is looping and should end (the engine ends it with finish_reason "length", as if it had run out
-of tokens).
+is looping and should end (the engine ends it as a stop sequence would, finish_reason "stop":
+coding agents fail a call that ends "length", as cut short).
 
 Natural text repeats single words and short phrases, never dozens of tokens over and over: with
 the defaults, one token said 64 times in a row, a 10-token phrase 7 times, a 40-token sentence
