@@ -98,22 +98,24 @@ def chat(server: ServerProcess, scenario: str, **fields: object) -> httpx.Respon
 
 
 @pytest.mark.parametrize(
-    ("scenario", "asked", "served"),
+    ("scenario", "asked", "served", "finish"),
     [
-        ("default", {"max_tokens": 5000}, 8),  # an agent's thousands, held to the cap
-        ("default", {"max_completion_tokens": 5000}, 8),
-        ("default", {}, 8),  # nothing asked: the cap, not the engine's default of 1024
-        ("default", {"max_tokens": 5}, 5),  # less than the cap: as asked
-        ("long", {"max_tokens": 5000}, 12),  # the scenario's own cap
+        # An agent's thousands, held to the cap, which ends the answer as a stop would: the
+        # client's own limit was not reached (and agents fail a call that ends "length").
+        ("default", {"max_tokens": 5000}, 8, "stop"),
+        ("default", {"max_completion_tokens": 5000}, 8, "stop"),
+        ("default", {}, 8, "stop"),  # nothing asked: the cap, not the engine's default of 1024
+        ("default", {"max_tokens": 5}, 5, "length"),  # less than the cap: as asked
+        ("long", {"max_tokens": 5000}, 12, "stop"),  # the scenario's own cap
     ],
 )
 def test_each_scenario_caps_what_an_answer_may_run_to(
-    capped: ServerProcess, scenario: str, asked: dict, served: int
+    capped: ServerProcess, scenario: str, asked: dict, served: int, finish: str
 ) -> None:
     response = chat(capped, scenario, **asked)
     answer = response.json()
     assert answer["usage"]["completion_tokens"] == served
-    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["choices"][0]["finish_reason"] == finish
     record_id = response.headers["x-reef-agent-record-id"]
     record = httpx.get(f"{capped.url}/reef/records/{record_id}").json()
     assert {k: record["request"].get(k) for k in asked} == asked  # kept as the client sent it
@@ -129,7 +131,7 @@ def test_a_stream_is_capped_too(capped: ServerProcess) -> None:
             if line.startswith("data: {")
         ]
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
-    assert finishes[-1] == "length"
+    assert finishes[-1] == "stop"
     assert sum(bool(c["choices"] and c["choices"][0]["delta"].get("content")) for c in chunks) <= 8
 
 

@@ -119,6 +119,8 @@ class ChatRequest(BaseModel):
     # The client's body exactly as sent, set only while this request is what the client asked
     # (no harness applied): an engine that forwards JSON may send these bytes as they are.
     _raw_body: bytes | None = PrivateAttr(default=None)
+    # True when its token limit is the scenario's cap, not what the client asked (`capped`).
+    _capped: bool = PrivateAttr(default=False)
 
     @property
     def raw_prompt(self) -> str | None:
@@ -127,6 +129,12 @@ class ChatRequest(BaseModel):
     @property
     def raw_body(self) -> bytes | None:
         return self._raw_body
+
+    @property
+    def capped_by_server(self) -> bool:
+        """Whether its token limit is the server's cap rather than the client's: an answer that
+        reaches it ends as at a stop sequence (the client's own limit was not reached)."""
+        return self._capped
 
     def sent_as(self, body: bytes) -> ChatRequest:
         """Mark this request, freshly parsed from `body` and unchanged since, as those bytes."""
@@ -200,7 +208,9 @@ class ChatRequest(BaseModel):
         if limit is None or (asked is not None and asked <= limit):
             return self
         field = "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
-        return self.model_copy(update={field: limit})
+        copy = self.model_copy(update={field: limit})
+        copy._capped = True
+        return copy
 
     def include_usage_chunk(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))

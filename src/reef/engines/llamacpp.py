@@ -447,6 +447,7 @@ class LlamaCppEngine:
             # More than the window holds after the prompt is clamped to what it holds (OpenAI
             # refuses; agents that ask for tens of thousands of tokens would then fail).
             max_tokens=min(wanted, room),
+            limit_is_a_stop=request.capped_by_server and wanted <= room,
             logit_bias=self._logit_bias(request),
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,

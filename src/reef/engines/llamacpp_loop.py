@@ -345,7 +345,7 @@ class DecodeLoop:
             return self._finish(sequence)
         sequence.out.send(state, sampling.hold if sampling.stops else 0)
         if len(state.token_ids) >= sampling.max_tokens:
-            state.finish_reason = "length"
+            state.finish_reason = "stop" if sampling.limit_is_a_stop else "length"
             return self._finish(sequence)
         if sequence.repetition is not None and sequence.repetition.looping(token):
             # Ended as a stop sequence ends an answer: "length" would make agents (Codex,

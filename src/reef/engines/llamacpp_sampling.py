@@ -31,6 +31,9 @@ PENALTY_LAST_N = 64  # llama-cpp-python's window for presence and frequency pena
 @dataclass
 class Sampling:
     max_tokens: int
+    # Whether reaching max_tokens ends the answer as a stop ("stop"): the limit was the
+    # server's cap on answers, not the client's max_tokens, nor the room left in the window.
+    limit_is_a_stop: bool
     logit_bias: dict[int, float]
     temperature: float
     top_p: float
