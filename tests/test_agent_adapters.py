@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from reef.testing.processes import ServerProcess, free_port, reef_serve, run_ree
 from tests.conftest import TOKEN
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+AGENT_BOUND_S = 300  # one prompt through a real agent, end to end
 AGENTS = ("codex", "claude", "opencode")
 # One non-interactive prompt per agent, as its wrapper takes it.
 PROMPTS = {
@@ -225,9 +227,13 @@ def test_the_real_agent_runs_through_reef(
             stdin=subprocess.DEVNULL,
         )
 
+    started = time.monotonic()
     ran = wrapper(*PROMPTS[adapter])
+    took = time.monotonic() - started
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.strip()
+    # A bound for a loaded CI machine: bench/agents.py measures each under 60 s here.
+    assert took < AGENT_BOUND_S, f"{adapter} took {took:.0f} s"
     session = (tmp_path / f".reef/harness/{adapter}/default/last-session").read_text().strip()
     records = httpx.get(
         f"{server.url}/reef/records", params={"order": "desc", "limit": 50}, headers=HEADERS
