@@ -41,12 +41,12 @@ from decode_ceiling import decode_ceiling, describe
 from serving_load import drive
 from serving_servers import running, stock_llama_server, write_reef_config
 
-from reef.engines.base import ChatRequest
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.runner import EvalSettings, beside_traffic, model_generate, run_paired
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.model import LocalModel
+from reef.protocol import ChatRequest
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from reef.engines.base import ChatRequest
 from reef.errors import ReefError
 from reef.inference.binding import BASE_BINDING, binding_for, compose_system_prompt
+from reef.protocol import ChatRequest
 from reef.testing.artifacts import harness
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from reef.engines.base import ChatMessage, message_text
 from reef.errors import BadRequest
+from reef.protocol import ChatMessage, message_text
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
 from tests.test_server_api import HI, record_count

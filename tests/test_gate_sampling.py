@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-from reef.engines.base import ChatRequest
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.runner import EvalSettings, model_generate, run_paired
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.model import LocalModel
+from reef.protocol import ChatRequest
 
 TASK = EvalTask(
     id="colours",

@@ -11,13 +11,13 @@ from recipes.harness_evolve.mutations import Mutation, MutationRefused, apply, p
 from recipes.harness_evolve.proposers import HindsightProposer, RuleProposer
 from recipes.harness_evolve.recipe import HarnessEvolve
 
-from reef.engines.base import ChatRequest, Completion
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.tasks import ScorerSpec
 from reef.inference.model import LocalModel
 from reef.learning.experience import Trajectory, Turn
 from reef.learning.hindsight import answers_the_question
 from reef.learning.recipe import RecipeError, StepContext, load_recipe
+from reef.protocol import ChatRequest, Completion
 
 SIGN_OFF = "End every answer with the line: Cheers, Reef"
 

@@ -3,7 +3,6 @@ and which sampled answers are kept (the samples scripted)."""
 
 from __future__ import annotations
 
-from reef.engines.base import Completion
 from reef.evaluation.tasks import ScorerSpec
 from reef.learning.experience import Turn
 from reef.learning.hindsight import (
@@ -14,6 +13,7 @@ from reef.learning.hindsight import (
     relabel,
     with_hint,
 )
+from reef.protocol import Completion
 
 
 def turn(*feedback: object) -> Turn:

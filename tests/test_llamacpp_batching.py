@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from reef.engines.base import ChatRequest, Completion
 from reef.engines.llamacpp import Cancelled, LlamaCppEngine
 from reef.engines.llamacpp_loop import DecodeLoop
 from reef.engines.llamacpp_slots import BLOCK, SlotTable
 from reef.errors import EngineUnavailable
+from reef.protocol import ChatRequest, Completion
 from reef.testing.artifacts import random_lora
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SEED, SMALL_ENGINE, write_config

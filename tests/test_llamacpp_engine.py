@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reef.engines.base import ChatRequest, Completion
 from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path
 from reef.errors import BadRequest, Unsupported
+from reef.protocol import ChatRequest, Completion
 from tests.conftest import SEED
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from recipes.sft.recipe import GENERAL_QUESTIONS, SFT, SFTSettings
 
-from reef.engines.base import Completion
 from reef.learning.recipe import StepContext
+from reef.protocol import Completion
 
 
 def ask(text: str) -> list[dict[str, str]]:

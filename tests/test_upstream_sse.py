@@ -32,9 +32,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from reef.engines.base import ChatRequest, Completion
 from reef.engines.upstream import UpstreamEngine
 from reef.errors import UpstreamFailure
+from reef.protocol import ChatRequest, Completion
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import TOKEN
 

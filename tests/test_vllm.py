@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reef.engines.base import ChatRequest
 from reef.engines.vllm import VLLMEngine, cuda_available
 from reef.errors import EngineUnavailable
+from reef.protocol import ChatRequest
 from reef.testing.processes import free_port, run_reef
 
 STAND_IN = """#!{python}

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from reef.engines.base import message_text
 from reef.learning.experience import Turn
+from reef.protocol import message_text
 
 # Sends chat messages to a model and returns its reply; with a JSON schema, constrained to it.
 Ask = Callable[..., str]

@@ -6,13 +6,11 @@ import importlib.util
 from pathlib import Path
 
 from reef.config import EngineConfig
-from reef.engines.base import Capabilities, ChatRequest, Completion, Engine
+from reef.engines.base import Capabilities, Engine
 from reef.errors import EngineUnavailable
 
 __all__ = [
     "Capabilities",
-    "ChatRequest",
-    "Completion",
     "Engine",
     "build_engine",
     "resolve_kind",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from reef.engines.base import Capabilities, ChatRequest, ChunkFactory, Completion, StreamItem
+from reef.engines.base import Capabilities
 from reef.engines.llamacpp_adapters import Adapters
 from reef.engines.llamacpp_embeddings import LlamaEmbedder, embedding_tokens
 from reef.engines.llamacpp_loop import Cancelled, Choices, DecodeLoop, Job
@@ -37,6 +37,7 @@ from reef.engines.llamacpp_threads import ThreadChoice
 from reef.engines.llamacpp_weights import Repack, load_model
 from reef.engines.structured import OutputConstraint, output_constraint
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
+from reef.protocol import ChatRequest, ChunkFactory, Completion, StreamItem
 
 __all__ = ["CacheTypes", "Cancelled", "LlamaCppEngine", "embedded_model_path"]
 
@@ -191,9 +192,7 @@ class LlamaCppEngine:
         )
 
     def _batch_context(self) -> Any:
-        context = batch_context(
-            self._model, self.n_ctx, self.slots, self.n_threads, self.cache
-        )
+        context = batch_context(self._model, self.n_ctx, self.slots, self.n_threads, self.cache)
         cache = self.kv_cache
         log.info(
             "llama.cpp: %d slot(s) of %d tokens each, a KV cache (%s) of %.0f MB "

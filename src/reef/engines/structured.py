@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from reef.engines.base import ChatRequest
 from reef.errors import BadRequest, Unsupported
+from reef.protocol import ChatRequest
 
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 TOOL_CALL_START = '{"name": '

@@ -25,8 +25,9 @@ import httpx
 import orjson
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
-from reef.engines.base import Capabilities, ChatRequest, Completion, StreamItem, assemble_chunks
+from reef.engines.base import Capabilities
 from reef.errors import Unsupported, UpstreamFailure
+from reef.protocol import ChatRequest, Completion, StreamItem, assemble_chunks
 
 
 class UpstreamEngine:

@@ -13,8 +13,8 @@ import hashlib
 import statistics
 from typing import Any
 
-from reef.engines.base import response_text
 from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.protocol import response_text
 from reef.store import ExperienceStore
 
 HOLD_BACK_ONE_IN = 4

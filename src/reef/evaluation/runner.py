@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from reef.engines.base import ChatRequest, last_user_text
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import DEFAULT_GROUP, EvalTask
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
+from reef.protocol import ChatRequest, last_user_text
 
 # Produces the answer text for a request under a binding.
 Generate = Callable[[ChatRequest, Binding], Awaitable[str]]

@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 
-from reef.engines.base import last_user_text
 from reef.errors import ReefError
 from reef.evaluation.content import kept
 from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.protocol import last_user_text
 
 JUDGE_PROMPT = (
     "You grade answers. Criterion: {criterion}\n\nAnswer to grade:\n{answer}\n\n"

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.engines.base import ChatRequest
 from reef.errors import ReefError, describe_validation_error
+from reef.protocol import ChatRequest
 
 BASE_RELEASE = "base"
 # Request fields a harness's settings.json may default.

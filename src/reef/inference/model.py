@@ -21,10 +21,11 @@ import httpx
 
 from reef.config import ReefConfig
 from reef.engines import build_engine
-from reef.engines.base import ChatRequest, Completion, Engine
+from reef.engines.base import Engine
 from reef.errors import EngineUnavailable, ReefError
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.server_file import find_running_server
+from reef.protocol import ChatRequest, Completion
 
 INTERNAL_COMPLETE_PATH = "/reef/internal/complete"
 # A server that is flooded answers 503 with Retry-After; internal calls wait and try again.

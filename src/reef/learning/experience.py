@@ -21,8 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from reef.engines.base import message_text
 from reef.evaluation.replay import good, held_back
+from reef.protocol import message_text
 from reef.store import ExperienceStore
 
 PAGE = 1000

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from reef.engines.base import Completion, message_text
 from reef.evaluation.content import content_words, grounded
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.learning.experience import Turn
+from reef.protocol import Completion, message_text
 
 # Runs an OpenAI chat request body on the model under the scenario's current release, unrecorded.
 Generate = Callable[[dict[str, Any]], Completion]

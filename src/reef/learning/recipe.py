@@ -35,10 +35,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reef.engines.base import Completion
 from reef.errors import ReefError, describe_validation_error
 from reef.evaluation.tasks import EvalTask
 from reef.learning.experience import ExperienceView, Trajectory
+from reef.protocol import Completion
 
 BUILTIN_RECIPES = {
     "harness_evolve": "recipes.harness_evolve.recipe:HarnessEvolve",

@@ -26,12 +26,12 @@ import httpx
 
 from reef.config import ReefConfig
 from reef.engines import served_model_path
-from reef.engines.base import ChatRequest, Completion
 from reef.evaluation.runner import model_generate
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
 from reef.learning.experience import ExperienceView, Trajectory
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
+from reef.protocol import ChatRequest, Completion
 from reef.releases.candidates import Candidate
 from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reef.engines.base import Completion, message_text
 from reef.errors import ReefError
+from reef.protocol import Completion, message_text
 
 # The chat request takes at most 4 stop sequences (ChatRequest._stop_list).
 MAX_STOP_SEQUENCES = 4

@@ -16,8 +16,8 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reef.engines.base import ChatRequest
 from reef.errors import ReefError
+from reef.protocol import ChatRequest
 from reef.server.anthropic_messages import (
     MessagesRequest,
     MessageStreamShape,

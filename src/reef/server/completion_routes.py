@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reef.engines.base import Completion
 from reef.errors import ReefError, Unsupported
+from reef.protocol import Completion
 from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json
 from reef.server.openai_routes import stored, streamed, with_response

@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reef.engines.base import ChatRequest
 from reef.inference.model import INTERNAL_COMPLETE_PATH, adapter_inside, completion_json
+from reef.protocol import ChatRequest
 from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json
 from reef.server.state import ServerState

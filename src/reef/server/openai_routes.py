@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from reef.engines.base import ChatRequest, Completion, StreamItem
 from reef.errors import ReefError
+from reef.protocol import ChatRequest, Completion, StreamItem
 from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json_bytes, sse
 from reef.server.state import CallContext, ServerState

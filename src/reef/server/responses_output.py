@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from reef.engines.base import Completion, message_text
+from reef.protocol import Completion, message_text
 from reef.server.responses_api import ResponsesRequest
 
 

@@ -19,8 +19,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reef.engines.base import ChatRequest
 from reef.errors import ReefError
+from reef.protocol import ChatRequest
 from reef.server.http import parse, read_json
 from reef.server.openai_routes import served_whole, streamed
 from reef.server.responses_api import ResponsesError, error_body, history_of, parsed

@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reef.config import ReefConfig
-from reef.engines.base import ChatRequest, Engine
+from reef.engines.base import Engine
 from reef.errors import BadRequest
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.server_file import new_internal_token
+from reef.protocol import ChatRequest
 from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
 from reef.server.in_flight import InFlight

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from reef.engines.base import ChatRequest, Completion
+from reef.protocol import ChatRequest, Completion
 from reef.server.openai_routes import with_response
 
 # OpenAI's default for this route: a text completion is short unless asked otherwise.

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from reef.engines.base import message_text
+from reef.protocol import message_text
 
 _last: dict[str, Any] = {}
 _adapters: dict[str, str] = {}

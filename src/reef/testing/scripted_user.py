@@ -12,9 +12,9 @@ import re
 
 import httpx
 
-from reef.engines.base import response_text
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask
+from reef.protocol import response_text
 from reef.templates import environment
 
 TRAINING = [

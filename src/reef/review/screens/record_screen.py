@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from reef.engines.base import message_text, response_text
+from reef.protocol import message_text, response_text
 from reef.review.model import ReviewError
 from reef.review.queries import describe_report
 
