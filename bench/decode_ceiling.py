@@ -33,7 +33,7 @@ def decode_ceiling(
     decode calls at each size, on `model` (the embedded GGUF when None)."""
     import llama_cpp
 
-    from reef.engines.llamacpp_weights import load_model
+    from reef.engines.llamacpp.weights import load_model
 
     llm = load_model(model or embedded_model_path())
     context = batch_context(llm, 2048, max(SIZES), n_threads)  # the engine's own context

@@ -14,7 +14,7 @@ import sys
 
 import llama_cpp.llama_cpp as bindings  # where llama_cpp.Llama reads its model defaults
 
-from reef.engines.llamacpp_weights import repacks
+from reef.engines.llamacpp.weights import repacks
 
 REPACK = repacks("auto")
 _default_params = bindings.llama_model_default_params

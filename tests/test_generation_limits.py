@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from reef.engines.llamacpp import LlamaCppEngine
-from reef.engines.repetition import Repetition
+from reef.engines.llamacpp.repetition import Repetition
 from reef.protocol import ChatRequest
 from reef.server.harness_routes import announced_max_tokens
 from reef.testing.processes import ServerProcess, free_port, reef_serve

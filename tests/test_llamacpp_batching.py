@@ -14,8 +14,8 @@ import pytest
 from openai import OpenAI
 
 from reef.engines.llamacpp import Cancelled, LlamaCppEngine
-from reef.engines.llamacpp_loop import DecodeLoop
-from reef.engines.llamacpp_slots import BLOCK, SlotTable
+from reef.engines.llamacpp.loop import DecodeLoop
+from reef.engines.llamacpp.slots import BLOCK, SlotTable
 from reef.errors import EngineUnavailable
 from reef.protocol import ChatRequest, Completion
 from reef.testing.artifacts import random_lora

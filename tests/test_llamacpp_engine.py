@@ -62,8 +62,8 @@ def test_logprobs_match_llama_cpp_full_logits_path(engine: LlamaCppEngine) -> No
     from llama_cpp import _internals
 
     from reef.engines.llamacpp import batch_context
-    from reef.engines.llamacpp_slots import BLOCK
-    from reef.engines.llamacpp_weights import load_model
+    from reef.engines.llamacpp.slots import BLOCK
+    from reef.engines.llamacpp.weights import load_model
 
     eos = str(engine._model.token_eos())
     request = chat(max_tokens=10, temperature=0, seed=7, logit_bias={eos: -100})
@@ -267,7 +267,7 @@ def test_weights_are_repacked_unless_the_build_has_its_crashing_amx_kernels(
 ) -> None:
     import llama_cpp
 
-    from reef.engines.llamacpp_weights import model_params
+    from reef.engines.llamacpp.weights import model_params
 
     monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: system_info)
     assert model_params(setting).use_extra_bufts is repacked

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from reef.engines.llamacpp_threads import FIRST_RETRY, LAST_RETRY, ThreadChoice, thread_counts
+from reef.engines.llamacpp.threads import FIRST_RETRY, LAST_RETRY, ThreadChoice, thread_counts
 
 
 def run(choice: ThreadChoice, calls: int, seconds: dict[int, float], kind: object = 1) -> list[int]:

@@ -18,7 +18,7 @@ import httpx
 from recipes.harness_evolve.mutations import apply, parse_mutation
 from recipes.harness_evolve.proposers import fitted, mutation_schema, reply_room
 
-from reef.engines.structured import output_constraint
+from reef.engines.llamacpp.structured import output_constraint
 from reef.protocol import ChatRequest
 from reef.testing.processes import free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config

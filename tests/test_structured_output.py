@@ -229,7 +229,7 @@ def test_grammar_strings_refuse_raw_control_characters() -> None:
     """JSON strings may hold a newline or a tab only escaped. llama-cpp-python's converter allows
     them raw, and sampled tool arguments then failed to parse now and then; if its rule text
     changes, this says so instead of the fix silently doing nothing."""
-    from reef.engines.structured import (
+    from reef.engines.llamacpp.structured import (
         JSON_STRING_CHAR,
         LOOSE_STRING_CHAR,
         _schema_grammar,

@@ -120,7 +120,7 @@ def llama_cpp_last_logits(prompt: list[int], adapters: list[Path | None]) -> lis
     import llama_cpp
     from llama_cpp import _internals
 
-    from reef.engines.llamacpp_weights import load_model
+    from reef.engines.llamacpp.weights import load_model
 
     model = load_model(embedded_model_path())
     params = llama_cpp.llama_context_default_params()

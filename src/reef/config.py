@@ -95,7 +95,7 @@ class LlamaCppConfig(_Section):
     # thousands of tokens for a title).
     max_tokens_cap: int | None = Field(None, ge=1)
     # Weight repacking into llama.cpp's faster kernels (llama-server's --repack). auto: on,
-    # except with a llama.cpp build whose AMX kernels crash (see engines/llamacpp_weights.py).
+    # except with a llama.cpp build whose AMX kernels crash (see engines/llamacpp/weights.py).
     repack: Literal["auto"] | bool = "auto"
     # End an answer that has started to repeat itself, token for token (a block of up to 128
     # tokens repeated over 64 tokens and 3 times), as a stop sequence would (finish_reason

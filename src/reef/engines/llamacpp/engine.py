@@ -1,8 +1,8 @@
 """llama.cpp in process: the GGUF model with its own chat template, token ids and logprobs.
 
 Requests are decoded together, each in its own slot of the KV cache, by one thread that owns the
-llama.cpp context (`llamacpp_loop`: continuous batching); a slot keeps its prompt cache for the
-next request that continues it (`llamacpp_slots`). A request is checked (chat template, context
+llama.cpp context (`loop`: continuous batching); a slot keeps its prompt cache for the
+next request that continues it (`slots`). A request is checked (chat template, context
 window, logit_bias, grammar) and tokenized on the event loop before it is queued, so a bad one
 is refused at once; beyond the slots, at most `max_queue` requests wait (then `Overloaded`, a
 503 with Retry-After); a request whose caller goes away is dropped if it is still waiting, and
@@ -28,18 +28,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reef.engines.base import Capabilities
-from reef.engines.llamacpp_adapters import Adapters
-from reef.engines.llamacpp_embeddings import LlamaEmbedder, embedding_tokens
-from reef.engines.llamacpp_loop import Cancelled, Choices, DecodeLoop, Job
-from reef.engines.llamacpp_sampling import DEFAULT_TEMPERATURE, Sampling
-from reef.engines.llamacpp_slots import BLOCK
-from reef.engines.llamacpp_threads import ThreadChoice
-from reef.engines.llamacpp_weights import Repack, load_model
-from reef.engines.structured import OutputConstraint, output_constraint
+from reef.engines.llamacpp.adapters import Adapters
+from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_tokens
+from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job
+from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
+from reef.engines.llamacpp.slots import BLOCK
+from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
+from reef.engines.llamacpp.threads import ThreadChoice
+from reef.engines.llamacpp.weights import Repack, load_model
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 from reef.protocol import ChatRequest, ChunkFactory, Completion, StreamItem
 
-__all__ = ["CacheTypes", "Cancelled", "LlamaCppEngine", "embedded_model_path"]
+__all__ = ["CacheTypes", "Cancelled", "LlamaCppEngine", "batch_context", "embedded_model_path"]
 
 log = logging.getLogger("reef.engine")
 
@@ -129,9 +129,9 @@ class LlamaCppEngine:
         self.max_tokens_cap = max_tokens_cap
         self.max_queue = max_queue
         self.slots = slots
-        self.repack = repack  # llama.cpp's weight repacking (see llamacpp_weights)
+        self.repack = repack  # llama.cpp's weight repacking (see weights.py)
         self.stop_loops = stop_loops  # end answers that repeat themselves (see repetition.py)
-        # Decode with fewer threads while other processes hold cores (see llamacpp_threads).
+        # Decode with fewer threads while other processes hold cores (see threads.py).
         self.adaptive_threads = adaptive_threads
         self.cache = cache
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
@@ -488,7 +488,7 @@ def batch_context(
     model: Any, n_ctx: int, slots: int, n_threads: int, cache: CacheTypes = CacheTypes()
 ) -> Any:
     """A context of `model` with one KV stream of `n_ctx` cells per slot (see
-    llamacpp_slots), as the engine decodes in; `bench/decode_ceiling.py` measures the same."""
+    slots.py), as the engine decodes in; `bench/decode_ceiling.py` measures the same."""
     import llama_cpp
     from llama_cpp import _internals
 

@@ -15,7 +15,7 @@ Each turn of the loop
    3, 0 in two; 0, 2, 3 in two, whatever the order).
 
 Prompt blocks and decode steps go to separate llama_decode calls so each sequence's tokens are
-evaluated in the same shapes whatever runs beside them (see llamacpp_slots): batching changes no
+evaluated in the same shapes whatever runs beside them (see slots.py): batching changes no
 answer and no logprob.
 
 A failure fails only the requests it touches: an error while sampling or emitting one sequence's
@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from reef.engines.llamacpp_adapters import Adapters
-from reef.engines.llamacpp_output import ChoiceOutput, Emit, Generation
-from reef.engines.llamacpp_sampling import SequenceSampler, logits_row, logprob_of
-from reef.engines.llamacpp_slots import BLOCK, Slot, SlotTable
-from reef.engines.llamacpp_threads import ThreadChoice
-from reef.engines.repetition import Repetition
-from reef.engines.structured import OutputConstraint
+from reef.engines.llamacpp.adapters import Adapters
+from reef.engines.llamacpp.output import ChoiceOutput, Emit, Generation
+from reef.engines.llamacpp.repetition import Repetition
+from reef.engines.llamacpp.sampling import SequenceSampler, logits_row, logprob_of
+from reef.engines.llamacpp.slots import BLOCK, Slot, SlotTable
+from reef.engines.llamacpp.structured import OutputConstraint
+from reef.engines.llamacpp.threads import ThreadChoice
 from reef.errors import EngineUnavailable
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Job:
     """One request: its checked prompt and sampling, where its chunks and result go."""
 
     prompt: list[int]
-    sampling: Any  # llamacpp_sampling.Sampling
+    sampling: Any  # sampling.Sampling
     choices_wanted: int
     chunks: Any  # base.ChunkFactory
     constraint: OutputConstraint | None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reef.engines.structured import OutputConstraint, ToolCallText
+from reef.engines.llamacpp.structured import OutputConstraint, ToolCallText
 from reef.protocol import ChunkFactory
 
 Emit = Callable[[dict[str, Any]], None]

@@ -1,0 +1,21 @@
+"""The llama.cpp engine: a GGUF model in process, requests decoded together in slots of its KV
+cache with their prompt caches.
+
+Its parts, one job each: `engine` (the Engine: checks and tokenizes requests, hands them to the
+loop, shapes completions), `loop` (the thread that owns the llama.cpp context: continuous
+batching), `slots` (the KV slots and prompt cache), `sampling` (each sequence's sampler and
+logprobs), `output` (one choice's text and stream deltas), `structured` (JSON schemas and forced
+tool calls as grammars), `repetition` (an answer that loops), `threads` (the thread count of
+each call), `weights` (loading the model with kernels that run here), `adapters` (LoRA adapters
+in the context), `embeddings`.
+"""
+
+from reef.engines.llamacpp.engine import (
+    CacheTypes,
+    Cancelled,
+    LlamaCppEngine,
+    batch_context,
+    embedded_model_path,
+)
+
+__all__ = ["CacheTypes", "Cancelled", "LlamaCppEngine", "batch_context", "embedded_model_path"]
