@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from reef.server.anthropic_messages import anthropic_message
+from reef.server.messages.translate import anthropic_message
 from reef.testing.processes import ServerProcess
 from tests.conftest import GRAMMAR_ROOM, TOKEN
 

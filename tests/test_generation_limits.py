@@ -14,7 +14,7 @@ import pytest
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.engines.llamacpp.repetition import Repetition
 from reef.protocol import ChatRequest
-from reef.server.harness_routes import announced_max_tokens
+from reef.server.reef_api.harness import announced_max_tokens
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, embedded_vocabulary, endless, token_of, write_config
 

@@ -240,7 +240,7 @@ class Completion:
     # engine renders it itself: training learns from what was served, not what was sent.
     prompt_token_ids: list[int] | None = None
     # `response` as the bytes the engine received (an upstream's body), answered and stored as
-    # they are; whatever changes `response` drops them (see `reef.server.openai_routes`).
+    # they are; whatever changes `response` drops them (see `reef.server.serving`).
     raw_response: bytes | None = None
 
     @property

@@ -1,4 +1,9 @@
-"""The ASGI application: routes, authentication, and errors in OpenAI's JSON shape."""
+"""The ASGI application: every room's routes, authentication, and errors in OpenAI's JSON shape.
+
+The API rooms (chat, completions, embeddings, responses, messages) and Reef's own API
+(`reef_api`: records and feedback, releases, review, harness installs, the internal route) each
+export their `routes`; this module only puts them together with the middleware.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +14,14 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
 from reef.errors import ReefError
-from reef.server import (
-    anthropic_routes,
-    completion_routes,
-    harness_routes,
-    internal_routes,
-    openai_routes,
-    reef_routes,
-    release_routes,
-    responses_routes,
-    review_routes,
-)
+from reef.server import chat, completions, embeddings, messages, responses
 from reef.server.auth import BearerAuth
 from reef.server.browser import browser_middleware
 from reef.server.in_flight import CountInFlight
+from reef.server.reef_api import harness, internal, records, releases, review
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -70,23 +66,17 @@ async def _unexpected(request: Request, error: Exception) -> Response:
 
 def create_app(state: ServerState) -> Starlette:
     """The app for an engine and a store that the caller owns: it starts and closes them."""
-    routes = [
-        Route("/healthz", reef_routes.healthz, methods=["GET"]),
-        Route("/v1/models", openai_routes.list_models, methods=["GET"]),
-        Route("/v1/chat/completions", openai_routes.chat_completions, methods=["POST"]),
-        Route("/v1/completions", completion_routes.completions, methods=["POST"]),
-        Route("/v1/embeddings", completion_routes.embeddings, methods=["POST"]),
-        Route("/v1/messages", anthropic_routes.messages, methods=["POST"]),
-        Route("/v1/responses", responses_routes.responses, methods=["POST"]),
-        Route("/reef/report", reef_routes.report, methods=["POST"]),
-        Route("/reef/records", reef_routes.list_records, methods=["GET"]),
-        Route("/reef/records/{record_id}", reef_routes.get_record, methods=["GET"]),
-        Route("/reef/status", reef_routes.status, methods=["GET"]),
-        Route("/reef/train", reef_routes.train, methods=["POST"]),
-        *release_routes.routes,
-        *review_routes.routes,
-        *harness_routes.routes,
-        *internal_routes.routes,
+    routes: list[BaseRoute] = [
+        *records.routes,
+        *chat.routes,
+        *completions.routes,
+        *embeddings.routes,
+        *messages.routes,
+        *responses.routes,
+        *releases.routes,
+        *review.routes,
+        *harness.routes,
+        *internal.routes,
     ]
     app = Starlette(
         routes=routes,

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reef.protocol import ChatRequest, Completion
-from reef.server.openai_routes import with_response
+from reef.server.serving import with_response
 
 # OpenAI's default for this route: a text completion is short unless asked otherwise.
 DEFAULT_MAX_TOKENS = 16
@@ -133,7 +133,7 @@ def _completion_id(response: dict[str, Any]) -> str:
 
 
 class TextStreamShape:
-    """Chat chunks as `text_completion` chunks, for `openai_routes.streamed`."""
+    """Chat chunks as `text_completion` chunks, for `serving.streamed`."""
 
     def __init__(self, prompt: str, echo: bool) -> None:
         self.prompt, self.echo = prompt, echo

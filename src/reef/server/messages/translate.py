@@ -3,7 +3,7 @@
 Pure translation, both ways: an Anthropic request (validated by `MessagesRequest`) becomes an
 OpenAI chat request body, and the engine's `chat.completion` becomes an Anthropic `message`;
 streamed, the engine's chunks become Anthropic's named server-sent events (`MessageStreamShape`,
-for `openai_routes.streamed`). The record stores the chat side of both, so recipes see the same
+for `serving.streamed`). The record stores the chat side of both, so recipes see the same
 trajectories whichever API served them.
 """
 
@@ -339,7 +339,7 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 
 
 class MessageStreamShape:
-    """Chat chunks as Anthropic's stream events, for `openai_routes.streamed`: message_start,
+    """Chat chunks as Anthropic's stream events, for `serving.streamed`: message_start,
     content_block_start / _delta / _stop per text or tool_use block, then message_delta and
     message_stop. The receipt is a `ping` event (the SDKs skip pings) sent before message_delta:
     `{"type": "ping", "reef": {"agent_record_id": ...}}`."""

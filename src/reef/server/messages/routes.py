@@ -15,37 +15,24 @@ import logging
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from reef.errors import ReefError
 from reef.protocol import ChatRequest
-from reef.server.anthropic_messages import (
+from reef.server.http import parse, read_json
+from reef.server.messages.translate import (
     MessagesRequest,
     MessageStreamShape,
     anthropic_message,
-    error_body,
     error_of,
 )
-from reef.server.http import parse, read_json
-from reef.server.openai_routes import served_whole, streamed
+from reef.server.serving import answering_errors_as, served_whole, streamed
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
 
 
+@answering_errors_as(error_of)
 async def messages(request: Request) -> Response:
-    try:
-        return await _messages(request)
-    except ReefError as error:
-        if error.status >= 500:
-            log.warning("POST /v1/messages -> %s: %s", error.status, error.message)
-        return JSONResponse(error_of(error), status_code=error.status, headers=error.headers)
-    except Exception as error:
-        log.exception("unexpected error on POST /v1/messages")
-        message = f"internal error ({type(error).__name__}); see the server log"
-        return JSONResponse(error_body(500, message), status_code=500)
-
-
-async def _messages(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     asked = parse(MessagesRequest, await read_json(request, state.config.server.max_body_bytes))
     body = asked.as_chat()
@@ -55,3 +42,6 @@ async def _messages(request: Request) -> Response:
         return await streamed(state, call, body, chat, MessageStreamShape())
     completion, headers = await served_whole(request, state, call, body, chat)
     return JSONResponse(anthropic_message(completion.response), headers=headers)
+
+
+routes = [Route("/v1/messages", messages, methods=["POST"])]

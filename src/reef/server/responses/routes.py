@@ -1,6 +1,6 @@
 """`POST /v1/responses`: the OpenAI Responses API on the same engines, queue and store as chat.
 
-The request is validated (`responses_api.parsed`), chained onto the response it names as
+The request is validated (`request.parsed`), chained onto the response it names as
 `previous_response_id` (read back from that response's record), translated into a chat request,
 rewritten by the scenario's release like any chat request, and served. The record stores the
 translated chat request and the chat completion, so recipes see one kind of trajectory; its id
@@ -18,39 +18,26 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from reef.errors import ReefError
 from reef.protocol import ChatRequest
 from reef.server.http import parse, read_json
-from reef.server.openai_routes import served_whole, streamed
-from reef.server.responses_api import ResponsesError, error_body, history_of, parsed
-from reef.server.responses_output import (
+from reef.server.responses.output import (
     ResponseStreamShape,
     record_id_of,
     response_id_of,
     whole_response,
 )
+from reef.server.responses.request import ResponsesError, error_body, history_of, parsed
+from reef.server.serving import answering_errors_as, served_whole, streamed
 from reef.server.state import CallContext, ServerState
 from reef.store.experience import new_id
 
 log = logging.getLogger("reef.server")
 
 
+@answering_errors_as(error_body)
 async def responses(request: Request) -> Response:
-    try:
-        return await _responses(request)
-    except ReefError as error:
-        if error.status >= 500:
-            log.warning("POST /v1/responses -> %s: %s", error.status, error.message)
-        return JSONResponse(error_body(error), status_code=error.status, headers=error.headers)
-    except Exception as error:
-        log.exception("unexpected error on POST /v1/responses")
-        message = f"internal error ({type(error).__name__}); see the server log"
-        failure = ResponsesError(message, status=500, code="internal_error", param=None)
-        return JSONResponse(error_body(failure), status_code=500)
-
-
-async def _responses(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     asked = parsed(await read_json(request, state.config.server.max_body_bytes))
     call = state.call_context(request.headers)
@@ -89,3 +76,6 @@ async def _chained(
     if call.session is None and record.get("session"):
         call = dataclasses.replace(call, session=record["session"])
     return history_of(record), call
+
+
+routes = [Route("/v1/responses", responses, methods=["POST"])]

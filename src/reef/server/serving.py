@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: chat completions (whole or streamed) and the model list.
+"""The serving core every API room answers through: a call served whole or streamed, stored as a
+record before its receipt is handed out, and errors in the room's own shape.
 
 Each call is served under the release its scenario serves when the call arrives (its binding:
 a harness applied to the request, or a LoRA adapter), and is stamped and recorded with that
@@ -9,9 +10,10 @@ Every served call is stored as a record before its receipt is handed out: in the
 `{"object": "chat.completion.chunk", "choices": [], "reef": {"agent_record_id": ...}}` sent just
 before `data: [DONE]`. A failed call is never stored.
 
-A request no harness changed reaches an engine that forwards JSON as the client's bytes, and a
-whole answer the engine received as bytes (`Completion.raw_response`) is answered and stored as
-those bytes. Records are built on the store's writer thread, off the event loop.
+A whole answer the engine received as bytes (`Completion.raw_response`) is answered and stored
+as those bytes. Records are built on the store's writer thread, off the event loop. A room whose
+API has its own error shape (Anthropic's messages, the Responses API) wraps its endpoint in
+`answering_errors_as`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -29,36 +31,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from reef.errors import ReefError
 from reef.protocol import ChatRequest, Completion, StreamItem
 from reef.server.cancellation import until_disconnected
-from reef.server.http import parse, read_json_bytes, sse
+from reef.server.http import sse
 from reef.server.state import CallContext, ServerState
 from reef.store import Record
 
 log = logging.getLogger("reef.server")
-
-
-async def chat_completions(request: Request) -> Response:
-    state: ServerState = request.app.state.reef
-    body, raw = await read_json_bytes(request, state.config.server.max_body_bytes)
-    call = state.call_context(request.headers)
-    asked = parse(ChatRequest, body)
-    chat = call.served(asked)
-    if chat is asked and _as_sent(asked, body):  # nothing changed it: send the client's bytes
-        chat.sent_as(raw)
-    if chat.stream:
-        return await streamed(state, call, body, chat, raw_body=raw)
-    completion, headers = await served_whole(request, state, call, body, chat, raw_body=raw)
-    return answered(completion, headers)
-
-
-def _as_sent(asked: ChatRequest, body: dict[str, Any]) -> bool:
-    """Whether validation kept every top-level value as the client wrote it: a lax coercion
-    (`"max_tokens": "5"` read as 5, `"stream": 1` as true) must reach the upstream as coerced."""
-    for name in asked.model_fields_set:
-        kept, sent = type(getattr(asked, name)), type(body.get(name))
-        same = sent is kept or (kept is float and sent is int)  # 1 for 1.0 is the same JSON
-        if kept in (bool, int, float, str) and not same:
-            return False
-    return True
 
 
 def answered(completion: Completion, headers: dict[str, str]) -> Response:
@@ -297,12 +274,33 @@ def record_of(
     return dataclasses.replace(record, id=record_id) if record_id else record
 
 
-async def list_models(request: Request) -> Response:
-    state: ServerState = request.app.state.reef
-    model = {
-        "id": state.engine.model,
-        "object": "model",
-        "created": int(state.started_at),
-        "owned_by": "reef",
-    }
-    return JSONResponse({"object": "list", "data": [model]})
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def answering_errors_as(
+    body_of: Callable[[ReefError], dict[str, Any]],
+) -> Callable[[Endpoint], Endpoint]:
+    """An endpoint whose errors answer in its API's shape, `body_of(error)`, with the error's
+    status and headers; an unexpected exception is logged and answers a 500 in that shape."""
+
+    def wrap(endpoint: Endpoint) -> Endpoint:
+        async def answering(request: Request) -> Response:
+            where = f"{request.method} {request.url.path}"
+            try:
+                return await endpoint(request)
+            except ReefError as error:
+                if error.status >= 500:
+                    log.warning("%s -> %s: %s", where, error.status, error.message)
+                body = body_of(error)
+                return JSONResponse(body, status_code=error.status, headers=error.headers)
+            except Exception as error:
+                log.exception("unexpected error on %s", where)
+                failure = ReefError(
+                    f"internal error ({type(error).__name__}); see the server log",
+                    code="internal_error",
+                )
+                return JSONResponse(body_of(failure), status_code=500)
+
+        return answering
+
+    return wrap

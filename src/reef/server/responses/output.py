@@ -4,7 +4,7 @@ The response id names the record that stores the call: `resp_X` is record `rec_X
 request's `previous_response_id` finds it. Output items are deterministic per response (`msg_X_0`,
 `fc_X_1`, by output index), so a stream's items and its final response agree. Streamed, the
 engine's chunks become the typed events the `openai` SDKs parse (`ResponseStreamShape`, for
-`openai_routes.streamed`), each with its `sequence_number`; the receipt rides in the final
+`serving.streamed`), each with its `sequence_number`; the receipt rides in the final
 `response.completed` (or `response.incomplete`) event as `"reef": {"agent_record_id": ...}`,
 a field the SDKs ignore, sent after the record is committed.
 """
@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from reef.protocol import Completion, message_text
-from reef.server.responses_api import ResponsesRequest
+from reef.server.responses.request import ResponsesRequest
 
 
 def response_id_of(record_id: str) -> str:
@@ -175,7 +175,7 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 
 
 class ResponseStreamShape:
-    """Chat chunks as the Responses API's stream events, for `openai_routes.streamed`:
+    """Chat chunks as the Responses API's stream events, for `serving.streamed`:
     response.created and response.in_progress, then per output item output_item.added, its
     deltas (content_part.added, output_text.delta ... output_text.done, content_part.done; or
     function_call_arguments.delta ... .done) and output_item.done, then response.completed

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from reef.errors import BadRequest, Conflict, NotFound
 from reef.scenario import check_scenario
@@ -167,3 +168,13 @@ async def train(request: Request) -> Response:
 
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
+
+
+routes = [
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/reef/report", report, methods=["POST"]),
+    Route("/reef/records", list_records, methods=["GET"]),
+    Route("/reef/records/{record_id}", get_record, methods=["GET"]),
+    Route("/reef/status", status, methods=["GET"]),
+    Route("/reef/train", train, methods=["POST"]),
+]

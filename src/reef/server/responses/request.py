@@ -5,7 +5,7 @@ files, background runs, stored prompts, conversations); tools no engine here can
 ones such as web_search, freeform custom tools) are accepted and not offered to the model.
 `as_chat` turns it into an OpenAI chat request body: `instructions` first as a system message,
 then the history of the response named by `previous_response_id` (read back from its record),
-then the input items as chat messages. The answer's side lives in `responses_output`.
+then the input items as chat messages. The answer's side lives in `output`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,21 @@
-"""`POST /v1/completions` (legacy text completions) and `POST /v1/embeddings`.
-
-Text completions run on the engine like chat requests (same queue, same binding's settings and
-LoRA, same record and receipt) with the prompt continued as it is. On an upstream or vLLM engine
-both routes are forwarded to the same route of the upstream, whole (a streamed text completion
-there is refused: stream chat completions instead). Embeddings are not experience: they are
-served and never recorded.
+"""The embeddings room: `POST /v1/embeddings`, on the engine's model (llama.cpp) or forwarded
+upstream. Embeddings are not experience: they are served and never recorded.
 """
 
 from __future__ import annotations
 
 import base64
 import struct
-import time
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from reef.errors import ReefError, Unsupported
-from reef.protocol import Completion
+from reef.errors import ReefError
 from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json
-from reef.server.openai_routes import stored, streamed, with_response
-from reef.server.state import CallContext, ServerState
-from reef.server.text_completions import TextCompletionRequest, TextStreamShape, text_completion
+from reef.server.state import ServerState
 
 MAX_EMBEDDING_INPUTS = 256
 
@@ -33,47 +24,6 @@ class NotImplementedByEngine(ReefError):
     status = 501
     type = "invalid_request_error"
     code = "not_implemented_by_engine"
-
-
-async def completions(request: Request) -> Response:
-    state: ServerState = request.app.state.reef
-    body = await read_json(request, state.config.server.max_body_bytes)
-    call = state.call_context(request.headers)
-    asked = parse(TextCompletionRequest, body)
-    forward = getattr(state.engine, "forward_json", None)
-    started = time.perf_counter()
-    if forward is not None:
-        if asked.stream:
-            raise Unsupported(
-                f"the {state.engine.name} engine forwards text completions whole: send "
-                "stream false, or stream /v1/chat/completions"
-            )
-        answer = await until_disconnected(
-            request, forward("/completions", body, call.binding.adapter)
-        )
-        return await _answer(state, call, body, answer, started)
-    chat = call.served(asked.as_chat()).continuing(asked.text())
-    if asked.stream:
-        return await streamed(state, call, body, chat, TextStreamShape(asked.text(), asked.echo))
-    completion = await until_disconnected(
-        request, state.engine.complete(chat, adapter=call.binding.adapter)
-    )
-    completion = with_response(
-        completion, text_completion(completion.response, asked.text(), asked.echo)
-    )
-    headers = await stored(state, call, body, completion, started)
-    return JSONResponse(completion.response, headers=headers)
-
-
-async def _answer(
-    state: ServerState,
-    call: CallContext,
-    body: dict[str, Any],
-    answer: dict[str, Any],
-    started: float,
-) -> Response:
-    completion = Completion(response=answer, model=str(answer.get("model") or state.engine.model))
-    return JSONResponse(answer, headers=await stored(state, call, body, completion, started))
 
 
 def _base64(vector: list[float]) -> str:
@@ -133,3 +83,6 @@ async def embeddings(request: Request) -> Response:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
     )
+
+
+routes = [Route("/v1/embeddings", embeddings, methods=["POST"])]

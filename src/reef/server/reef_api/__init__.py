@@ -1,0 +1,3 @@
+"""Reef's own API, beside the model APIs: `records` (feedback, records, status, training
+instructions, health), `releases`, `review`, `harness` (install scripts) and `internal` (the
+learning worker's and the CLI's model calls). Each module exports its `routes`."""
