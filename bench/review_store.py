@@ -22,9 +22,9 @@ from typing import Any
 
 from reef.config import load_config
 from reef.releases.candidates import Candidate, CandidateStore
-from reef.review.app import ReviewApp
 from reef.review.local_source import LocalSource
 from reef.store import ExperienceStore, Record, Report
+from reef.tui.app import ReviewApp
 
 
 def build(folder: Path, records: int, candidates: int) -> None:

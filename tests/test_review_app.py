@@ -13,15 +13,15 @@ from textual.pilot import Pilot
 from textual.widgets import Input, Static, TabbedContent
 
 from reef.config import load_config
-from reef.review.app import ReviewApp
 from reef.review.local_source import LocalSource
-from reef.review.screens.candidate_screen import CandidateScreen, TaskBlock
-from reef.review.screens.dialogs import ConfirmDialog, TextDialog
-from reef.review.screens.help import HelpScreen
-from reef.review.screens.record_screen import RecordScreen
-from reef.review.widgets.diff_view import DiffView
-from reef.review.widgets.keyed_table import KeyedTable
 from reef.testing.processes import run_reef
+from reef.tui.app import ReviewApp
+from reef.tui.screens.candidate_screen import CandidateScreen, TaskBlock
+from reef.tui.screens.dialogs import ConfirmDialog, TextDialog
+from reef.tui.screens.help import HelpScreen
+from reef.tui.screens.record_screen import RecordScreen
+from reef.tui.widgets.diff_view import DiffView
+from reef.tui.widgets.keyed_table import KeyedTable
 from tests.test_review_project import candidates_by_reason, head, project
 
 __all__ = ["project"]  # the fixture, shared with test_review_project
@@ -109,6 +109,7 @@ async def test_a_poll_while_the_panes_are_coming_down_does_nothing(
     async with review(project, monkeypatch) as (app, pilot):
         await until(pilot, lambda: not app._polling)
         await app.query_one("#tabs", TabbedContent).remove()
+        await until(pilot, lambda: not app._polling)  # one the interval began during the removal
         polls = app.polls
         app.poll()
         assert not app._polling

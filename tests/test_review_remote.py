@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reef.review.app import ReviewApp
 from reef.review.http_source import HttpSource
-from reef.review.screens.dialogs import ConfirmDialog
 from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.tui.app import ReviewApp
+from reef.tui.screens.dialogs import ConfirmDialog
 from tests.test_review_app import notes, table, until
 from tests.test_review_project import candidates_by_reason, head, project
 

@@ -27,7 +27,7 @@ def review(
     ] = None,
 ) -> None:
     """Review candidates, releases and experience, live; approve, reject, roll back."""
-    from reef.review.app import ReviewApp  # Textual loads only for this command
+    from reef.tui.app import ReviewApp  # Textual loads only for this command
 
     source = _http_source(url, scenario) if url else _local_source(config, scenario)
     try:

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from reef.review.model import (
+from reef.review.rows import (
     Access,
     CandidateDetail,
     CandidateRow,

@@ -12,7 +12,7 @@ from reef.errors import Conflict, NotFound, ReefError
 from reef.releases.chain import Release, ReleaseConflict
 from reef.releases.workflow import ReleaseWorkflow
 from reef.review import queries
-from reef.review.model import (
+from reef.review.rows import (
     Access,
     CandidateDetail,
     CandidateRow,

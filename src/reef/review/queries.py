@@ -17,7 +17,7 @@ from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.protocol import last_user_text, response_text
 from reef.releases.chain import Release, is_weight_file, lfs_size, read_folder, text_diff
 from reef.releases.workflow import ReleaseWorkflow
-from reef.review.model import (
+from reef.review.rows import (
     CandidateDetail,
     CandidateRow,
     RecordRow,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from reef.review.model import (
+from reef.review.rows import (
     Access,
     CandidateDetail,
     CandidateRow,

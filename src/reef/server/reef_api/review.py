@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from reef.releases.chain import ReleaseConflict
 from reef.review import queries
-from reef.review.model import to_json
+from reef.review.rows import to_json
 from reef.server.auth import provided_token, token_matches
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState

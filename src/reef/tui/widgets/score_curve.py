@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from reef.review.model import ScenarioSummary
+from reef.review.rows import ScenarioSummary
 
 BARS = "▁▂▃▄▅▆▇█"
 

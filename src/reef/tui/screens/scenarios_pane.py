@@ -5,12 +5,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
-from reef.review.model import ScenarioSummary
-from reef.review.screens.pane import Pane
+from reef.review.rows import ScenarioSummary
 from reef.review.source import ReviewSource
-from reef.review.widgets import cells
-from reef.review.widgets.keyed_table import Cell, KeyedTable
-from reef.review.widgets.score_curve import ScoreCurve
+from reef.tui.screens.pane import Pane
+from reef.tui.widgets import cells
+from reef.tui.widgets.keyed_table import Cell, KeyedTable
+from reef.tui.widgets.score_curve import ScoreCurve
 
 COLUMNS = (
     "scenario",

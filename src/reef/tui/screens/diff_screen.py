@@ -10,8 +10,9 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from reef.review.model import ReviewError
-from reef.review.widgets.diff_view import DiffView
+from reef.review.rows import ReviewError
+from reef.review.source import ReviewSource
+from reef.tui.widgets.diff_view import DiffView
 
 
 class ReleaseDiffScreen(Screen[None]):
@@ -20,9 +21,10 @@ class ReleaseDiffScreen(Screen[None]):
         Binding("escape", "app.pop_screen", "Back", id="diff.back")
     ]
 
-    def __init__(self, release_id: str) -> None:
+    def __init__(self, release_id: str, source: ReviewSource) -> None:
         super().__init__()
         self.release_id = release_id
+        self.source = source
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -31,7 +33,7 @@ class ReleaseDiffScreen(Screen[None]):
 
     @work(thread=True)
     def on_mount(self) -> None:
-        source = self.app.source  # type: ignore[attr-defined]
+        source = self.source
         try:
             diff = source.release_diff(self.release_id)
         except ReviewError as error:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import work
@@ -12,13 +12,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static, TabbedContent
 
-from reef.review.model import CandidateDetail, ReviewError, TaskView
-from reef.review.widgets import cells
-from reef.review.widgets.diff_view import DiffView
-from reef.review.widgets.keyed_table import Cell, KeyedTable
-
-if TYPE_CHECKING:
-    from reef.review.app import ReviewApp
+from reef.review.rows import CandidateDetail, ReviewError, TaskView
+from reef.review.source import ReviewSource
+from reef.tui.messages import Approve, OpenRecord, Reject
+from reef.tui.widgets import cells
+from reef.tui.widgets.diff_view import DiffView
+from reef.tui.widgets.keyed_table import Cell, KeyedTable
 
 
 def heading(detail: CandidateDetail) -> Text:
@@ -77,9 +76,10 @@ class CandidateScreen(Screen[None]):
         Binding("r", "reject", "Reject", id="candidate.reject"),
     ]
 
-    def __init__(self, candidate_id: str) -> None:
+    def __init__(self, candidate_id: str, source: ReviewSource) -> None:
         super().__init__()
         self.candidate_id = candidate_id
+        self.source = source
         self.detail: CandidateDetail | None = None
 
     def compose(self) -> ComposeResult:
@@ -100,11 +100,8 @@ class CandidateScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="candidate")
     def reload(self) -> None:
-        from reef.review.app import ReviewApp
-
-        assert isinstance(self.app, ReviewApp)
         try:
-            detail = self.app.source.candidate(self.candidate_id)
+            detail = self.source.candidate(self.candidate_id)
         except ReviewError as error:
             self.app.call_from_thread(self.app.notify, error.message, severity="error")
             return
@@ -137,18 +134,12 @@ class CandidateScreen(Screen[None]):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "candidate-records" and event.row_key.value:
-            self._review().open_record(str(event.row_key.value))
+            self.post_message(OpenRecord(str(event.row_key.value)))
 
     def action_approve(self) -> None:
         if self.detail is not None:
-            self._review().approve(self.detail.row)
+            self.post_message(Approve(self.detail.row))
 
     def action_reject(self) -> None:
         if self.detail is not None:
-            self._review().reject(self.detail.row)
-
-    def _review(self) -> ReviewApp:
-        from reef.review.app import ReviewApp
-
-        assert isinstance(self.app, ReviewApp)
-        return self.app
+            self.post_message(Reject(self.detail.row))

@@ -10,11 +10,12 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input, Label
 
 from reef.releases.candidates import STATES
-from reef.review.model import CandidateRow
-from reef.review.screens.pane import Pane
+from reef.review.rows import CandidateRow
 from reef.review.source import ReviewSource
-from reef.review.widgets import cells
-from reef.review.widgets.keyed_table import Cell, KeyedTable
+from reef.tui.messages import Approve, OpenCandidate, ReadAgain, Reject
+from reef.tui.screens.pane import Pane
+from reef.tui.widgets import cells
+from reef.tui.widgets.keyed_table import Cell, KeyedTable
 
 COLUMNS = (
     "candidate",
@@ -118,7 +119,7 @@ class CandidatesPane(Pane):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         row = self.selected()
         if row is not None:
-            self.review.open_candidate(row.id)
+            self.post_message(OpenCandidate(row.id))
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.show(list(self.rows.values()))
@@ -132,17 +133,17 @@ class CandidatesPane(Pane):
     def action_cycle_state(self) -> None:
         self.state_filter = FILTERS[(FILTERS.index(self.state_filter) + 1) % len(FILTERS)]
         self._title()
-        self.review.poll()
+        self.post_message(ReadAgain())
 
     def action_approve(self) -> None:
         row = self.selected()
         if row is not None:
-            self.review.approve(row)
+            self.post_message(Approve(row))
 
     def action_reject(self) -> None:
         row = self.selected()
         if row is not None:
-            self.review.reject(row)
+            self.post_message(Reject(row))
 
 
 def _searchable(row: CandidateRow) -> str:

@@ -2,37 +2,42 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, ClassVar
 
 from textual import work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, TabbedContent, TabPane
 
-from reef.review import decisions
-from reef.review.model import (
+from reef.review.rows import (
     Access,
-    CandidateRow,
-    DecisionConflict,
-    ReleaseRow,
     ReviewError,
 )
-from reef.review.screens.candidate_screen import CandidateScreen
-from reef.review.screens.candidates_pane import CandidatesPane
-from reef.review.screens.dialogs import ConfirmDialog, TextDialog
-from reef.review.screens.diff_screen import ReleaseDiffScreen
-from reef.review.screens.help import HelpScreen
-from reef.review.screens.pane import Pane, Polled
-from reef.review.screens.record_screen import RecordScreen
-from reef.review.screens.records_pane import RecordsPane
-from reef.review.screens.releases_pane import ReleasesPane
-from reef.review.screens.scenarios_pane import ScenariosPane
 from reef.review.source import ReviewSource
+from reef.tui.decisions import DecisionFlow
+from reef.tui.messages import (
+    Approve,
+    OpenCandidate,
+    OpenRecord,
+    OpenReleaseDiff,
+    Promote,
+    ReadAgain,
+    Reject,
+    RollBack,
+)
+from reef.tui.screens.candidate_screen import CandidateScreen
+from reef.tui.screens.candidates_pane import CandidatesPane
+from reef.tui.screens.diff_screen import ReleaseDiffScreen
+from reef.tui.screens.help import HelpScreen
+from reef.tui.screens.pane import Pane, Polled
+from reef.tui.screens.record_screen import RecordScreen
+from reef.tui.screens.records_pane import RecordsPane
+from reef.tui.screens.releases_pane import ReleasesPane
+from reef.tui.screens.scenarios_pane import ScenariosPane
 
 POLL_S = 1.0
 TABS = ("candidates", "scenarios", "releases", "records")
@@ -58,6 +63,7 @@ class ReviewApp(App[None]):
         self.source = source
         self.poll_s = poll_s
         self.access: Access | None = None
+        self.decisions = DecisionFlow(self, source, lambda: self.access, self.action_refresh)
         self.polls = 0  # completed polls, for whoever waits on one
         self._polling = False
         self._poll_again = False
@@ -113,7 +119,7 @@ class ReviewApp(App[None]):
             return
         try:
             target: Polled = self.screen if isinstance(self.screen, Polled) else self.active_pane()
-        except NoMatches:  # the interval can fire while the app is coming down, its panes gone
+        except (NoMatches, ScreenStackError):  # the interval fired while the app is coming down
             return
         self._polling = True
         self.run_worker(lambda: self._fetch(target), thread=True, group="poll")
@@ -169,15 +175,6 @@ class ReviewApp(App[None]):
             self.screen.reload()
         self.poll()
 
-    def open_candidate(self, candidate_id: str) -> None:
-        self.push_screen(CandidateScreen(candidate_id))
-
-    def open_record(self, record_id: str) -> None:
-        self.push_screen(RecordScreen(record_id))
-
-    def open_release_diff(self, release_id: str) -> None:
-        self.push_screen(ReleaseDiffScreen(release_id))
-
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for tab in TABS:
@@ -199,93 +196,32 @@ class ReviewApp(App[None]):
             ("Promote release", "Copy the selected release to a scenario", releases.action_promote),
         ]
 
-    # -- decisions ----------------------------------------------------------------------------
+    # -- what the panes and screens ask for ---------------------------------------------------
 
-    def may_decide(self) -> bool:
-        if self.access is not None and self.access.can_decide:
-            return True
-        why = self.access.why if self.access else "still checking what this token may do"
-        self.notify(why, title="decisions are disabled", severity="warning")
-        return False
+    def on_open_candidate(self, message: OpenCandidate) -> None:
+        self.push_screen(CandidateScreen(message.candidate_id, self.source))
 
-    @work(group="decide", exclusive=True)
-    async def approve(self, row: CandidateRow) -> None:
-        if not self.may_decide() or not decisions.decidable(self, row, "approved"):
-            return
-        head = (await self._heads()).get(row.scenario)
-        dialog = ConfirmDialog(f"Approve {row.id}?", decisions.approve_consequence(row, head))
-        if await self.push_screen_wait(dialog):
-            await self._decide(
-                lambda: self.source.approve(row.id, head),
-                lambda release: f"{row.id} is released as {release}: {row.scenario} serves it",
-            )
+    def on_open_record(self, message: OpenRecord) -> None:
+        self.push_screen(RecordScreen(message.record_id, self.source))
 
-    @work(group="decide", exclusive=True)
-    async def reject(self, row: CandidateRow) -> None:
-        if not self.may_decide() or not decisions.decidable(self, row, "rejected"):
-            return
-        head = (await self._heads()).get(row.scenario)
-        dialog = TextDialog(f"Reject {row.id}?", decisions.reject_consequence(row, head))
-        reason = await self.push_screen_wait(dialog)
-        if reason:
-            await self._decide(
-                lambda: self.source.reject(row.id, reason),
-                lambda _: f"{row.id} is rejected: {reason}",
-            )
+    def on_open_release_diff(self, message: OpenReleaseDiff) -> None:
+        self.push_screen(ReleaseDiffScreen(message.release_id, self.source))
 
-    @work(group="decide", exclusive=True)
-    async def rollback(self, row: ReleaseRow) -> None:
-        if not self.may_decide():
-            return
-        head = (await self._heads()).get(row.scenario)
-        if head == row.release_id:
-            self.notify(f"{row.release_id} is the head of {row.scenario} already")
-            return
-        consequence = decisions.copy_consequence(row.release_id, row.scenario, head)
-        if await self.push_screen_wait(
-            ConfirmDialog(f"Roll back to {row.release_id}?", consequence)
-        ):
-            await self._decide(
-                lambda: self.source.rollback(row.scenario, row.release_id, head),
-                lambda release: f"{row.scenario} serves {release}, a copy of {row.release_id}",
-            )
+    def on_read_again(self, message: ReadAgain) -> None:
+        self.poll()
 
-    @work(group="decide", exclusive=True)
-    async def promote(self, row: ReleaseRow) -> None:
-        if not self.may_decide():
-            return
-        prompt = f"Into which scenario should {row.release_id} be promoted?"
-        target = await self.push_screen_wait(TextDialog("Promote", prompt, row.scenario))
-        if not target:
-            return
-        head = (await self._heads()).get(target)
-        consequence = decisions.copy_consequence(row.release_id, target, head)
-        if await self.push_screen_wait(ConfirmDialog(f"Promote {row.release_id}?", consequence)):
-            await self._decide(
-                lambda: self.source.promote(row.release_id, target, head),
-                lambda release: f"{target} serves {release}, a copy of {row.release_id}",
-            )
+    def on_approve(self, message: Approve) -> None:
+        self._decide(self.decisions.approve(message.row))
 
-    async def _heads(self) -> dict[str, str | None]:
-        try:
-            return await asyncio.to_thread(self.source.heads)
-        except ReviewError as error:
-            self.notify(error.message, severity="error")
-            return {}
+    def on_reject(self, message: Reject) -> None:
+        self._decide(self.decisions.reject(message.row))
 
-    async def _decide(self, action: Callable[[], str | None], done: Callable[[Any], str]) -> None:
-        """Run a decision; a conflict says what moved, and everything is read again."""
-        try:
-            result = await asyncio.to_thread(action)
-        except DecisionConflict as conflict:
-            self.notify(
-                f"{conflict.message}. Nothing was changed; the screen is refreshed.",
-                title="conflict: it changed since the screen was drawn",
-                severity="error",
-                timeout=15,
-            )
-        except ReviewError as error:
-            self.notify(error.message, title="not done", severity="error", timeout=15)
-        else:
-            self.notify(done(result), title="done", timeout=8)
-        self.action_refresh()
+    def on_roll_back(self, message: RollBack) -> None:
+        self._decide(self.decisions.rollback(message.row))
+
+    def on_promote(self, message: Promote) -> None:
+        self._decide(self.decisions.promote(message.row))
+
+    def _decide(self, flow: Coroutine[Any, Any, None]) -> None:
+        """One decision at a time: its dialogs, then the change, then everything read again."""
+        self.run_worker(flow, group="decide", exclusive=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Input
 
-from reef.review.model import RecordRow
-from reef.review.screens.pane import Pane
+from reef.review.rows import RecordRow
 from reef.review.source import ReviewSource
-from reef.review.widgets import cells
-from reef.review.widgets.keyed_table import Cell, KeyedTable
+from reef.tui.messages import OpenRecord, ReadAgain
+from reef.tui.screens.pane import Pane
+from reef.tui.widgets import cells
+from reef.tui.widgets.keyed_table import Cell, KeyedTable
 
 COLUMNS = ("record", "time", "scenario", "release", "prompt", "answer", "feedback")
 
@@ -47,9 +48,9 @@ class RecordsPane(Pane):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.search = event.value.strip()
         self.query_one(KeyedTable).focus()
-        self.review.poll()
+        self.post_message(ReadAgain())
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         key = self.query_one(KeyedTable).selected_key
         if key:
-            self.review.open_record(key)
+            self.post_message(OpenRecord(key))

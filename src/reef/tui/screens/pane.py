@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from textual.containers import Vertical
+from textual.css.query import NoMatches
+from textual.widgets import TabbedContent
 
 from reef.review.source import ReviewSource
-
-if TYPE_CHECKING:
-    from reef.review.app import ReviewApp
 
 
 @runtime_checkable
@@ -26,13 +25,6 @@ class Polled(Protocol):
 class Pane(Vertical):
     """One tab of the main screen."""
 
-    @property
-    def review(self) -> ReviewApp:
-        from reef.review.app import ReviewApp
-
-        assert isinstance(self.app, ReviewApp)
-        return self.app
-
     def fetch(self, source: ReviewSource) -> Any:
         raise NotImplementedError
 
@@ -40,7 +32,7 @@ class Pane(Vertical):
         raise NotImplementedError
 
     def focus_table(self) -> None:
-        from reef.review.widgets.keyed_table import KeyedTable
+        from reef.tui.widgets.keyed_table import KeyedTable
 
         self.query(KeyedTable).first().focus()
 
@@ -48,8 +40,15 @@ class Pane(Vertical):
         # A pane is shown when its tab becomes active; only then can its table take focus (a
         # hidden widget refuses it). A late Show of a pane whose tab is no longer active must
         # not take focus: TabbedContent would switch back to the tab holding the focus.
-        if self.review.active_pane() is self:
+        if self._tab_is_active():
             self.focus_table()
+
+    def _tab_is_active(self) -> bool:
+        try:
+            tabs = self.screen.query_one(TabbedContent)
+        except NoMatches:  # the tabs are coming down
+            return False
+        return self.parent is not None and getattr(self.parent, "id", None) == tabs.active
 
     def focus_filter(self) -> None:
         """`/`: panes with a filter focus it."""

@@ -14,8 +14,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from reef.protocol import message_text, response_text
-from reef.review.model import ReviewError
 from reef.review.queries import describe_report
+from reef.review.rows import ReviewError
+from reef.review.source import ReviewSource
 
 ROLE_STYLES = {"system": "magenta", "user": "bold cyan", "assistant": "bold green"}
 
@@ -47,9 +48,10 @@ class RecordScreen(Screen[None]):
         Binding("escape", "app.pop_screen", "Back", id="record.back")
     ]
 
-    def __init__(self, record_id: str) -> None:
+    def __init__(self, record_id: str, source: ReviewSource) -> None:
         super().__init__()
         self.record_id = record_id
+        self.source = source
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -59,7 +61,7 @@ class RecordScreen(Screen[None]):
 
     @work(thread=True)
     def on_mount(self) -> None:
-        source = self.app.source  # type: ignore[attr-defined]
+        source = self.source
         try:
             found = conversation(source.record(self.record_id))
         except ReviewError as error:

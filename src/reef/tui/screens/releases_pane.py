@@ -9,11 +9,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Label
 
-from reef.review.model import ReleaseRow
-from reef.review.screens.pane import Pane
+from reef.review.rows import ReleaseRow
 from reef.review.source import ReviewSource
-from reef.review.widgets import cells
-from reef.review.widgets.keyed_table import Cell, KeyedTable
+from reef.tui.messages import OpenReleaseDiff, Promote, RollBack
+from reef.tui.screens.pane import Pane
+from reef.tui.widgets import cells
+from reef.tui.widgets.keyed_table import Cell, KeyedTable
 
 COLUMNS = ("release", "serving", "kind", "parent", "created", "cand.", "candidate", "reason")
 
@@ -59,14 +60,14 @@ class ReleasesPane(Pane):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         row = self.selected()
         if row is not None:
-            self.review.open_release_diff(row.release_id)
+            self.post_message(OpenReleaseDiff(row.release_id))
 
     def action_rollback(self) -> None:
         row = self.selected()
         if row is not None:
-            self.review.rollback(row)
+            self.post_message(RollBack(row))
 
     def action_promote(self) -> None:
         row = self.selected()
         if row is not None:
-            self.review.promote(row)
+            self.post_message(Promote(row))

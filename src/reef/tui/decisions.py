@@ -1,0 +1,162 @@
+"""Decisions from the dashboard: what each will change, in words, asked in a dialog, then done.
+
+`DecisionFlow` carries out approve, reject, roll back and promote for the app: it checks the
+access and the candidate's state, reads the current heads, asks in a dialog what will change,
+runs the change on the source, and says what happened (a conflict says what moved since the
+screen was drawn); then everything is read again. The app runs each flow in a worker, one at a
+time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from textual.app import App
+
+from reef.review.rows import Access, CandidateRow, DecisionConflict, ReleaseRow, ReviewError
+from reef.review.source import ReviewSource
+from reef.tui.screens.dialogs import ConfirmDialog, TextDialog
+
+DECIDABLE = ("held", "proposed")
+
+
+def decidable(app: App[None], row: CandidateRow, becoming: str) -> bool:
+    if row.state in DECIDABLE:
+        return True
+    app.notify(
+        f"{row.id} is {row.state}: only a held or proposed candidate can be {becoming}",
+        severity="warning",
+    )
+    return False
+
+
+def approve_consequence(row: CandidateRow, head: str | None) -> str:
+    base = row.base_release_id
+    if head != base:
+        return (
+            f"It was evaluated against {base or 'the base model'}, but the head of "
+            f"{row.scenario} is now {head or 'empty'}: approving will be refused. Reject it, "
+            "or propose it again."
+        )
+    return (
+        f"{row.scenario} will serve {row.id} ({row.kind}) as a new release on top of "
+        f"{head or 'the base model'}, which stops serving."
+    )
+
+
+def reject_consequence(row: CandidateRow, head: str | None) -> str:
+    return (
+        f"{row.scenario} keeps serving {head or 'the base model'}; {row.id} is rejected for "
+        "good. Why? (recorded with the decision)"
+    )
+
+
+def copy_consequence(release_id: str, scenario: str, head: str | None) -> str:
+    return (
+        f"{scenario} will serve a copy of {release_id} as a new release; "
+        f"{head or 'the base model'} stops serving. The chain keeps every release."
+    )
+
+
+class DecisionFlow:
+    def __init__(
+        self,
+        app: App[None],
+        source: ReviewSource,
+        access: Callable[[], Access | None],
+        refresh: Callable[[], None],
+    ) -> None:
+        self.app = app
+        self.source = source
+        self.access = access  # what this token may do, once checked
+        self.refresh = refresh  # read everything again
+
+    def may_decide(self) -> bool:
+        access = self.access()
+        if access is not None and access.can_decide:
+            return True
+        why = access.why if access else "still checking what this token may do"
+        self.app.notify(why, title="decisions are disabled", severity="warning")
+        return False
+
+    async def approve(self, row: CandidateRow) -> None:
+        if not self.may_decide() or not decidable(self.app, row, "approved"):
+            return
+        head = (await self._heads()).get(row.scenario)
+        dialog = ConfirmDialog(f"Approve {row.id}?", approve_consequence(row, head))
+        if await self.app.push_screen_wait(dialog):
+            await self._decide(
+                lambda: self.source.approve(row.id, head),
+                lambda release: f"{row.id} is released as {release}: {row.scenario} serves it",
+            )
+
+    async def reject(self, row: CandidateRow) -> None:
+        if not self.may_decide() or not decidable(self.app, row, "rejected"):
+            return
+        head = (await self._heads()).get(row.scenario)
+        dialog = TextDialog(f"Reject {row.id}?", reject_consequence(row, head))
+        reason = await self.app.push_screen_wait(dialog)
+        if reason:
+            await self._decide(
+                lambda: self.source.reject(row.id, reason),
+                lambda _: f"{row.id} is rejected: {reason}",
+            )
+
+    async def rollback(self, row: ReleaseRow) -> None:
+        if not self.may_decide():
+            return
+        head = (await self._heads()).get(row.scenario)
+        if head == row.release_id:
+            self.app.notify(f"{row.release_id} is the head of {row.scenario} already")
+            return
+        consequence = copy_consequence(row.release_id, row.scenario, head)
+        if await self.app.push_screen_wait(
+            ConfirmDialog(f"Roll back to {row.release_id}?", consequence)
+        ):
+            await self._decide(
+                lambda: self.source.rollback(row.scenario, row.release_id, head),
+                lambda release: f"{row.scenario} serves {release}, a copy of {row.release_id}",
+            )
+
+    async def promote(self, row: ReleaseRow) -> None:
+        if not self.may_decide():
+            return
+        prompt = f"Into which scenario should {row.release_id} be promoted?"
+        target = await self.app.push_screen_wait(TextDialog("Promote", prompt, row.scenario))
+        if not target:
+            return
+        head = (await self._heads()).get(target)
+        consequence = copy_consequence(row.release_id, target, head)
+        if await self.app.push_screen_wait(
+            ConfirmDialog(f"Promote {row.release_id}?", consequence)
+        ):
+            await self._decide(
+                lambda: self.source.promote(row.release_id, target, head),
+                lambda release: f"{target} serves {release}, a copy of {row.release_id}",
+            )
+
+    async def _heads(self) -> dict[str, str | None]:
+        try:
+            return await asyncio.to_thread(self.source.heads)
+        except ReviewError as error:
+            self.app.notify(error.message, severity="error")
+            return {}
+
+    async def _decide(self, action: Callable[[], str | None], done: Callable[[Any], str]) -> None:
+        """Run a decision; a conflict says what moved, and everything is read again."""
+        try:
+            result = await asyncio.to_thread(action)
+        except DecisionConflict as conflict:
+            self.app.notify(
+                f"{conflict.message}. Nothing was changed; the screen is refreshed.",
+                title="conflict: it changed since the screen was drawn",
+                severity="error",
+                timeout=15,
+            )
+        except ReviewError as error:
+            self.app.notify(error.message, title="not done", severity="error", timeout=15)
+        else:
+            self.app.notify(done(result), title="done", timeout=8)
+        self.refresh()
