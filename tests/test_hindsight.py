@@ -4,15 +4,17 @@ and which sampled answers are kept (the samples scripted)."""
 from __future__ import annotations
 
 from reef.evaluation.tasks import ScorerSpec
-from reef.learning.experience import Turn
 from reef.learning.hindsight import (
     answers_the_question,
+    asked_for,
     demonstrations,
+    edits,
     hints,
     meets,
     relabel,
     with_hint,
 )
+from reef.learning.view import Turn
 from reef.protocol import Completion
 
 
@@ -56,11 +58,14 @@ def reply(text: str, finish: str = "stop") -> Completion:
 def test_an_answer_that_only_meets_the_preference_is_not_kept() -> None:
     """ "Sure!" alone meets "start with Sure" and says nothing; "Sure! A pear is a fruit." keeps
     the answer. The sampled answers are scripted: what is checked is which ones are kept."""
-    sampled = iter(["Sure!", "Sure! Sure! Sure!", "Sure! Bananas are yellow.", "Sure! A pear."])
+    sampled = iter(
+        ["Sure!", "Sure! Sure! Sure!", "Sure! Bananas are yellow.", "Sure! Pear, sweet."]
+    )
     found = turn("Start your answer with the word 'Sure!'")
     sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
     kept = relabel([found], lambda body: reply(next(sampled)), sure, samples=4, keep=2)
-    assert [item.answer for item in kept] == ["Sure! A pear."]
+    # The first answer edited, then the one sampled answer that still says it.
+    assert [item.answer for item in kept] == ["Sure! A pear.", "Sure! Pear, sweet."]
     assert not answers_the_question("Sure! Sure!", found, "Start your answer with 'Sure!'")
     assert answers_the_question("Sure, a pear.", found, "Start your answer with 'Sure!'")
 
@@ -72,3 +77,52 @@ def test_a_cut_answer_and_a_repeat_are_not_kept() -> None:
     found = turn("Start with Sure")
     kept = relabel([found], lambda body: next(sampled), None, samples=3, keep=3)
     assert [item.answer for item in kept] == ["Sure! A pear."]
+
+
+def test_the_text_feedback_asks_for_is_what_it_quotes_or_what_follows_its_colon() -> None:
+    assert asked_for("Start your answer with the word 'Sure!'") == ["Sure!"]
+    assert asked_for('Say "hello" first.') == ["hello"]
+    assert asked_for("End every answer with the line: Cheers, Reef") == ["Cheers, Reef"]
+    assert asked_for("Too long. Reply in five words or fewer.") == []
+
+
+def test_edits_keep_the_first_answer_and_never_give_the_asked_text_alone() -> None:
+    edited = edits("Pears are sweet. They grow on trees.", "Start with 'Sure!'")
+    assert "Sure! Pears are sweet. They grow on trees." in edited
+    assert "Sure! Pears are sweet." in edited and "Pears are sweet." in edited
+    assert "Pears are sweet. They grow on trees." not in edited  # the answer itself is no edit
+    assert "Sure!" not in edited
+    assert edits("  ", "Start with 'Sure!'") == []
+
+
+def no_model(body: dict) -> Completion:
+    raise AssertionError("an edit met the feedback: nothing had to be sampled")
+
+
+def test_an_edit_of_the_first_answer_that_meets_the_feedback_is_kept_without_sampling() -> None:
+    found = turn("End every answer with the line: Cheers, Reef")
+    cheers = ScorerSpec(type="regex", pattern=r"Cheers, Reef\W*$")
+    kept = relabel([found], no_model, cheers, samples=4, keep=1)
+    assert [(item.answer, item.completion_token_ids) for item in kept] == [
+        ("A pear.\n\nCheers, Reef", [])
+    ]
+
+
+def test_a_shorter_first_sentence_is_an_edit_a_length_scorer_can_keep() -> None:
+    reports = [{"score": 0.0, "feedback": "Too long. Reply in five words or fewer."}]
+    long = {"role": "assistant", "content": "Pears are sweet fruit. They grow on tall trees."}
+    found = Turn("r1", [{"role": "user", "content": "Name a fruit."}], long, "base", reports)
+    short = ScorerSpec(type="regex", pattern=r"^\W*(\S+\s+){0,4}\S+\W*$")
+    kept = relabel([found], no_model, short, samples=2, keep=1)
+    assert [item.answer for item in kept] == ["Pears are sweet fruit."]
+
+
+def test_without_a_scorer_nothing_is_edited_only_sampled() -> None:
+    asked: list[dict] = []
+
+    def sample(body: dict) -> Completion:
+        asked.append(body)
+        return reply("Sure! A pear.")
+
+    kept = relabel([turn("Start with 'Sure!'")], sample, None, samples=1, keep=2)
+    assert [item.answer for item in kept] == ["Sure! A pear."] and len(asked) == 1

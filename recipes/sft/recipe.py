@@ -29,13 +29,23 @@ from typing import Any
 
 from pydantic import Field
 
-from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
-from reef.learning.experience import ExperienceView, Trajectory, Turn
-from reef.learning.hindsight import demonstrations, hints, relabel
-from reef.learning.recipe import Proposal, ProposalRefused, Recipe, RecipeSettings, StepContext
-from reef.learning.weights import (
+from reef.sdk import (
+    FEEDBACK_GROUP,
     BaseWeights,
+    EvalTask,
+    ExperienceView,
     LoraRecipeSettings,
+    Proposal,
+    ProposalRefused,
+    Recipe,
+    RecipeSettings,
+    ScorerSpec,
+    StepContext,
+    Trajectory,
+    Turn,
+    demonstrations,
+    hints,
+    relabel,
     rendered_prompt,
     reporter,
     require_weights,
@@ -112,7 +122,7 @@ class SFT(Recipe):
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         require_weights(context, self.name)
-        from reef.training import TrainingExample
+        from reef.sdk import TrainingExample
 
         turns = [turn for t in batch for turn in t.turns]
         pairs = self._completions(turns, context)
@@ -165,14 +175,14 @@ class SFT(Recipe):
             keep=self.settings.hindsight_keep,
             max_tokens=self.settings.max_tokens,
         ):
-            pairs.append((item.turn, item.completion_token_ids))
+            pairs.append((item.turn, item.completion_token_ids or item.answer))
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))
         return pairs
 
     def _replayed(self, context: StepContext, learned: set[tuple[str, ...]]) -> list[Any]:
         """The current release's finished greedy answers to `replay` questions outside what is
         learned from, as training examples (prompt and answer token ids as served)."""
-        from reef.training import TrainingExample
+        from reef.sdk import TrainingExample
 
         assert context.generate is not None
         questions = [m for m in context.anchors if tuple(map(str, m)) not in learned]
@@ -193,7 +203,7 @@ class SFT(Recipe):
     def _tokenized(
         pairs: list[tuple[Turn, list[int] | str]], base: Any
     ) -> Iterator[tuple[Turn, list[int]]]:
-        from reef.training import encode_completion
+        from reef.sdk import encode_completion
 
         for turn, completion in pairs:
             if isinstance(completion, str):
@@ -206,7 +216,7 @@ class SFT(Recipe):
     ) -> Any:
         import torch
 
-        from reef.training import LoraSettings, train_lora
+        from reef.sdk import LoraSettings, train_lora
 
         torch.set_num_threads(self.settings.threads)
         settings = LoraSettings(

@@ -1,19 +1,23 @@
 """Hindsight relabelling: what the model would have answered had it known what the user wanted.
 
 A turn the user scored low, with feedback text, is asked again with that feedback put next to the
-user's message (small models follow text there far better than in a system prompt). Several
-answers are sampled; an answer is kept when the recipe's scorer accepts it (any, without a
-scorer) *and* it still answers the question: beyond the feedback's own words, it says something,
-and mostly what the question or the first answer said (`evaluation.content.grounded`). "Sure!"
-alone meets "start with Sure" and says nothing; "Sure! Paris." keeps the answer. Kept answers
-are the training signal: a LoRA learns to give them without the hint (`sft`), or a harness shows
-them as worked examples (`harness_evolve`). Nothing here reads the feedback's wording: any
-preference the model can follow once told is learned the same way. (A correction whose whole
-content is in the feedback, "No: 9", is better given as a demonstration.)
+user's message (small models follow text there far better than in a system prompt), and several
+answers are sampled. Before sampling, where the recipe has a scorer to confirm them, the first
+answer itself is edited as feedback often asks (`edits`: the text the feedback quotes put before
+or after it, the answer cut to its first sentence, the answer as a bullet point): a model too
+small to follow the hint still said something worth keeping. An answer is kept when the
+recipe's scorer accepts it (any, without a scorer) *and* it still answers the question: beyond
+the feedback's own words, it says something, and mostly what the question or the first answer
+said (`evaluation.content.grounded`). "Sure!" alone meets "start with Sure" and says nothing;
+"Sure! Paris." keeps the answer. Kept answers are the training signal: a LoRA learns to give
+them without the hint (`sft`), or a harness shows them as worked examples (`harness_evolve`).
+No preference is coded here: the scorer decides which answers meet the feedback. (A correction
+whose whole content is in the feedback, "No: 9", is better given as a demonstration.)
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +25,7 @@ from typing import Any
 from reef.evaluation.content import content_words, grounded
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
-from reef.learning.experience import Turn
+from reef.learning.view import Turn
 from reef.protocol import Completion, message_text
 
 # Runs an OpenAI chat request body on the model under the scenario's current release, unrecorded.
@@ -36,7 +40,8 @@ class Relabelled:
     turn: Turn
     hint: str
     answer: str
-    completion_token_ids: list[int]  # as the model produced them, ending with its end token
+    completion_token_ids: list[int]  # as the model produced them, ending with its end token;
+    # empty for an edit of the first answer (`edits`): train on `answer`'s text
 
 
 def hints(turn: Turn) -> list[str]:
@@ -83,6 +88,37 @@ def answers_the_question(answer: str, turn: Turn, hint: str) -> bool:
     return grounded(own, [turn.prompt, turn.answer_text]) >= GROUNDED
 
 
+# Text the feedback asks for word for word: 'quoted', "quoted", or what follows a colon.
+_QUOTED = re.compile(r"'([^']{1,80})'|\"([^\"]{1,80})\"|\u201c([^\u201d]{1,80})\u201d")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def asked_for(hint: str) -> list[str]:
+    """The texts `hint` asks to appear as they are: "Start with 'Sure!'" -> Sure!; "End with
+    the line: Cheers, Reef" -> Cheers, Reef."""
+    texts = [next(group for group in match.groups() if group) for match in _QUOTED.finditer(hint)]
+    _, colon, after = hint.partition(":")
+    if colon and 0 < len(after.strip()) <= 80:
+        texts.append(after.strip())
+    return list(dict.fromkeys(text.strip() for text in texts if text.strip()))
+
+
+def edits(answer: str, hint: str) -> list[str]:
+    """The first answer edited as feedback often asks, with no model: the answer or its first
+    sentence, with each text the hint quotes before or after it, alone, or as a bullet point.
+    Guesses: only a scorer can say which (if any) meets the feedback."""
+    answer = answer.strip()
+    if not answer:
+        return []
+    first = _SENTENCE_END.split(answer, maxsplit=1)[0]
+    edited = []
+    for body in dict.fromkeys([answer, first]):
+        edited += [f"{text} {body}" for text in asked_for(hint)]
+        edited += [f"{body}\n\n{text}" for text in asked_for(hint)]
+        edited += [body, f"- {body}"]
+    return [text for text in dict.fromkeys(edited) if text != answer]
+
+
 def meets(scorer: ScorerSpec | None, answer: str, messages: list[dict[str, Any]]) -> bool:
     if scorer is None:
         return bool(answer.strip())
@@ -99,15 +135,23 @@ def relabel(
     temperature: float = 0.8,
     max_tokens: int = 128,
 ) -> list[Relabelled]:
-    """Up to `keep` distinct answers per turn, out of `samples` sampled under its hint, that meet
-    `scorer` and still answer the question. The first sample is greedy (temperature 0): often
-    the best a small model gives."""
+    """Up to `keep` distinct answers per turn that meet `scorer` and still answer the question:
+    edits of the first answer (with a scorer), then answers sampled under the hint, `samples` at
+    most. The first sample is greedy (temperature 0): often the best a small model gives."""
     kept: list[Relabelled] = []
     for turn in turns:
         for hint in hints(turn)[:1]:
             hinted = with_hint(turn.messages, hint)
             answers: set[str] = set()
-            for sample in range(samples):
+            for answer in edits(turn.answer_text, hint) if scorer is not None else []:
+                if len(answers) >= keep:
+                    break
+                if meets(scorer, answer, turn.messages) and answers_the_question(
+                    answer, turn, hint
+                ):
+                    answers.add(answer)
+                    kept.append(Relabelled(turn, hint, answer, []))
+            for sample in range(samples if len(answers) < keep else 0):
                 completion = generate(
                     {
                         "messages": hinted,
