@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import httpx
-from recipes.tttd import circles
-from recipes.tttd.archive import Archive
+from reef.recipes.tttd import circles
+from reef.recipes.tttd.archive import Archive
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reef.learning.experience import ExperienceView
+from reef.learning.view import ExperienceView
 from reef.store import ExperienceStore, Record, Report
 
 

@@ -7,16 +7,16 @@ import json
 import re
 
 import pytest
-from recipes.harness_evolve.mutations import Mutation, MutationRefused, apply, parse_mutation
-from recipes.harness_evolve.proposers import HindsightProposer, RuleProposer
-from recipes.harness_evolve.recipe import HarnessEvolve
+from reef.recipes.harness_evolve.mutations import Mutation, MutationRefused, apply, parse_mutation
+from reef.recipes.harness_evolve.proposers import HindsightProposer, RuleProposer
+from reef.recipes.harness_evolve.recipe import HarnessEvolve
 
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.tasks import ScorerSpec
 from reef.inference.model import LocalModel
-from reef.learning.experience import Trajectory, Turn
 from reef.learning.hindsight import answers_the_question
 from reef.learning.recipe import RecipeError, StepContext, load_recipe
+from reef.learning.view import Trajectory, Turn
 from reef.protocol import ChatRequest, Completion
 
 SIGN_OFF = "End every answer with the line: Cheers, Reef"
@@ -223,7 +223,7 @@ def test_llm_proposer_sees_failures_and_rejections_and_garbage_is_refused() -> N
 
 
 def test_bad_recipe_references_and_settings_are_named() -> None:
-    with pytest.raises(RecipeError, match="neither a built-in"):
+    with pytest.raises(RecipeError, match="neither an installed recipe"):
         load_recipe("nope", {})
     with pytest.raises(RecipeError, match="cannot import recipe module 'no_such_module'"):
         load_recipe("no_such_module:Recipe", {})
@@ -234,7 +234,7 @@ def test_bad_recipe_references_and_settings_are_named() -> None:
 
 
 def test_pareto_selection_mutates_a_tree_from_the_pareto_set() -> None:
-    from recipes.harness_evolve.recipe import pareto_front
+    from reef.recipes.harness_evolve.recipe import pareto_front
 
     from reef.learning.recipe import Evaluated
 

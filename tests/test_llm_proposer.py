@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from recipes.harness_evolve.mutations import apply, parse_mutation
-from recipes.harness_evolve.proposers import fitted, mutation_schema, reply_room
+from reef.recipes.harness_evolve.mutations import apply, parse_mutation
+from reef.recipes.harness_evolve.proposers import fitted, mutation_schema, reply_room
 
 from reef.engines.llamacpp.structured import output_constraint
 from reef.protocol import ChatRequest

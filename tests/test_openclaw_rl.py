@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from recipes.openclaw_rl.judge import (
+from reef.recipes.openclaw_rl.judge import (
     KeywordJudge,
     ModelJudge,
     Vote,
@@ -23,9 +23,9 @@ from recipes.openclaw_rl.judge import (
     majority,
     parse_vote,
 )
-from recipes.openclaw_rl.recipe import OpenClawRLSettings, token_advantages
+from reef.recipes.openclaw_rl.recipe import OpenClawRLSettings, token_advantages
 
-from reef.learning.experience import Turn
+from reef.learning.view import Turn
 from reef.testing import scripted_user
 from reef.testing.processes import free_port, reef_serve
 

@@ -4,7 +4,7 @@ what is checked is which questions are asked and which answers become examples).
 
 from __future__ import annotations
 
-from recipes.sft.recipe import GENERAL_QUESTIONS, SFT, SFTSettings
+from reef.recipes.sft.recipe import GENERAL_QUESTIONS, SFT, SFTSettings
 
 from reef.learning.recipe import StepContext
 from reef.protocol import Completion

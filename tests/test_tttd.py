@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from recipes.tttd import circles
-from recipes.tttd.advantages import adaptive_beta, entropic_advantages, kl_from_uniform
-from recipes.tttd.archive import Archive
-from recipes.tttd.circles import Circle, InvalidPacking, verify
+from reef.recipes.tttd import circles
+from reef.recipes.tttd.advantages import adaptive_beta, entropic_advantages, kl_from_uniform
+from reef.recipes.tttd.archive import Archive
+from reef.recipes.tttd.circles import Circle, InvalidPacking, verify
 
 from reef.testing.processes import free_port, reef_serve
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from reef.learning.recipe import ProposalRefused
+from reef.sdk import ProposalRefused
 
 OPS = ("create", "update", "remove")
 EDITABLE = re.compile(

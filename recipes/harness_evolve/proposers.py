@@ -15,12 +15,18 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from recipes.harness_evolve.mutations import EDITABLE, Mutation
+from reef.sdk import (
+    Generate,
+    Relabelled,
+    ScorerSpec,
+    StepContext,
+    Turn,
+    demonstrations,
+    hints,
+    relabel,
+)
 
-from reef.evaluation.tasks import ScorerSpec
-from reef.learning.experience import Turn
-from reef.learning.hindsight import Generate, Relabelled, demonstrations, hints, relabel
-from reef.learning.recipe import StepContext
+from .mutations import EDITABLE, Mutation
 
 PROPOSER_PROMPT = """You improve the harness of an AI assistant: its system prompt (AGENTS.md), \
 rules (rules/<name>.md), skills (skills/<name>/SKILL.md) and worked examples (examples.jsonl, \
@@ -153,7 +159,7 @@ class ModelProposer:
         self.ask = ask
 
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
-        from recipes.harness_evolve.mutations import MutationRefused, parse_mutation
+        from .mutations import MutationRefused, parse_mutation
 
         files = (
             "\n".join(

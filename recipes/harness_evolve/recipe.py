@@ -13,19 +13,24 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-from recipes.harness_evolve.mutations import MutationRefused, apply
-from recipes.harness_evolve.proposers import HindsightProposer, ModelProposer, RuleProposer
 
-from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
-from reef.learning.experience import ExperienceView, Trajectory, Turn
-from reef.learning.recipe import (
+from reef.sdk import (
+    FEEDBACK_GROUP,
+    EvalTask,
     Evaluated,
+    ExperienceView,
     Proposal,
     Recipe,
     RecipeError,
     RecipeSettings,
+    ScorerSpec,
     StepContext,
+    Trajectory,
+    Turn,
 )
+
+from .mutations import MutationRefused, apply
+from .proposers import HindsightProposer, ModelProposer, RuleProposer
 
 
 class HarnessEvolveSettings(RecipeSettings):

@@ -32,8 +32,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from reef.learning.experience import Turn
-from reef.protocol import message_text
+from reef.sdk import Turn, message_text
 
 # Sends chat messages to a model and returns its reply; with a JSON schema, constrained to it.
 Ask = Callable[..., str]

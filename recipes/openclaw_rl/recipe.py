@@ -28,34 +28,35 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
-from recipes.openclaw_rl.judge import (
-    Judge,
-    Judgement,
-    KeywordJudge,
-    ModelJudge,
-    endpoint_ask,
-    judge_turn,
-)
 
-from reef.learning.experience import ExperienceView, Trajectory, Turn
-from reef.learning.hindsight import with_hint
-from reef.learning.recipe import (
+from reef.sdk import (
+    BaseWeights,
+    ExperienceView,
+    LoraRecipeSettings,
     Proposal,
     ProposalRefused,
     Recipe,
     RecipeError,
     RecipeSettings,
     StepContext,
-)
-from reef.learning.weights import (
-    BaseWeights,
-    LoraRecipeSettings,
+    Trajectory,
+    Turn,
     current_adapter,
     policy_update,
     rendered_prompt,
     reporter,
     require_weights,
     train_on_current,
+    with_hint,
+)
+
+from .judge import (
+    Judge,
+    Judgement,
+    KeywordJudge,
+    ModelJudge,
+    endpoint_ask,
+    judge_turn,
 )
 
 log = logging.getLogger("reef.learning")
@@ -201,7 +202,7 @@ class OpenClawRL(Recipe):
         self, judged: list[tuple[Turn, Judgement]], context: StepContext
     ) -> tuple[list[Any], int]:
         """A policy example per judged answer, and how many got a distillation term."""
-        from reef.training import PolicyExample, completion_logprobs
+        from reef.sdk import PolicyExample, completion_logprobs
 
         base = self._base.get(context)
         model = self._policy_now(base, context)
@@ -226,7 +227,7 @@ class OpenClawRL(Recipe):
 
     def _policy_now(self, base: Any, context: StepContext) -> Any:
         """The model as the scenario serves it now (the base with its current adapter)."""
-        from reef.training.lora import load_lora
+        from reef.sdk import load_lora
 
         with tempfile.TemporaryDirectory(prefix="reef-openclaw-") as scratch:
             folder = current_adapter(context, Path(scratch))

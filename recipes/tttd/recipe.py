@@ -27,32 +27,33 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field
-from recipes.tttd import circles
-from recipes.tttd.advantages import entropic_advantages
-from recipes.tttd.archive import Archive, State
 
-from reef.evaluation.tasks import EvalTask, ScorerSpec
-from reef.inference.model import answer_text
-from reef.learning.experience import ExperienceView, Trajectory
-from reef.learning.recipe import (
+from reef.sdk import (
+    BaseWeights,
+    EvalTask,
+    ExperienceView,
+    LoraRecipeSettings,
     Proposal,
     ProposalRefused,
     Recipe,
     RecipeError,
     RecipeSettings,
+    ScorerSpec,
     StepContext,
-)
-from reef.learning.weights import (
-    BaseWeights,
-    LoraRecipeSettings,
+    Trajectory,
+    answer_text,
     policy_update,
     reporter,
     require_weights,
     train_on_current,
 )
 
+from . import circles
+from .advantages import entropic_advantages
+from .archive import Archive, State
+
 log = logging.getLogger("reef.learning")
-SCORER = ScorerSpec(type="python", function="recipes.tttd.circles:score_answer")
+SCORER = ScorerSpec(type="python", function="reef.recipes.tttd.circles:score_answer")
 
 
 class TTTDSettings(LoraRecipeSettings):
@@ -165,7 +166,7 @@ class TTTDiscover(Recipe):
     ) -> dict[str, Any]:
         """Each rollout's advantage, appended to `examples` as a policy example; the group's
         figures for the history."""
-        from reef.training import PolicyExample
+        from reef.sdk import PolicyExample
 
         rewards = [reward for _, reward, _ in rollouts]
         weighted = entropic_advantages(rewards)

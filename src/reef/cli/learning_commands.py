@@ -26,13 +26,13 @@ from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
 from reef.errors import ReefError
 from reef.inference.model import Model, open_model
-from reef.learning.recipe import BUILTIN_RECIPES, Recipe, load_recipe, recipe_class
+from reef.learning.recipe import Recipe, RecipeError, installed_recipes, load_recipe, recipe_class
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
 from reef.templates import environment
 
 recipe_app = typer.Typer(
-    help="Learning recipes: list the built-ins, scaffold a new one.", no_args_is_help=True
+    help="Learning recipes: list the installed ones, scaffold a new one.", no_args_is_help=True
 )
 ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
 
@@ -135,11 +135,16 @@ def train(
 
 @recipe_app.command("list")
 def list_recipes() -> None:
-    """The built-in recipes: what signal they learn from, how, and what they change."""
-    table = Table("recipe", "signal", "experience", "target")
-    for name in BUILTIN_RECIPES:
-        cls = recipe_class(name)
-        table.add_row(name, cls.signal, cls.experience, cls.target)
+    """The installed recipes (Reef's own and any package's): what signal they learn from, how,
+    and what they change."""
+    table = Table("recipe", "package", "signal", "experience", "target")
+    for name, package in installed_recipes().items():
+        try:
+            cls = recipe_class(name)
+        except RecipeError as error:  # a broken package's recipe: say so, list the others
+            table.add_row(name, package, f"[red]{error.message}[/]", "", "")
+            continue
+        table.add_row(name, package, cls.signal, cls.experience, cls.target)
     console.print(table)
 
 

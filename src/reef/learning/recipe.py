@@ -1,8 +1,9 @@
 """The recipe contract: how experience becomes candidates.
 
-A recipe is a Python class named in the config: a built-in short name, a project's file
-(`learning.recipe: recipes/mine.py:MyRecipe`), an installed module (`package.module:Class`) or
-an entry point of the `reef.recipes` group (see `recipe_class`). It sees experience only
+A recipe is a Python class named in the config: the name of an installed recipe (an entry point
+of the `reef.recipes` group: the built-ins, `sft`, and any package's), a project's file
+(`learning.recipe: recipes/mine.py:MyRecipe`) or an installed module (`package.module:Class`)
+(see `recipe_class`). Authors import what they need from `reef.sdk`. It sees experience only
 through an `ExperienceView` and returns a `Proposal`; it never touches HTTP, git or SQL itself.
 The worker turns the proposal into a candidate, runs the gate, and records what it consumed.
 
@@ -37,16 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.errors import ReefError, describe_validation_error
 from reef.evaluation.tasks import EvalTask
-from reef.learning.experience import ExperienceView, Trajectory
+from reef.learning.view import ExperienceView, Trajectory
 from reef.protocol import Completion
 
-BUILTIN_RECIPES = {
-    "harness_evolve": "recipes.harness_evolve.recipe:HarnessEvolve",
-    "sft": "recipes.sft.recipe:SFT",
-    "openclaw_rl": "recipes.openclaw_rl.recipe:OpenClawRL",
-    "tttd": "recipes.tttd.recipe:TTTDiscover",
-}
-# Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`).
+# Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`);
+# Reef's own built-ins are entry points of it too (pyproject.toml).
 ENTRY_POINT_GROUP = "reef.recipes"
 
 
@@ -152,23 +148,31 @@ class Recipe:
 def recipe_class(reference: str, base_dir: Path | None = None) -> type[Recipe]:
     """The class a `learning.recipe` reference names, with errors that say why.
 
-    A reference is one of (checked in this order):
-    - a built-in short name: `harness_evolve`;
+    A reference is one of:
     - a file and a class: `recipes/mine.py:MyRecipe`, a relative path resolved against
       `base_dir` (the current folder when None; `load_config` has already made a relative
       file in reef.yaml absolute against the config's folder);
     - an installed module and a class: `package.module:MyRecipe`;
-    - the name of an entry point in the `reef.recipes` group of an installed package.
+    - without a colon, the name of an installed recipe: an entry point in the `reef.recipes`
+      group (`harness_evolve`, Reef's own, or a package's).
     Nothing is added to `sys.path`: a project's recipe is loaded from its file.
     """
-    target = BUILTIN_RECIPES.get(reference, reference)
-    if ":" in target:
-        found = _load_target(target, base_dir or Path.cwd())
+    if ":" in reference:
+        found = _load_target(reference, base_dir or Path.cwd())
     else:
         found = _load_entry_point(reference)
     if not (isinstance(found, type) and issubclass(found, Recipe)):
-        raise RecipeError(f"{target} is not a Recipe subclass (reef.learning.recipe.Recipe)")
+        raise RecipeError(f"{reference} is not a Recipe subclass (reef.sdk.Recipe)")
     return found
+
+
+def installed_recipes() -> dict[str, str]:
+    """Every recipe installed by name, Reef's own first: name -> the package that offers it."""
+    found = {
+        entry_point.name: entry_point.dist.name if entry_point.dist else ""
+        for entry_point in entry_points(group=ENTRY_POINT_GROUP)
+    }
+    return dict(sorted(found.items(), key=lambda item: (item[1] != "reef", item[0])))
 
 
 def _load_target(target: str, base_dir: Path) -> object:
@@ -228,12 +232,11 @@ def _load_entry_point(name: str) -> object:
     """The object an installed package declares as `name` in the `reef.recipes` group."""
     found = entry_points(group=ENTRY_POINT_GROUP, name=name)
     if not found:
-        known = ", ".join(BUILTIN_RECIPES)
-        installed = ", ".join(sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)))
+        installed = ", ".join(installed_recipes())
         raise RecipeError(
-            f"recipe {name!r} is neither a built-in ({known}), an entry point in the "
-            f"{ENTRY_POINT_GROUP} group ({installed or 'none installed'}), a file "
-            "('path/to/recipe.py:Class') nor a module ('package.module:Class')"
+            f"recipe {name!r} is neither an installed recipe ({installed or 'none installed'}: "
+            f"entry points of {ENTRY_POINT_GROUP}), a file ('path/to/recipe.py:Class') nor a "
+            "module ('package.module:Class')"
         )
     entry_point = next(iter(found))
     try:

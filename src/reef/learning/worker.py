@@ -29,8 +29,8 @@ from reef.engines import served_model_path
 from reef.evaluation.runner import model_generate
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
-from reef.learning.experience import ExperienceView, Trajectory
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
+from reef.learning.view import ExperienceView, Trajectory
 from reef.protocol import ChatRequest, Completion
 from reef.releases.candidates import Candidate
 from reef.releases.chain import read_folder

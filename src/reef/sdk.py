@@ -1,0 +1,116 @@
+"""Everything a learning recipe needs, from one module: `from reef.sdk import Recipe, ...`.
+
+The built-in recipes (reef.recipes) and the one `reef recipe new` writes import from here only.
+
+- the contract: `Recipe`, its `RecipeSettings`, the `StepContext` a step gets, the `Proposal` it
+  returns, `ProposalRefused` (nothing usable this step) and `RecipeError` (a bad setting);
+- experience: `ExperienceView`, its `Trajectory`s and their `Turn`s;
+- evaluation: `EvalTask`, `ScorerSpec`, `FEEDBACK_GROUP` (the group of a recipe's own tasks),
+  `Evaluated` (a candidate's scores, for recipes that search);
+- hindsight: `hints` and `demonstrations` (what feedback said to do), `relabel` (an answer that
+  meets the feedback and still answers the question), `with_hint`;
+- weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `rendered_prompt`,
+  `current_adapter`, `train_on_current`, `policy_update`, `reporter`;
+- messages: `message_text`, `answer_text`, `Completion`;
+- training (torch, the `train` extra): `TrainingExample`, `PolicyExample`, `LoraSettings`,
+  `train_lora`, `load_lora`, `completion_logprobs`, `encode_completion`, imported on first use,
+  so that importing this module never loads torch (the server loads recipes too).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
+from reef.inference.model import answer_text
+from reef.learning.hindsight import Generate, Relabelled, demonstrations, hints, relabel, with_hint
+from reef.learning.recipe import (
+    Evaluated,
+    Proposal,
+    ProposalRefused,
+    Recipe,
+    RecipeError,
+    RecipeSettings,
+    StepContext,
+)
+from reef.learning.view import ExperienceView, Trajectory, Turn
+from reef.learning.weights import (
+    BaseWeights,
+    LoraRecipeSettings,
+    current_adapter,
+    policy_update,
+    rendered_prompt,
+    reporter,
+    require_weights,
+    train_on_current,
+)
+from reef.protocol import Completion, message_text
+
+if TYPE_CHECKING:
+    from reef.training import (
+        LoraSettings,
+        PolicyExample,
+        TrainingExample,
+        completion_logprobs,
+        encode_completion,
+        train_lora,
+    )
+    from reef.training.lora import load_lora
+
+_TRAINING = {
+    "LoraSettings": "reef.training",
+    "PolicyExample": "reef.training",
+    "TrainingExample": "reef.training",
+    "completion_logprobs": "reef.training",
+    "encode_completion": "reef.training",
+    "train_lora": "reef.training",
+    "load_lora": "reef.training.lora",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRAINING:
+        return getattr(importlib.import_module(_TRAINING[name]), name)
+    raise AttributeError(f"module 'reef.sdk' has no attribute {name!r}")
+
+
+__all__ = [
+    "FEEDBACK_GROUP",
+    "BaseWeights",
+    "Completion",
+    "EvalTask",
+    "Evaluated",
+    "ExperienceView",
+    "Generate",
+    "LoraRecipeSettings",
+    "LoraSettings",
+    "PolicyExample",
+    "Proposal",
+    "ProposalRefused",
+    "Recipe",
+    "RecipeError",
+    "RecipeSettings",
+    "Relabelled",
+    "ScorerSpec",
+    "StepContext",
+    "TrainingExample",
+    "Trajectory",
+    "Turn",
+    "answer_text",
+    "completion_logprobs",
+    "current_adapter",
+    "demonstrations",
+    "encode_completion",
+    "hints",
+    "load_lora",
+    "message_text",
+    "policy_update",
+    "relabel",
+    "rendered_prompt",
+    "reporter",
+    "require_weights",
+    "train_lora",
+    "train_on_current",
+    "with_hint",
+]
