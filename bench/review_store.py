@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from reef.config import load_config
-from reef.releases.candidates import Candidate, CandidateStore
 from reef.review.local_source import LocalSource
 from reef.store import ExperienceStore, Record, Report
+from reef.store.candidates import Candidate, CandidateStore
 from reef.tui.app import ReviewApp
 
 

@@ -21,7 +21,7 @@ PROCESSES = 8
 OPEN_BOTH = """
 import sys
 from pathlib import Path
-from reef.releases.candidates import CandidateStore
+from reef.store.candidates import CandidateStore
 from reef.releases.chain import ReleaseChain
 from reef.store import ExperienceStore
 

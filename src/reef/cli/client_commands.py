@@ -17,8 +17,8 @@ from rich.table import Table
 
 from reef.cli.output import add_id_column, console, fail
 from reef.config import DEFAULT_PORT
-from reef.export import trajectories
 from reef.protocol import last_user_text, response_text
+from reef.trajectories import trajectories
 
 UrlOption = Annotated[
     str,

@@ -26,7 +26,6 @@ from reef.errors import ReefError
 from reef.evaluation.runner import model_generate
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.inference.model import open_model
-from reef.releases.candidates import Candidate
 from reef.releases.chain import (
     ARTIFACT_KINDS,
     Release,
@@ -38,6 +37,7 @@ from reef.releases.chain import (
 )
 from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
+from reef.store.candidates import Candidate
 
 app = typer.Typer(
     help="Releases and candidates: list, show, diff, approve, roll back, publish.",

@@ -32,10 +32,10 @@ from reef.inference.model import Model, answer_text
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
 from reef.learning.view import ExperienceView, Trajectory
 from reef.protocol import ChatRequest, Completion
-from reef.releases.candidates import Candidate
 from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
+from reef.store.candidates import Candidate
 from reef.store.learning import (
     fingerprint,
     save_annotation,

@@ -35,11 +35,11 @@ from reef.evaluation.runner import (
 )
 from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
-from reef.releases.candidates import Candidate, CandidateStore
 from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, check_path, read_folder
 from reef.releases.gate import decide
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
+from reef.store.candidates import Candidate, CandidateStore
 
 log = logging.getLogger("reef.releases")
 

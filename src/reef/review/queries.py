@@ -1,4 +1,4 @@
-"""The reads behind the review screens, on the stores: paged SQL, never everything.
+"""The reads behind the review screens, on the stores: paged (the SQL is store/review.py).
 
 Both the local source and the server's review routes call these, so the screens see the same
 data either way. No Textual here: the server imports this module.
@@ -28,16 +28,11 @@ from reef.review.rows import (
     WeightFile,
 )
 from reef.store import ExperienceStore
+from reef.store import review as review_sql
 from reef.store.learning import learning_status
 
 CURVE_POINTS = 120  # scored reports in a scenario's curve
 RECENT_SCORES = 50  # reports in "mean feedback score of recent traffic"
-_CANDIDATE_COLUMNS = (
-    "id, scenario, kind, state, source, reason, decision, base_release_id, release_id, "
-    "created_at, json_extract(evaluation, '$.current_mean') AS current_mean, "
-    "json_extract(evaluation, '$.candidate_mean') AS candidate_mean, "
-    "COALESCE(json_array_length(evaluation, '$.lost'), 0) AS lost"
-)
 
 
 def _store(workflow: ReleaseWorkflow) -> ExperienceStore:
@@ -68,8 +63,8 @@ def scenario_summaries(
                 serving=(serving or {}).get(name, head_id or "base"),
                 records=counts.get(name, {}).get("records", 0),
                 reports=counts.get(name, {}).get("reports", 0),
-                recent_mean=_recent_mean(store, name),
-                waiting=_waiting(store, name),
+                recent_mean=review_sql.recent_mean(store, name, RECENT_SCORES),
+                waiting=review_sql.waiting_candidates(store, name),
                 last_step=steps.get(name, {}).get("last_step"),
                 scores=scores,
                 switches=_switches(workflow, head, scores),
@@ -79,29 +74,8 @@ def scenario_summaries(
 
 
 def score_points(store: ExperienceStore, scenario: str) -> list[ScorePoint]:
-    rows = store.query(
-        "SELECT created_at, score FROM reports WHERE scenario = ? AND score IS NOT NULL "
-        "ORDER BY seq DESC LIMIT ?",
-        [scenario, CURVE_POINTS],
-    )
-    return [ScorePoint(row["created_at"], row["score"]) for row in reversed(rows)]
-
-
-def _recent_mean(store: ExperienceStore, scenario: str) -> float | None:
-    (row,) = store.query(
-        "SELECT AVG(score) AS mean FROM (SELECT score FROM reports "
-        "WHERE scenario = ? AND score IS NOT NULL ORDER BY seq DESC LIMIT ?)",
-        [scenario, RECENT_SCORES],
-    )
-    return None if row["mean"] is None else float(row["mean"])
-
-
-def _waiting(store: ExperienceStore, scenario: str) -> int:
-    (row,) = store.query(
-        "SELECT COUNT(*) AS n FROM candidates WHERE scenario = ? AND state IN ('held', 'proposed')",
-        [scenario],
-    )
-    return int(row["n"])
+    rows = review_sql.recent_scores(store, scenario, CURVE_POINTS)
+    return [ScorePoint(row["created_at"], row["score"]) for row in rows]
 
 
 def _switches(
@@ -129,26 +103,13 @@ def candidate_rows(
     limit: int = 200,
 ) -> list[CandidateRow]:
     """Held candidates first, then the others; newest first within each."""
-    where, params = _where(scenario=scenario, state=state)
-    rows = _store(workflow).query(
-        f"SELECT {_CANDIDATE_COLUMNS} FROM candidates {where} "
-        "ORDER BY state = 'held' DESC, seq DESC LIMIT ?",
-        [*params, limit],
-    )
+    rows = review_sql.candidate_rows(_store(workflow), state, scenario, limit)
     return [CandidateRow(**row) for row in rows]
-
-
-def _where(**equal: str | None) -> tuple[str, list[Any]]:
-    clauses = [f"{name} = ?" for name, value in equal.items() if value]
-    params = [value for value in equal.values() if value]
-    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), params
 
 
 def candidate_detail(workflow: ReleaseWorkflow, candidate_id: str) -> CandidateDetail:
     candidate = workflow.candidates.get(candidate_id)
-    (row,) = _store(workflow).query(
-        f"SELECT {_CANDIDATE_COLUMNS} FROM candidates WHERE id = ?", [candidate_id]
-    )
+    row = review_sql.candidate_row(_store(workflow), candidate_id)
     evaluation = candidate.evaluation or {}
     prompts = _task_prompts(workflow, candidate.scenario)
     results = evaluation.get("results", [])
@@ -289,20 +250,7 @@ def record_rows(
     store: ExperienceStore, scenario: str | None = None, search: str = "", limit: int = 200
 ) -> list[RecordRow]:
     """The newest records, newest first; `search` matches their request or response text."""
-    clauses, params = [], []
-    if scenario:
-        clauses.append("scenario = ?")
-        params.append(scenario)
-    if search:
-        clauses.append("(request LIKE ? ESCAPE '\\' OR response LIKE ? ESCAPE '\\')")
-        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        params += [pattern, pattern]
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = store.query(
-        "SELECT id, scenario, release_id, created_at, request, response FROM records "
-        f"{where} ORDER BY seq DESC LIMIT ?",
-        [*params, limit],
-    )
+    rows = review_sql.newest_records(store, scenario, search, limit)
     feedback = _feedback(store, [row["id"] for row in rows])
     return [
         RecordRow(
@@ -319,14 +267,7 @@ def record_rows(
 
 
 def _feedback(store: ExperienceStore, record_ids: list[str]) -> dict[str, str]:
-    if not record_ids:
-        return {}
-    marks = ",".join("?" * len(record_ids))
-    rows = store.query(
-        "SELECT rr.record_id, r.score, r.feedback FROM report_references rr "
-        f"JOIN reports r ON r.id = rr.report_id WHERE rr.record_id IN ({marks}) ORDER BY r.seq",
-        record_ids,
-    )
+    rows = review_sql.reports_of(store, record_ids)
     found: dict[str, list[str]] = {}
     for row in rows:
         report = {**row, "feedback": json.loads(row["feedback"]) if row["feedback"] else None}

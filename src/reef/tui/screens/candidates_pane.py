@@ -9,9 +9,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Input, Label
 
-from reef.releases.candidates import STATES
 from reef.review.rows import CandidateRow
 from reef.review.source import ReviewSource
+from reef.store.candidates import STATES
 from reef.tui.messages import Approve, OpenCandidate, ReadAgain, Reject
 from reef.tui.screens.pane import Pane
 from reef.tui.widgets import cells
