@@ -6,7 +6,8 @@
 For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
 SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
 correctness tasks `reef init` writes (short, right answers) beside three tasks for the preference
-(group `preference`). The baseline is the base model, measured in the same run: the held-out
+(group `preference`); a candidate may lose one correctness task per decision (`max_lost: 1`,
+the issue's tolerance), none of the replayed good answers. The baseline is the base model, measured in the same run: the held-out
 prompts' pass rate for the preference, and how many correctness tasks it passes. Then, round by
 round, a scripted user asks the training prompts and answers each miss with a score of 0 and the
 preference in its own words (no code reads them: each preference has a scorer, a regular
@@ -74,6 +75,7 @@ def project(folder: Path, preference: Preference, recipe: str, policy: str) -> P
     (folder / "reef.yaml").write_text(
         "engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n"
         f"gate:\n  policy: {policy}\n  max_tokens: {TOKENS}\n"
+        "  groups: {default: {max_lost: 1}}\n"
         f"learning:\n  interval_s: 0.5\n  {RECIPES[recipe]}"
         f"  scorer: {{type: regex, pattern: '{preference.pattern}'}}\n"
     )

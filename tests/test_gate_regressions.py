@@ -71,6 +71,14 @@ def test_groups_keep_their_own_rules() -> None:
     assert decision == "rejected" and "group default is below its floor 0.900 (0.400)" in why
 
 
+def test_a_group_may_allow_a_count_of_lost_tasks() -> None:
+    one_may_go = GateConfig(groups={"default": GroupRule(max_lost=1)})
+    decision, why = decide(one_may_go, TRADE)
+    assert decision == "rejected" and "lost 2 task(s) of group default (at most 1 may be)" in why
+    two_may_go = GateConfig(groups={"default": GroupRule(max_lost=2)})
+    assert decide(two_may_go, TRADE)[0] == "released"
+
+
 def test_a_candidate_that_says_one_thing_to_every_task_is_rejected_as_collapsed() -> None:
     tasks = [
         TaskResult(f"t{n}", 0.0, 1.0, f"answer {n} about topic {n}", "Sure! Sure!")

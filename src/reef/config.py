@@ -120,11 +120,13 @@ class GroupRule(_Section):
     """What the gate asks of one group of eval tasks (see GateConfig.groups)."""
 
     # keep: no task of the group may score lower than under the current release by more than
-    # `margin`; improve: the group's mean must beat the current one's by more than `margin`;
-    # floor: the group's mean must reach `floor`; any: the group only counts in the mean.
+    # `margin` (`max_lost` tasks may); improve: the group's mean must beat the current one's by
+    # more than `margin`; floor: the group's mean must reach `floor`; any: the group only counts
+    # in the mean.
     rule: Literal["keep", "improve", "floor", "any"] = "keep"
     margin: float = Field(0.0, ge=0)
     floor: float = Field(0.5, ge=0, le=1)
+    max_lost: int = Field(0, ge=0)
 
 
 class GateConfig(_Section):

@@ -85,8 +85,9 @@ def broken_rules(gate: GateConfig, report: PairedReport) -> list[str]:
 def _broken(name: str, group: PairedReport, rule: GroupRule) -> str | None:
     if rule.rule == "keep":
         lost = [task for task in group.tasks if task.lost(rule.margin)]
-        if lost:
-            return f"lost {len(lost)} task(s) of group {name}: {_named(lost)}"
+        if len(lost) > rule.max_lost:
+            allowed = f" (at most {rule.max_lost} may be)" if rule.max_lost else ""
+            return f"lost {len(lost)} task(s) of group {name}{allowed}: {_named(lost)}"
     elif rule.rule == "improve":
         if group.candidate_mean <= group.current_mean + rule.margin:
             return (
