@@ -7,8 +7,9 @@ For each preference, recipe and gate policy, in a fresh project: `reef serve` on
 SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
 correctness tasks `reef init` writes (short, right answers) beside three tasks for the preference
 (group `preference`); a candidate may lose one correctness task per decision (`max_lost: 1`,
-the issue's tolerance), none of the replayed good answers. The baseline is the base model, measured in the same run: the held-out
-prompts' pass rate for the preference, and how many correctness tasks it passes. Then, round by
+the issue's tolerance), none of the replayed good answers. The baseline is the base model,
+measured in the same run: the held-out prompts' pass rate for the preference, and how many
+correctness tasks it passes. Then, round by
 round, a scripted user asks the training prompts and answers each miss with a score of 0 and the
 preference in its own words (no code reads them: each preference has a scorer, a regular
 expression, that the recipe uses to accept answers and the gate to compare), each hit with a

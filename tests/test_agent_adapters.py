@@ -19,11 +19,10 @@ import httpx
 import pytest
 
 from reef.harness.adapters import AGENT_PACKAGES
-from reef.testing.artifacts import harness
-from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
+from tests.support.harness_server import HEADERS, harness_project, install_script, serving
 
-HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 AGENT_BOUND_S = 300  # one prompt through a real agent, end to end
 AGENTS = ("codex", "claude", "opencode")
 # One non-interactive prompt per agent, as its wrapper takes it.
@@ -42,33 +41,15 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # its first clause, greedily, so it is complete rather than cut by the cap: the agents fail
     # a cut answer (Codex on "incomplete", Claude Code on max_tokens), and a sampled first line
     # of the 135M model has run past 48 tokens. None of the agents sends stop or temperature.
-    (folder / "reef.yaml").write_text(
-        "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 128}\n"
-    )
+    config = "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 128}\n"
     short = {"stop": ["\n", ". ", "! ", ", "], "temperature": 0}
-    tree = harness(folder / "h1", "You are a coding agent. Answer in one line.", short)
-    (tree / "skills/search").mkdir(parents=True)
-    (tree / "skills/search/SKILL.md").write_text(
-        "---\ndescription: search the code\n---\nUse grep.\n"
-    )
-    result = run_reef(folder, "release", "publish", str(tree), "--kind", "harness", "--approve")
-    assert result.returncode == 0, result.stderr
-    return folder
+    return harness_project(folder, config, "You are a coding agent. Answer in one line.", short)
 
 
 @pytest.fixture(scope="module")
 def server(project: Path) -> Iterator[ServerProcess]:
-    with reef_serve(project, free_port(), env={"REEF_TOKEN": TOKEN}).start() as running:
+    with serving(project) as running:
         yield running
-
-
-def script(server: ServerProcess, adapter: str) -> str:
-    response = httpx.get(
-        f"{server.url}/reef/harness/install", params={"adapter": adapter}, headers=HEADERS
-    )
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/x-shellscript")
-    return response.text
 
 
 def environment(home: Path, path: str = os.environ["PATH"]) -> dict[str, str]:
@@ -85,7 +66,7 @@ def install(
 ) -> None:
     result = subprocess.run(
         ["sh"],
-        input=script(server, adapter),
+        input=install_script(server, adapter),
         capture_output=True,
         text=True,
         timeout=900,
@@ -118,7 +99,7 @@ def written_files(home: Path) -> list[Path]:
 def test_scripts_are_listed_valid_sh_and_hold_no_token(server: ServerProcess, adapter: str) -> None:
     listed = httpx.get(f"{server.url}/reef/harness/adapters", headers=HEADERS).json()["data"]
     assert adapter in {entry["name"] for entry in listed}
-    text = script(server, adapter)
+    text = install_script(server, adapter)
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
     assert TOKEN not in text and server.url in text and AGENT_PACKAGES[adapter] in text
 

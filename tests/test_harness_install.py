@@ -20,48 +20,33 @@ import pytest
 
 from reef.harness.adapters import unused_delimiter
 from reef.testing.artifacts import harness
-from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
-
-HEADERS = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def publish(folder: Path, project: Path) -> None:
-    result = run_reef(project, "release", "publish", str(folder), "--kind", "harness", "--approve")
-    assert result.returncode == 0, result.stderr
+from tests.support.harness_server import (
+    HEADERS,
+    harness_project,
+    install_script,
+    publish,
+    serving,
+)
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("harness-project")
     # pi asks for thousands of tokens for its session title: cap them, or the test runs minutes.
-    (folder / "reef.yaml").write_text(
-        "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 48}\n"
-    )
     # Greedy, so pi's answer is the same in every run on a machine (pi sends no temperature).
-    settings = {"max_tokens": 24, "temperature": 0, "seed": 0}
-    tree = harness(folder / "h1", "You are a coding agent. Answer briefly.", settings)
-    (tree / "skills/search").mkdir(parents=True)
-    (tree / "skills/search/SKILL.md").write_text(
-        "---\ndescription: search the code\n---\nUse grep.\n"
+    return harness_project(
+        tmp_path_factory.mktemp("harness-project"),
+        "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 48}\n",
+        "You are a coding agent. Answer briefly.",
+        {"max_tokens": 24, "temperature": 0, "seed": 0},
     )
-    publish(tree, folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
 def server(project: Path) -> Iterator[ServerProcess]:
-    with reef_serve(project, free_port(), env={"REEF_TOKEN": TOKEN}).start() as running:
+    with serving(project) as running:
         yield running
-
-
-def script(server: ServerProcess, adapter: str) -> str:
-    response = httpx.get(
-        f"{server.url}/reef/harness/install", params={"adapter": adapter}, headers=HEADERS
-    )
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/x-shellscript")
-    return response.text
 
 
 def run_script(text: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -79,7 +64,7 @@ def run_script(text: str, home: Path, **env: str) -> subprocess.CompletedProcess
 def test_install_scripts_are_valid_sh_and_hold_no_token(
     server: ServerProcess, adapter: str
 ) -> None:
-    text = script(server, adapter)
+    text = install_script(server, adapter)
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
     assert TOKEN not in text
     assert server.url in text and "default@1" in text
@@ -118,7 +103,7 @@ def test_current_harness_is_served(server: ServerProcess) -> None:
 
 
 def test_openai_env_installs_an_environment_file(server: ServerProcess, tmp_path: Path) -> None:
-    result = run_script(script(server, "openai-env"), tmp_path)
+    result = run_script(install_script(server, "openai-env"), tmp_path)
     assert result.returncode == 0, result.stderr
     env_file = tmp_path / ".reef/harness/openai-env/default/env"
     sourced = subprocess.run(
@@ -138,7 +123,7 @@ def test_openai_env_installs_an_environment_file(server: ServerProcess, tmp_path
     reason="needs pi or npm (CI installs pi)",
 )
 def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Path) -> None:
-    result = run_script(script(server, "pi"), tmp_path)
+    result = run_script(install_script(server, "pi"), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / ".pi/agent/skills/search/SKILL.md").exists()
     bin_dir = tmp_path / ".local/bin"
@@ -210,7 +195,7 @@ def install_pi(server: ServerProcess, home: Path) -> subprocess.CompletedProcess
     stand_in.mkdir(exist_ok=True)
     (stand_in / "pi").write_text("#!/bin/sh\nexit 0\n")
     (stand_in / "pi").chmod(0o755)
-    return run_script(script(server, "pi"), home, PATH=f"{stand_in}:{os.environ['PATH']}")
+    return run_script(install_script(server, "pi"), home, PATH=f"{stand_in}:{os.environ['PATH']}")
 
 
 needs_node = pytest.mark.usefixtures("node")  # skipped without Node, failed in CI

@@ -9,7 +9,6 @@ request it received and answers every chat request with one fixed body, pretty-p
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from openai import OpenAI
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -26,6 +24,7 @@ from starlette.routing import Route
 
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from reef.testing.threaded import served_in_thread
 from tests.conftest import TOKEN
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -73,16 +72,8 @@ def upstream() -> Iterator[str]:
             Route("/v1/models", models),
         ]
     )
-    server = uvicorn.Server(uvicorn.Config(app, port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the upstream did not start"
-    yield f"http://127.0.0.1:{server.config.port}/v1"
-    server.should_exit = True
-    thread.join(10)
+    with served_in_thread(app, "the upstream") as url:
+        yield f"{url}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from openai import OpenAI
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,6 +33,7 @@ from reef.engines.upstream import UpstreamEngine
 from reef.errors import UpstreamFailure
 from reef.protocol import ChatRequest, Completion
 from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.testing.threaded import served_in_thread
 from tests.conftest import TOKEN
 
 WORDS = ["one ", "two ", "three"]
@@ -109,16 +107,8 @@ def upstream() -> Iterator[str]:
             Route("/v1/models", models),
         ]
     )
-    server = uvicorn.Server(uvicorn.Config(app, port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the SSE upstream did not start"
-    yield f"http://127.0.0.1:{server.config.port}/v1"
-    server.should_exit = True
-    thread.join(10)
+    with served_in_thread(app, "the SSE upstream") as url:
+        yield f"{url}/v1"
 
 
 def stream_through_engine(url: str, model: str) -> list[Any]:
