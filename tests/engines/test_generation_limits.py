@@ -41,7 +41,7 @@ def test_a_repeated_block_is_caught_once_its_repeats_cover_64_tokens_and_three_b
 
 def test_natural_text_never_looks_like_a_loop() -> None:
     """Thousands of tokens of prose, lists and code (this project's docs) are never a loop."""
-    docs = Path(__file__).parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     for name in ("architecture.md", "configuration.md", "recipes.md"):
         text = (docs / name).read_bytes()
         tokens = embedded_vocabulary().tokenize(text, add_bos=False, special=False)

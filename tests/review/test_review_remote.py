@@ -13,8 +13,8 @@ from reef.review.http_source import HttpSource
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.tui.app import ReviewApp
 from reef.tui.screens.dialogs import ConfirmDialog
-from tests.test_review_app import notes, table, until
-from tests.test_review_project import candidates_by_reason, head, project
+from tests.review.test_review_app import notes, table, until
+from tests.review.test_review_project import candidates_by_reason, head, project
 
 __all__ = ["project"]
 pytestmark = pytest.mark.anyio

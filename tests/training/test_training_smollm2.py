@@ -27,7 +27,7 @@ from reef.training import (
 from reef.training.export import GGUF_NAMES, gguf_lora, write_gguf_lora
 from reef.training.lora import new_lora
 from reef.training.tiny import tiny_tokenizer
-from tests.training_fixtures import one_thread
+from tests.training.training_fixtures import one_thread
 
 __all__ = ["one_thread"]  # shared fixtures, used by name
 

@@ -23,7 +23,7 @@ from reef.training import (
 from reef.training import lora as lora_module
 from reef.training.lora import new_lora
 from reef.training.loss import batch_loss, make_batch
-from tests.training_fixtures import base, one_thread
+from tests.training.training_fixtures import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
 

@@ -26,7 +26,7 @@ from reef.training import (
 from reef.training import export as export_module
 from reef.training.export import GGUF_NAMES, gguf_lora, permute_rows
 from reef.training.lora import new_lora
-from tests.training_fixtures import base, one_thread
+from tests.training.training_fixtures import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
 

@@ -10,7 +10,7 @@ from typer.core import TyperGroup, TyperOption
 
 from reef.cli import app
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # Said once under the table instead of on every row.
 COMMON = {"release": {"--config", "--json"}, "client": {"--url"}}
 CLIENT_COMMANDS = {"status", "records", "report", "export", "train"}

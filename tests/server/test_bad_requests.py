@@ -17,7 +17,7 @@ from reef.errors import BadRequest
 from reef.protocol import ChatMessage, message_text
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
-from tests.test_server_api import HI, record_count
+from tests.server.test_server_api import HI, record_count
 
 JSON = {"content-type": "application/json"}
 

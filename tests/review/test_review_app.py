@@ -22,7 +22,7 @@ from reef.tui.screens.help import HelpScreen
 from reef.tui.screens.record_screen import RecordScreen
 from reef.tui.widgets.diff_view import DiffView
 from reef.tui.widgets.keyed_table import KeyedTable
-from tests.test_review_project import candidates_by_reason, head, project
+from tests.review.test_review_project import candidates_by_reason, head, project
 
 __all__ = ["project"]  # the fixture, shared with test_review_project
 pytestmark = pytest.mark.anyio
