@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reef.harness.adapters import AGENT_PACKAGES
+from reef.harness.installers import AGENT_PACKAGES
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
 from tests.support.harness_server import HEADERS, harness_project, install_script, serving

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reef.harness.adapters import unused_delimiter
+from reef.harness.installers import unused_delimiter
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
@@ -179,7 +179,7 @@ def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Pa
 def test_a_line_equal_to_its_heredoc_delimiter_is_refused_even_under_python_o() -> None:
     assert unused_delimiter("REEF_X", "a\nREEF_XY\nb") == "REEF_X"
     check = (
-        "from reef.harness.adapters import UnsafeScript, unused_delimiter\n"
+        "from reef.harness.installers import UnsafeScript, unused_delimiter\n"
         "try:\n"
         "    unused_delimiter('REEF_X', 'a\\nREEF_X\\nrm -rf ~')\n"
         "except UnsafeScript as error:\n"

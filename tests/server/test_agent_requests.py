@@ -4,7 +4,8 @@ opencode 1.18.33 on /v1/chat/completions; long texts trimmed to 300 characters, 
 replayed against a real server on the embedded model. Each answer is checked against the SDK
 types the agents' protocols are defined by, and each record against what the agent sent.
 
-These run where the agents themselves cannot (tests/test_agent_adapters.py runs them for real).
+These run where the agents themselves cannot (tests/harness/test_agent_adapters.py runs them for
+real).
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reef.engines.base import Capabilities
-from reef.engines.llamacpp.adapters import Adapters
 from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_tokens
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job
+from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
 from reef.engines.llamacpp.slots import BLOCK
 from reef.engines.llamacpp.structured import OutputConstraint, output_constraint

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from reef.engines.llamacpp.adapters import Adapters
+from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.output import ChoiceOutput, Emit, Generation
 from reef.engines.llamacpp.repetition import Repetition
 from reef.engines.llamacpp.sampling import SequenceSampler, logits_row, logprob_of

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from reef.config import AUTO_MAX_TOKENS
-from reef.harness.adapters import list_adapters, render_install
+from reef.harness.installers import list_adapters, render_install
 from reef.inference.binding import BASE_BINDING
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
 from reef.server.state import ServerState

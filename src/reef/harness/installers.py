@@ -1,5 +1,6 @@
-"""Harness adapters: one folder per client under `harness_adapters/` (adapter.json plus an
-`install.sh.j2` template) that renders a scenario's current harness into a POSIX install script.
+"""Installing harness adapters: one folder per coding agent under `harness_adapters/`
+(adapter.json plus an `install.sh.j2` template) that renders a scenario's current harness into a
+POSIX install script.
 
 Every value placed in a script is checked against a strict pattern first (the base URL comes
 from the request's Host header), and file contents go into quoted heredocs whose delimiter is
