@@ -104,8 +104,9 @@ def latest_decided(server: ServerProcess) -> dict:
     return next((c for c in listed if c["state"] in ("released", "rejected")), {})
 
 
-def a_round(server: ServerProcess, preference: Preference) -> None:
-    """The scripted user asks every training prompt and scores the answer."""
+def a_round(server: ServerProcess, preference: Preference) -> int:
+    """The scripted user asks every training prompt and scores the answer; how many missed."""
+    misses = 0
     for prompt in TRAINING:
         response = ask(server.url, prompt, max_tokens=TOKENS)
         hit = meets(response, preference.pattern)
@@ -115,6 +116,8 @@ def a_round(server: ServerProcess, preference: Preference) -> None:
             **({} if hit else {"feedback": preference.feedback}),
         }
         httpx.post(f"{server.url}/reef/report", json=report).raise_for_status()
+        misses += not hit
+    return misses
 
 
 def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: float) -> dict:
@@ -124,7 +127,9 @@ def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: f
         before, knew = held_out_rate(server.url, preference), correct(server.url, TOKENS)
         started = time.monotonic()
         for number in range(rounds):
-            a_round(server, preference)
+            if not a_round(server, preference):
+                decisions.append("no misses")  # nothing left to learn from
+                break
             candidate = decided(server, number, budget)
             decisions.append(candidate.get("state", "none"))
             if not candidate or time.monotonic() - started > rounds * budget:
