@@ -181,6 +181,8 @@ def main() -> None:
                     f"{row['release']:>10} {','.join(row['decisions']):>22} {row['seconds']:>5}",
                     flush=True,
                 )
+                if row["last_decision"]:
+                    print(f"{'':10} last decision: {row['last_decision']}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
     draw(rows, args.json.with_suffix(".png"))
