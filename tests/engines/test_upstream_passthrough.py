@@ -17,14 +17,12 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
-from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
-from reef.testing.threaded import served_in_thread
+from reef.testing.threaded import chat_upstream
 from tests.conftest import TOKEN
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -59,21 +57,11 @@ async def completions(request: Request) -> Response:
     return Response(ANSWER_BYTES, media_type="application/json")
 
 
-async def models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [{"id": "bytes-peer", "object": "model"}]})
-
-
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
     """The upstream's base URL (ending in /v1), served from a thread of this process."""
-    app = Starlette(
-        routes=[
-            Route("/v1/chat/completions", completions, methods=["POST"]),
-            Route("/v1/models", models),
-        ]
-    )
-    with served_in_thread(app, "the upstream") as url:
-        yield f"{url}/v1"
+    with chat_upstream(completions, "bytes-peer", "the upstream") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

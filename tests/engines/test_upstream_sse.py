@@ -24,16 +24,14 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from reef.engines.upstream import UpstreamEngine
 from reef.errors import UpstreamFailure
 from reef.protocol import ChatRequest, Completion
 from reef.testing.processes import ServerProcess, free_port, reef_serve
-from reef.testing.threaded import served_in_thread
+from reef.testing.threaded import chat_upstream
 from tests.conftest import TOKEN
 
 WORDS = ["one ", "two ", "three"]
@@ -94,21 +92,11 @@ async def completions(request: Request) -> Response:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-async def models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [{"id": "sse-peer", "object": "model"}]})
-
-
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
     """The SSE upstream's base URL (ending in /v1), served from a thread of this process."""
-    app = Starlette(
-        routes=[
-            Route("/v1/chat/completions", completions, methods=["POST"]),
-            Route("/v1/models", models),
-        ]
-    )
-    with served_in_thread(app, "the SSE upstream") as url:
-        yield f"{url}/v1"
+    with chat_upstream(completions, "sse-peer", "the SSE upstream") as url:
+        yield url
 
 
 def stream_through_engine(url: str, model: str) -> list[Any]:
