@@ -84,6 +84,19 @@ def test_the_text_feedback_asks_for_is_what_it_quotes_or_what_follows_its_colon(
     assert asked_for('Say "hello" first.') == ["hello"]
     assert asked_for("End every answer with the line: Cheers, Reef") == ["Cheers, Reef"]
     assert asked_for("Too long. Reply in five words or fewer.") == []
+    # An instruction after a colon, or apostrophes inside words, ask for no text.
+    assert asked_for("Too long: reply in five words.") == []
+    assert asked_for("Don't ramble, it's rude.") == []
+    assert asked_for("Sign with the words: Best, Ana") == ["Best, Ana"]
+
+
+def test_an_instruction_after_a_colon_is_never_added_to_the_answer() -> None:
+    reports = [{"score": 0.0, "feedback": "Too long: reply in five words."}]
+    long = {"role": "assistant", "content": "Paris."}
+    found = Turn("r1", [{"role": "user", "content": "Capital of France?"}], long, "base", reports)
+    short = ScorerSpec(type="regex", pattern=r"^\W*(\S+\s+){0,4}\S+\W*$")
+    kept = relabel([found], no_model_unless_sampled, short, samples=0, keep=2)
+    assert all("reply" not in item.answer for item in kept)
 
 
 def test_edits_keep_the_first_answer_and_never_give_the_asked_text_alone() -> None:
@@ -93,6 +106,10 @@ def test_edits_keep_the_first_answer_and_never_give_the_asked_text_alone() -> No
     assert "Pears are sweet. They grow on trees." not in edited  # the answer itself is no edit
     assert "Sure!" not in edited
     assert edits("  ", "Start with 'Sure!'") == []
+
+
+def no_model_unless_sampled(body: dict) -> Completion:
+    raise AssertionError("samples=0: nothing is sampled")
 
 
 def no_model(body: dict) -> Completion:

@@ -88,8 +88,14 @@ def answers_the_question(answer: str, turn: Turn, hint: str) -> bool:
     return grounded(own, [turn.prompt, turn.answer_text]) >= GROUNDED
 
 
-# Text the feedback asks for word for word: 'quoted', "quoted", or what follows a colon.
-_QUOTED = re.compile(r"'([^']{1,80})'|\"([^\"]{1,80})\"|\u201c([^\u201d]{1,80})\u201d")
+# Text the feedback asks for word for word: 'quoted' (an apostrophe inside a word, as in
+# "don't", opens no quote), "quoted", or what follows a colon after a word naming a text ("end
+# with the line: Cheers"; "Too long: reply briefly" is an instruction, not a text to add).
+_QUOTED = re.compile(r"(?<!\w)'([^']{1,80})'(?!\w)|\"([^\"]{1,80})\"|\u201c([^\u201d]{1,80})\u201d")
+_NAMES_A_TEXT = re.compile(
+    r"\b(line|lines|word|words|phrase|text|sentence|greeting|signature|sign-off)\s*:\s*(.+)$",
+    re.IGNORECASE,
+)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -97,9 +103,9 @@ def asked_for(hint: str) -> list[str]:
     """The texts `hint` asks to appear as they are: "Start with 'Sure!'" -> Sure!; "End with
     the line: Cheers, Reef" -> Cheers, Reef."""
     texts = [next(group for group in match.groups() if group) for match in _QUOTED.finditer(hint)]
-    _, colon, after = hint.partition(":")
-    if colon and 0 < len(after.strip()) <= 80:
-        texts.append(after.strip())
+    named = _NAMES_A_TEXT.search(hint)
+    if named and len(named.group(2).strip()) <= 80:
+        texts.append(named.group(2).strip())
     return list(dict.fromkeys(text.strip() for text in texts if text.strip()))
 
 
