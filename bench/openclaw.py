@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
-from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.testing.processes import free_port, reef_serve
 from reef.testing.scripted_user import (
     EVALS,
     HELD_OUT,
@@ -34,6 +31,7 @@ from reef.testing.scripted_user import (
     converse,
     correct,
     correctness_tasks,
+    decided,
     eval_tasks,
     mean_words,
     pass_rate,
@@ -67,18 +65,6 @@ def held_out(url: str) -> tuple[float, float, int]:
     return mean_words(url, HELD_OUT, capture=False), short, len(correct(url, 48))
 
 
-def decided(server: ServerProcess, seen: int, budget: float) -> dict:
-    """The next candidate the gate decides (after `seen` candidates), or {} past the budget."""
-    started = time.monotonic()
-    while time.monotonic() - started < budget:
-        listed = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
-        done = [c for c in listed if c["state"] in ("released", "rejected")]
-        if len(done) > seen:
-            return done[0]
-        time.sleep(2)
-    return {}
-
-
 def run(rounds: int, sessions: int, budget: float) -> list[dict]:
     batch = len(TRAINING) * sessions
     folder = project(Path(tempfile.mkdtemp(prefix="reef-openclaw-")), batch)
@@ -100,7 +86,7 @@ def run(rounds: int, sessions: int, budget: float) -> list[dict]:
                 for copy in range(sessions)
             ]
             corrected = sum(reply.startswith("No") for reply in replies)
-            candidate = decided(server, number - 1, budget)
+            candidate = decided(server.url, number - 1, budget)
             words, short, right = held_out(server.url)
             state = candidate.get("state", "none in budget")
             rows.append(

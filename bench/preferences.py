@@ -38,6 +38,7 @@ from reef.testing.scripted_user import (
     ask,
     correct,
     correctness_tasks,
+    decided,
     eval_tasks,
     meets,
     pass_rate,
@@ -87,18 +88,6 @@ def held_out_rate(url: str, preference: Preference) -> float:
     return pass_rate(url, HELD_OUT, preference.pattern, max_tokens=TOKENS, capture=False)
 
 
-def decided(server: ServerProcess, seen: int, budget: float) -> dict:
-    """The next candidate the gate decides (after `seen` decided), or {} past the budget."""
-    started = time.monotonic()
-    while time.monotonic() - started < budget:
-        listed = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
-        done = [c for c in listed if c["state"] in ("released", "rejected")]
-        if len(done) > seen:
-            return done[0]
-        time.sleep(2)
-    return {}
-
-
 def latest_decided(server: ServerProcess) -> dict:
     listed = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
     return next((c for c in listed if c["state"] in ("released", "rejected")), {})
@@ -130,7 +119,7 @@ def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: f
             if not a_round(server, preference):
                 decisions.append("no misses")  # nothing left to learn from
                 break
-            candidate = decided(server, number, budget)
+            candidate = decided(server.url, number, budget)
             decisions.append(candidate.get("state", "none"))
             if not candidate or time.monotonic() - started > rounds * budget:
                 break

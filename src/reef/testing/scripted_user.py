@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 
@@ -133,3 +134,15 @@ def mean_words(url: str, prompts: list[str], max_tokens: int = 48, capture: bool
     """The mean length in words of the greedy answers to `prompts`."""
     answers = [response_text(ask(url, p, max_tokens, capture).json()) for p in prompts]
     return sum(words(a) for a in answers) / len(answers)
+
+
+def decided(url: str, seen: int, budget: float, scenario: str = "default") -> dict:
+    """The next candidate the gate decides (after `seen` decided ones), or {} past `budget` s."""
+    started = time.monotonic()
+    while time.monotonic() - started < budget:
+        listed = httpx.get(f"{url}/reef/scenarios/{scenario}/candidates").json()["data"]
+        done = [c for c in listed if c["state"] in ("released", "rejected")]
+        if len(done) > seen:
+            return done[0]
+        time.sleep(2)
+    return {}
