@@ -155,6 +155,12 @@ class GateConfig(_Section):
     temperature: float = Field(0.0, ge=0, le=2)
     seed: int = 0
     max_tokens: int = Field(256, ge=1)
+    # What a candidate the gate (or a human) rejects on its merits does with the records it was
+    # built from. consumed: they are spent (the same records would build the same candidate
+    # again); returned: later steps may learn from them again. A candidate that was never judged
+    # (the gate could not run, was cancelled or interrupted, publishing failed, the head moved)
+    # always returns its records.
+    rejected_records: Literal["consumed", "returned"] = "consumed"
 
     def rule_for(self, group: str) -> GroupRule:
         return self.groups.get(group) or GroupRule()

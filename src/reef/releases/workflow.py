@@ -128,6 +128,7 @@ class ReleaseWorkflow:
             binding_for(candidate.id, kind, folder, strict=True)
         except ReefError as error:
             candidate.state, candidate.decision = "rejected", f"refused: {error.message}"
+            candidate.records_returned = True  # the artifact was broken, not the feedback
             self.candidates.add(candidate)
             self._prune_candidates()
             raise CandidateRefused(f"candidate {candidate.id} refused: {error.message}") from None
@@ -163,6 +164,8 @@ class ReleaseWorkflow:
             return self._end_evaluation(candidate, f"evaluation failed: {_named(error)}")
         outcome, why = decide(self.config.gate_for(candidate.scenario), report)
         evaluation = report.summary() if report else None
+        if outcome == "rejected":
+            return self._reject_on_merits(candidate, ("evaluating",), why, evaluation)
         if outcome != "released":
             return self.candidates.move(
                 candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
@@ -219,8 +222,46 @@ class ReleaseWorkflow:
                 evaluation=head.evaluation,
                 release_id=head.release_id,
             )
+        return self._reject_unjudged(candidate, ("evaluating",), why, evaluation)
+
+    def _reject_on_merits(
+        self,
+        candidate: Candidate,
+        allowed_from: tuple[str, ...],
+        why: str,
+        evaluation: dict[str, Any] | None,
+    ) -> Candidate:
+        """Rejected after a judgement: its records are spent or returned, as the gate says."""
+        returned = self.config.gate_for(candidate.scenario).rejected_records == "returned"
+        if returned and candidate.consumed_record_ids:
+            why += f"; its {_records(candidate)} return to learning"
         return self.candidates.move(
-            candidate.id, ("evaluating",), "rejected", decision=why, evaluation=evaluation
+            candidate.id,
+            allowed_from,
+            "rejected",
+            decision=why,
+            evaluation=evaluation,
+            records_returned=returned,
+        )
+
+    def _reject_unjudged(
+        self,
+        candidate: Candidate,
+        allowed_from: tuple[str, ...],
+        why: str,
+        evaluation: dict[str, Any] | None,
+    ) -> Candidate:
+        """Rejected without a judgement of its merits: its records return to learning, so the
+        feedback they carry is learned from by a later step instead of being lost."""
+        if candidate.consumed_record_ids:
+            why += f"; its {_records(candidate)} return to learning"
+        return self.candidates.move(
+            candidate.id,
+            allowed_from,
+            "rejected",
+            decision=why,
+            evaluation=evaluation,
+            records_returned=True,
         )
 
     def _tasks(self, scenario: str, extra: list[EvalTask]) -> list[EvalTask]:
@@ -258,12 +299,9 @@ class ReleaseWorkflow:
         return approved
 
     def reject(self, candidate_id: str, reason: str) -> Candidate:
-        rejected = self.candidates.move(
-            candidate_id,
-            ("proposed", "held"),
-            "rejected",
-            decision=f"rejected by a human: {reason}",
-        )
+        candidate = self.candidates.get(candidate_id)
+        why = f"rejected by a human: {reason}"
+        rejected = self._reject_on_merits(candidate, ("proposed", "held"), why, None)
         self._prune_candidates()
         return rejected
 
@@ -301,14 +339,11 @@ class ReleaseWorkflow:
         except ReleaseConflict as conflict:
             if on_conflict == "raise":
                 raise
-            return self.candidates.move(
-                candidate_id,
-                allowed_from,
-                "rejected",
-                evaluation=evaluation,
-                decision=f"{why}, but it was evaluated against {candidate.base_release_id} and "
-                f"the head is now {conflict.current}: propose it again",
+            moved = (
+                f"{why}, but it was evaluated against {candidate.base_release_id} and the head "
+                f"is now {conflict.current}: propose it again"
             )
+            return self._reject_unjudged(candidate, allowed_from, moved, evaluation)
         return self.candidates.move(
             candidate_id,
             allowed_from,
@@ -344,6 +379,11 @@ class ReleaseWorkflow:
             others = [f for f in _subfolders(self.checkouts) if f.name not in keep]
             for folder in _newest_first(others)[self.config.retention.checkouts :]:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _records(candidate: Candidate) -> str:
+    count = len(set(candidate.consumed_record_ids))
+    return f"{count} record{'s' if count != 1 else ''}"
 
 
 def _named(error: BaseException) -> str:

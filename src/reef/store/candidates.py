@@ -40,6 +40,9 @@ class Candidate:
     evaluating_pid: int | None = None  # the process running its gate, while it is evaluating
     # What the recipe measured while building it (a training run's loss per step, ...).
     metrics: dict[str, Any] | None = None
+    # True once its records went back to learning (it was not judged on its merits, or the gate
+    # returns a rejected candidate's records): later steps may train on them again.
+    records_returned: bool = False
     id: str = field(default_factory=lambda: new_id("cand"))
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
@@ -73,9 +76,12 @@ class CandidateStore:
         return candidate
 
     def consumed_record_ids(self, scenario: str) -> set[str]:
+        """The records a candidate of `scenario` holds: open ones, released ones, and rejected
+        ones whose records were not returned."""
         rows = self.store.query(
             "SELECT cr.record_id FROM candidate_records cr "
-            "JOIN candidates c ON c.id = cr.candidate_id WHERE c.scenario = ?",
+            "JOIN candidates c ON c.id = cr.candidate_id "
+            "WHERE c.scenario = ? AND NOT c.records_returned",
             [scenario],
         )
         return {row["record_id"] for row in rows}
@@ -162,4 +168,5 @@ def _decode(row: dict[str, Any]) -> Candidate:
     for name in _JSON_FIELDS:
         row[name] = json.loads(row[name]) if row[name] is not None else None
     row["consumed_record_ids"] = row["consumed_record_ids"] or []
+    row["records_returned"] = bool(row["records_returned"])
     return Candidate(**row)

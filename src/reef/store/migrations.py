@@ -163,6 +163,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX record_annotations_record ON record_annotations (record_id);
         """,
     ),
+    (
+        "0008_candidates_records_returned",
+        # A candidate the gate never judged on its merits (the engine was unavailable, a shutdown
+        # cancelled it, publishing failed, the head moved) gives its records back to learning:
+        # its feedback was never tried, so it must not be lost.
+        """
+        ALTER TABLE candidates ADD COLUMN records_returned INTEGER NOT NULL DEFAULT 0;
+        """,
+    ),
 ]
 
 
