@@ -24,13 +24,23 @@ from reef.training import (
     train_lora,
 )
 from reef.training import export as export_module
-from reef.training.export import GGUF_NAMES, gguf_lora, permute_rows
+from reef.training.export import LLAMA_PROJECTIONS, gguf_lora, permute_rows
 from reef.training.lora import new_lora
 from tests.training.training_fixtures import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
 
-ALL_SEVEN = list(GGUF_NAMES)
+ALL_SEVEN = list(LLAMA_PROJECTIONS)
+# llama.cpp's names for a llama block's projections, written out to check gguf's name map.
+LLAMA_CPP_NAMES = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_output",
+    "gate_proj": "ffn_gate",
+    "up_proj": "ffn_up",
+    "down_proj": "ffn_down",
+}
 SETTINGS = LoraSettings(target_modules=ALL_SEVEN, steps=8, learning_rate=1e-2, alpha=32)
 
 
@@ -123,7 +133,7 @@ def test_gguf_tensors_are_peft_s_with_q_and_k_rows_in_llama_cpp_order(
         if not isinstance(module, LoraLayer):
             continue
         layer = int(path.split(".layers.")[1].split(".")[0])
-        name = f"blk.{layer}.{GGUF_NAMES[path.rsplit('.', 1)[1]]}.weight"
+        name = f"blk.{layer}.{LLAMA_CPP_NAMES[path.rsplit('.', 1)[1]]}.weight"
         peft_a = module.lora_A["default"].weight.detach().cpu().numpy()
         peft_b = module.lora_B["default"].weight.detach().cpu().numpy()
         assert np.array_equal(stored[f"{name}.lora_a"], peft_a)

@@ -4,7 +4,6 @@ PEFT adapter changes torch's."""
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +23,10 @@ from reef.training import (
     export_adapter,
     load_base,
 )
-from reef.training.export import GGUF_NAMES, gguf_lora, write_gguf_lora
+from reef.training.export import LLAMA_PROJECTIONS, gguf_lora, write_gguf_lora
 from reef.training.lora import new_lora
 from reef.training.tiny import tiny_tokenizer
-from tests.training.training_fixtures import one_thread
+from tests.training.training_fixtures import correlation, llama_cpp_last_logits, one_thread
 
 __all__ = ["one_thread"]  # shared fixtures, used by name
 
@@ -95,7 +94,7 @@ def test_the_tokenizer_as_transformers_reads_it_from_the_gguf_is_refused() -> No
 def random_lora(base: Base, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     """A LoRA on all seven projections with seeded random, non-zero A and B, exported twice:
     as export_adapter writes it, and with q/k left unpermuted (wrong, for comparison)."""
-    settings = LoraSettings(target_modules=list(GGUF_NAMES))
+    settings = LoraSettings(target_modules=list(LLAMA_PROJECTIONS))
     model = new_lora(base, settings)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -114,56 +113,6 @@ def random_lora(base: Base, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     yield model, folder / "lora" / "adapter.gguf", folder / "unpermuted.gguf"
 
 
-def llama_cpp_last_logits(prompt: list[int], adapters: list[Path | None]) -> list[np.ndarray]:
-    """llama.cpp's last-position logits for `prompt`, once per adapter (None: the base), loaded
-    and applied the way the llama.cpp engine does."""
-    import llama_cpp
-    from llama_cpp import _internals
-
-    from reef.engines.llamacpp.weights import load_model
-
-    model = load_model(embedded_model_path())
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = 512
-    params.n_threads = params.n_threads_batch = 2
-    context = _internals.LlamaContext(model=model, params=params, verbose=False)
-    batch = _internals.LlamaBatch(n_tokens=len(prompt), embd=0, n_seq_max=1, verbose=False)
-    rows = []
-    loaded = []
-    try:
-        for adapter in adapters:
-            if adapter is None:
-                assert llama_cpp.llama_set_adapters_lora(context.ctx, None, 0, None) == 0
-            else:
-                lora = llama_cpp.llama_adapter_lora_init(model.model, str(adapter).encode())
-                assert lora, f"llama.cpp refused {adapter}"
-                loaded.append(lora)
-                chosen = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(lora)
-                scales = (ctypes.c_float * 1)(1.0)
-                assert llama_cpp.llama_set_adapters_lora(context.ctx, chosen, 1, scales) == 0
-            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context.ctx), True)
-            batch.reset()
-            batch.add_sequence(prompt, 0, False)  # logits for the last position only
-            context.decode(batch)
-            pointer = llama_cpp.llama_get_logits_ith(context.ctx, -1)
-            row = np.ctypeslib.as_array(
-                ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), (model.n_vocab(),)
-            )
-            rows.append(row.copy())
-        llama_cpp.llama_set_adapters_lora(context.ctx, None, 0, None)
-    finally:
-        for lora in loaded:
-            llama_cpp.llama_adapter_lora_free(lora)
-        batch.close()
-        context.close()
-        model.close()
-    return rows
-
-
-def correlation(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.corrcoef(a, b)[0, 1])
-
-
 def test_the_gguf_adapter_changes_llama_cpp_s_logits_as_peft_changes_torch_s(
     base: Base, random_lora: tuple
 ) -> None:
@@ -178,7 +127,9 @@ def test_the_gguf_adapter_changes_llama_cpp_s_logits_as_peft_changes_torch_s(
     with torch.no_grad():
         torch_base = base.model(input_ids=ids).logits[0, -1].cpu().numpy()
         torch_lora = model(input_ids=ids).logits[0, -1].cpu().numpy()
-    llama_base, llama_lora, llama_wrong = llama_cpp_last_logits(prompt, [None, adapter, unpermuted])
+    llama_base, llama_lora, llama_wrong = llama_cpp_last_logits(
+        embedded_model_path(), prompt, [None, adapter, unpermuted], n_ctx=512, threads=2
+    )
 
     assert correlation(torch_base, llama_base) > 0.99  # the same model on both sides
     torch_change = torch_lora - torch_base
