@@ -122,7 +122,7 @@ async def curve(proposer: str, rounds: int, per_round: int) -> list[dict]:
         assert running is not None, "the server did not advertise itself"
         model = ServerModel(running.url, running.token)  # one model: the server's
         recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
-        worker = LearningWorker(config, store, recipe, model)
+        worker = LearningWorker(config, store, model, recipes={"default": [recipe]})
         feedback = 0
         points.append(
             {

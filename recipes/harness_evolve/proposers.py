@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reef.sdk import (
+    HARNESS,
     Generate,
     Relabelled,
     ScorerSpec,
@@ -75,14 +76,14 @@ class HindsightProposer:
         found = shown_by_user + [(item.turn.prompt, item.answer.strip()) for item in answers]
         if not found:
             return "no answer given under the feedback met the scorer"
-        existing = context.files.get("examples.jsonl", b"").decode().splitlines()
+        existing = context.files_of(HARNESS).get("examples.jsonl", b"").decode().splitlines()
         shown = [json.loads(line) for line in existing if line.strip()]
         for prompt, answer in found:
             shown = [e for e in shown if e["user"] != prompt]
             shown.append({"user": prompt, "assistant": answer})
         shown = shown[-self.max_examples :]
         content = "".join(json.dumps(e) + "\n" for e in shown)
-        op = "update" if "examples.jsonl" in context.files else "create"
+        op = "update" if "examples.jsonl" in context.files_of(HARNESS) else "create"
         return Mutation(op, "examples.jsonl", content, _examples_reason(shown_by_user, answers))
 
 
@@ -104,7 +105,7 @@ class RuleProposer:
             return "the failing turns carry no feedback text to act on"
         rule = "\n".join(f"- {text}" for text in dict.fromkeys(feedback)) + "\n"
         path = "rules/feedback.md"
-        op = "update" if path in context.files else "create"
+        op = "update" if path in context.files_of(HARNESS) else "create"
         return Mutation(op, path, rule, "users' feedback, kept as a rule")
 
 
@@ -164,7 +165,7 @@ class ModelProposer:
         files = (
             "\n".join(
                 f"--- {path}\n{data.decode(errors='replace')[:1500]}"
-                for path, data in sorted(context.files.items())
+                for path, data in sorted(context.files_of(HARNESS).items())
             )
             or "(none yet)"
         )
@@ -183,10 +184,10 @@ class ModelProposer:
             rejections=rejections,
             instruction=instruction,
         )
-        schema = mutation_schema(context.files)
+        schema = mutation_schema(context.files_of(HARNESS))
         messages = [{"role": "user", "content": prompt}]
         reply = self.ask(messages, json_schema=schema, max_tokens=reply_room(schema))
         try:
-            return fitted(parse_mutation(reply, max_bytes=8000), context.files)
+            return fitted(parse_mutation(reply, max_bytes=8000), context.files_of(HARNESS))
         except MutationRefused as refused:
             return str(refused)

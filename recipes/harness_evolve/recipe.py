@@ -16,6 +16,7 @@ from pydantic import Field
 
 from reef.sdk import (
     FEEDBACK_GROUP,
+    HARNESS,
     EvalTask,
     Evaluated,
     ExperienceView,
@@ -27,6 +28,7 @@ from reef.sdk import (
     StepContext,
     Trajectory,
     Turn,
+    files_of,
 )
 
 from .mutations import MutationRefused, apply
@@ -109,11 +111,11 @@ class HarnessEvolve(Recipe):
     def parent(self, context: StepContext) -> dict[str, bytes]:
         """The tree to mutate: the current one, or one from the Pareto set, in turn."""
         if self.settings.selection == "incumbent":
-            return context.files
+            return context.files_of(HARNESS)
         front = pareto_front(context.evaluated)
         if not front:
-            return context.files
-        return front[len(context.evaluated) % len(front)].files
+            return context.files_of(HARNESS)
+        return files_of(front[len(context.evaluated) % len(front)].files, HARNESS)
 
     def _failing_prompts(self, failures: list[Turn]) -> list[EvalTask]:
         if self.settings.scorer is None:

@@ -5,19 +5,23 @@ the tool's result (an error) says whether the answer helped. A judge reads the t
 its answer and that next state, and votes `m` times:
 
 - the score is the majority of the votes; a tie (no strict majority) is 0;
-- the hint, when the votes give one, is what the next state says should have been done: the
-  most common hint among the votes that agree with the majority.
+- the hint is what the next state says should have been done, a judgement of its own as in
+  OpenClaw-RL's hindsight distillation: of the votes that give a hint, whatever their score, the
+  longest hint longer than 10 characters (a shorter one says too little: "none", "N/A"); no
+  hint when none is.
 
 Two judges:
 
 - `ModelJudge`: an OpenAI-compatible model (the served model by default, or `judge_url`), its
-  reply constrained to `{"score": -1|0|1, "hint": "..."}` by a JSON schema;
+  reply constrained to `{"score": -1|0|1, "hint": "..."}` by a JSON schema, with room to close;
 - `KeywordJudge`: no model, for a served model too small to judge (the embedded 135M one): a
   next user message that corrects ("no", "I said", "wrong", "shorter"…) is -1 with that message
-  as the hint, one that approves ("thanks", "great"…) is +1, a tool result that reports an
+  as its hint, one that approves ("thanks", "great"…) is +1, a tool result that reports an
   error is -1; anything else 0. It votes once.
 
 An explicit score from `/reef/report` overrides any judge: 2 * score - 1, so 1 is +1 and 0 is -1.
+The report's words, when it has some (feedback text, or `{"hint"|"text": ...}`), are the hint:
+the newest, as the user wrote it, with no length rule.
 """
 
 from __future__ import annotations
@@ -32,17 +36,25 @@ from typing import Any, Protocol
 
 import httpx
 
-from reef.sdk import Turn, message_text
+from reef.sdk import Turn, hints, message_text
 
 # Sends chat messages to a model and returns its reply; with a JSON schema, constrained to it.
 Ask = Callable[..., str]
 
+HINT_MIN_CHARS = 10  # a judge's hint must be longer than this to count (OpenClaw-RL's rule)
+HINT_MAX_CHARS = 240  # bounded, so that a reply held to the schema closes within VOTE_ROOM
 VOTE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"score": {"type": "integer", "enum": [-1, 0, 1]}, "hint": {"type": "string"}},
+    "properties": {
+        "score": {"type": "integer", "enum": [-1, 0, 1]},
+        "hint": {"type": "string", "maxLength": HINT_MAX_CHARS},
+    },
     "required": ["score", "hint"],
     "additionalProperties": False,
 }
+# max_tokens for the longest vote the schema allows, at a token a character, with room for the
+# spaces the grammar allows: a reply cut short is not JSON.
+VOTE_ROOM = len(json.dumps({"score": -1, "hint": ""})) + HINT_MAX_CHARS + 64
 JUDGE_PROMPT = """You judge one answer of an AI assistant by what happened next.
 
 The conversation so far:
@@ -89,12 +101,19 @@ def judge_turn(turn: Turn, judge: Judge) -> Judgement | None:
     """The turn's judgement: the user's score when there is one, else the judge's votes on its
     next state; None for a turn with neither (a session's last turn: nothing to learn from)."""
     if turn.score is not None:
-        return Judgement(score=max(-1.0, min(1.0, 2.0 * turn.score - 1.0)), judge="report")
+        return reported(turn, turn.score)
     if not turn.next_state:
         return None
     votes = judge.votes(turn)
     score = majority([vote.score for vote in votes])
-    return Judgement(score=score, judge=judge.name, votes=votes, hint=agreed_hint(votes, score))
+    return Judgement(score=score, judge=judge.name, votes=votes, hint=longest_hint(votes))
+
+
+def reported(turn: Turn, score: float) -> Judgement:
+    """The user's own judgement: their score as an advantage, their newest words as the hint."""
+    words = hints(turn)
+    advantage = max(-1.0, min(1.0, 2.0 * score - 1.0))
+    return Judgement(score=advantage, judge="report", hint=words[-1] if words else None)
 
 
 def majority(scores: list[int]) -> int:
@@ -105,10 +124,11 @@ def majority(scores: list[int]) -> int:
     return value if count * 2 > len(scores) else 0
 
 
-def agreed_hint(votes: list[Vote], score: int) -> str | None:
-    """The most common non-empty hint among the votes that gave `score` (first seen on ties)."""
-    found = [vote.hint.strip() for vote in votes if vote.score == score and vote.hint.strip()]
-    return Counter(found).most_common(1)[0][0] if found else None
+def longest_hint(votes: list[Vote]) -> str | None:
+    """The longest hint of more than HINT_MIN_CHARS characters, whatever its vote's score (the
+    first on ties); None when no vote gives one."""
+    found = [vote.hint.strip() for vote in votes if len(vote.hint.strip()) > HINT_MIN_CHARS]
+    return max(found, key=len) if found else None
 
 
 # -- judges ---------------------------------------------------------------------------------------
@@ -125,7 +145,10 @@ class ModelJudge:
 
     def votes(self, turn: Turn) -> list[Vote]:
         messages = [{"role": "user", "content": judge_prompt(turn)}]
-        return [parse_vote(self.ask(messages, json_schema=VOTE_SCHEMA)) for _ in range(self.count)]
+        return [self._vote(messages) for _ in range(self.count)]
+
+    def _vote(self, messages: list[dict[str, Any]]) -> Vote:
+        return parse_vote(self.ask(messages, json_schema=VOTE_SCHEMA, max_tokens=VOTE_ROOM))
 
 
 def judge_prompt(turn: Turn) -> str:
@@ -150,12 +173,16 @@ def parse_vote(reply: str) -> Vote:
 def endpoint_ask(url: str, model: str | None, api_key_env: str | None) -> Ask:
     """Ask an OpenAI-compatible endpoint (`judge_url`) instead of the served model."""
 
-    def ask(messages: list[dict[str, Any]], json_schema: dict[str, Any] | None = None) -> str:
+    def ask(
+        messages: list[dict[str, Any]],
+        json_schema: dict[str, Any] | None = None,
+        max_tokens: int = 200,
+    ) -> str:
         body: dict[str, Any] = {
             "model": model or "judge",
             "messages": messages,
             "temperature": 0.7,
-            "max_tokens": 200,
+            "max_tokens": max_tokens,
         }
         if json_schema is not None:
             body["response_format"] = {

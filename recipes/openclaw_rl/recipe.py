@@ -5,10 +5,11 @@ result. It says, without anyone scoring anything, whether the answer helped ("no
 says it did not, and also what was wanted). A step:
 
 1. **judges** each turn that has a next state (`judge.py`): `votes` votes of +1/-1/0, the
-   majority (ties 0), and a hint when the next state says what should have been done. An
-   explicit score from `/reef/report` overrides the judge. A session's last turn has no next
-   state and is left for later (its session may go on). Each judgement is kept beside its record
-   (`reef records` shows it);
+   majority (ties 0), and a hint when the next state says what should have been done (the
+   longest a vote gives, over 10 characters, whatever the votes' scores). An explicit score from
+   `/reef/report` overrides the judge, and its words, if any, are the hint. A session's last turn
+   has no next state and is left for later (its session may go on). Each judgement is kept
+   beside its record (`reef records` shows it);
 2. builds a **token advantage** for each judged answer, as served (its token ids):
    - binary RL: the turn's score on every token, times `w_rl`;
    - hindsight on-policy distillation, when there is a hint: the same answer is scored under
@@ -46,7 +47,9 @@ from reef.sdk import (
     rendered_prompt,
     reporter,
     require_weights,
+    served_prompt,
     train_on_current,
+    training_length,
     with_hint,
 )
 
@@ -75,9 +78,20 @@ class OpenClawRLSettings(LoraRecipeSettings):
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.28, ge=0.0)
     kl_beta: float = Field(0.02, ge=0.0)
+    # The cap of the importance weight that corrects for the engine having sampled the answers
+    # (quantised, top-k, min-p), not the weights trained here; none: no correction.
+    tis_cap: float | None = Field(2.0, gt=0.0)
     # The LoRA run's other settings come from LoraRecipeSettings.
     learning_rate: float = Field(2e-4, gt=0)
     steps: int = Field(8, ge=1)  # gradient steps on the batch
+
+
+def served_logprobs(turn: Turn, tokens: int) -> list[float] | None:
+    """The log-probs the engine sampled the answer's first `tokens` tokens with, if recorded."""
+    served = turn.completion_logprobs
+    if not served or len(served) != len(turn.completion_token_ids or []):
+        return None
+    return list(served[:tokens])
 
 
 def token_advantages(
@@ -99,6 +113,7 @@ def token_advantages(
 
 class OpenClawRL(Recipe):
     name = "openclaw_rl"
+    trains_weights = True
     signal = "the next state of each turn: the user's reply or the tool's result"
     experience = "reactive, from live multi-turn sessions, judged turn by turn"
     target = "model (LoRA)"
@@ -202,27 +217,35 @@ class OpenClawRL(Recipe):
         self, judged: list[tuple[Turn, Judgement]], context: StepContext
     ) -> tuple[list[Any], int]:
         """A policy example per judged answer, and how many got a distillation term."""
-        from reef.sdk import PolicyExample, completion_logprobs
+        from reef.sdk import PolicyExample, TrainingExample, completion_logprobs, fit
 
         base = self._base.get(context)
         model = self._policy_now(base, context)
+        length = training_length(self.settings, base)
         prompts: dict[str, list[int]] = {}
         examples = []
         distilled = 0
         for turn, judgement in judged:
-            completion = list(turn.completion_token_ids or [])
-            prompt = rendered_prompt(context, turn.messages, prompts, turn.record_id)
+            # The prompt as served and its answer, cut as the update will cut them: teacher and
+            # student below score exactly the context the update trains on.
+            answer = list(turn.completion_token_ids or [])
+            served = TrainingExample(served_prompt(context, turn, prompts), answer)
+            prompt, completion = fit(served, length)
             teacher = student = None
             if judgement.hint and self.settings.w_opd > 0:
                 hinted = with_hint(turn.messages, judgement.hint)
-                teacher_prompt = rendered_prompt(context, hinted, prompts, f"{turn.record_id}+")
+                teacher_prompt = rendered_prompt(
+                    context, hinted, prompts, f"{turn.record_id}+", tools=turn.tools
+                )
+                teacher_prompt, _ = fit(TrainingExample(teacher_prompt, completion), length)
                 teacher = completion_logprobs(model, teacher_prompt, completion)
                 student = completion_logprobs(model, prompt, completion)
                 distilled += 1
             advantages = token_advantages(
                 judgement.score, len(completion), self.settings, teacher, student
             )
-            examples.append(PolicyExample(prompt, completion, advantages))
+            behaviour = served_logprobs(turn, len(completion))
+            examples.append(PolicyExample(prompt, completion, advantages, None, behaviour))
         return examples, distilled
 
     def _policy_now(self, base: Any, context: StepContext) -> Any:

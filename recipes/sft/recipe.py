@@ -2,7 +2,8 @@
 
 A step gathers training examples, each a prompt as the engine renders it and a completion:
 
-- **good answers**: turns scored at or above `threshold`, the answer's tokens as served;
+- **good answers**: turns scored at or above `threshold`, the prompt and the answer's tokens as
+  served (a record without its prompt's tokens is rendered again, with its call's tools);
 - **demonstrations**: feedback `{"demonstration": "..."}` on a turn, the user's own answer;
 - **hindsight answers**: a turn scored below `threshold` whose feedback says what was wanted is
   asked again with that feedback beside the user's message (`reef.learning.hindsight`): the
@@ -14,10 +15,12 @@ not cost it the rest: the current release's own greedy answers to `replay` other
 scenario's latest calls outside the batch, else a few general questions) join the examples.
 
 It trains a LoRA on them with `reef.training` (continuing the current release's adapter when the
-scenario already serves one), exports it as a PEFT folder and a llama.cpp GGUF adapter, and
-proposes it as a `lora` candidate. The worker's gate then compares it with the current release on
-the scenario's eval tasks (and the failing prompts, when a scorer is set), on the serving engine.
-Training runs in the learning worker, never in the server: serving goes on meanwhile.
+scenario already serves one), on prompts as they were served, exports
+it as a PEFT folder and a llama.cpp GGUF adapter, and proposes it as a `lora` candidate: the worker
+keeps the serving harness beside it (an `agent` release when there is one). The worker's gate then
+compares it with the current release on the scenario's eval tasks (and the failing prompts, when a
+scorer is set), on the serving engine. Training runs in the learning worker, never in the server:
+serving goes on meanwhile.
 """
 
 from __future__ import annotations
@@ -46,10 +49,11 @@ from reef.sdk import (
     demonstrations,
     hints,
     relabel,
-    rendered_prompt,
     reporter,
     require_weights,
+    served_prompt,
     train_on_current,
+    training_length,
 )
 
 log = logging.getLogger("reef.learning")
@@ -80,6 +84,7 @@ class SFTSettings(LoraRecipeSettings):
 
 class SFT(Recipe):
     name = "sft"
+    trains_weights = True
     signal = "good scores, demonstrations, and feedback that says what was wanted"
     experience = "reactive, from live traffic, relabelled in hindsight"
     target = "model (LoRA)"
@@ -131,9 +136,7 @@ class SFT(Recipe):
         base = self._base.get(context)
         prompts: dict[str, list[int]] = {}  # record id -> rendered prompt, once per turn
         examples = [
-            TrainingExample(
-                rendered_prompt(context, turn.messages, prompts, turn.record_id), completion
-            )
+            TrainingExample(served_prompt(context, turn, prompts), completion)
             for turn, completion in self._tokenized(pairs, base)
         ]
         learned = len(examples)
@@ -227,6 +230,7 @@ class SFT(Recipe):
             batch_size=self.settings.train_batch_size,
             target_modules=self.settings.target_modules,
             seed=self.settings.seed,
+            max_length=training_length(self.settings, base),
         )
         on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
         return train_lora(base, examples, settings, on_step=on_step, resume_from=resume_from)

@@ -3,10 +3,12 @@
 The experience is the recipe's own: rollouts of the served model (under the current release)
 from starting states, each scored by the task's verifier. A step:
 
-1. chooses `starts` starting states from the archive by PUCT (`archive.py`), the task's seeded
-   starting state the first time;
+1. chooses up to `starts` starting states from the archive by PUCT (`archive.py`), none an
+   ancestor or a descendant of another: the task's seeded starting state the first time;
 2. samples a group of `group_size` rollouts from each, at `temperature`, and verifies each;
-   every new state enters the archive, which keeps the best `archive_size`;
+   each new state enters the archive as a child of its start, unless the archive holds the same
+   centres or the start keeps `children_per_state` children as good; the archive keeps the best
+   `archive_size`;
 3. gives each rollout its entropic advantage within its group, β chosen per group so that
    KL(q_β ‖ uniform) = ln 2 (`advantages.py`); groups whose rewards are all equal are skipped
    and counted;
@@ -65,6 +67,7 @@ class TTTDSettings(LoraRecipeSettings):
     max_tokens: int = Field(320, ge=16)
     archive_size: int = Field(16, ge=1)
     exploration: float = Field(1.0, ge=0)  # c in the PUCT score
+    children_per_state: int = Field(2, ge=1)  # children a state keeps in the archive, the best
     kl_beta: float = Field(0.02, ge=0)
     # The LoRA run's other settings come from LoraRecipeSettings.
     steps: int = Field(4, ge=1)  # gradient steps on each step's rollouts
@@ -72,6 +75,7 @@ class TTTDSettings(LoraRecipeSettings):
 
 class TTTDiscover(Recipe):
     name = "tttd"
+    trains_weights = True
     signal = "a verifier's reward on the model's own rollouts"
     experience = "self-generated, from an archive of the best states found"
     target = "model (LoRA)"
@@ -103,7 +107,7 @@ class TTTDiscover(Recipe):
             group = self._group(start, rollouts, examples)
             archive.expanded(start.id, group["rewards"])
             groups.append(group)
-        self._keep(archive, groups, context.work_dir)
+        self._keep(archive, starts, groups, context.work_dir)
         skipped = sum(g["beta"] is None for g in groups)
         if not examples:
             raise ProposalRefused(f"all {skipped} group(s) had equal rewards: nothing to learn")
@@ -134,8 +138,9 @@ class TTTDiscover(Recipe):
         path = work_dir / "archive.json"
         if path.is_file():
             return Archive.load(path)
-        archive = Archive(self.settings.archive_size, self.settings.exploration)
-        state = circles.starting_state(self.settings.circles, self.settings.start_seed)
+        settings = self.settings
+        archive = Archive(settings.archive_size, settings.exploration, settings.children_per_state)
+        state = circles.starting_state(settings.circles, settings.start_seed)
         archive.add([list(c) for c in state], circles.reward(state))
         return archive
 
@@ -175,11 +180,13 @@ class TTTDiscover(Recipe):
             for (completion, _, _), advantage in zip(rollouts, advantages, strict=True):
                 if not completion.token_ids or not completion.prompt_token_ids:
                     raise RecipeError("the engine does not report token ids: tttd needs them")
-                examples.append(
-                    PolicyExample.sequence(
-                        completion.prompt_token_ids, completion.token_ids, advantage
-                    )
+                example = PolicyExample.sequence(
+                    completion.prompt_token_ids, completion.token_ids, advantage
                 )
+                served = completion.token_logprobs
+                if served and len(served) == len(completion.token_ids):
+                    example.behaviour_logprobs = list(served)  # sampled by the engine, not here
+                examples.append(example)
         return {
             "start": start.id,
             "rewards": rewards,
@@ -187,11 +194,14 @@ class TTTDiscover(Recipe):
             "centres": [centres for _, _, centres in rollouts],
         }
 
-    def _keep(self, archive: Archive, groups: list[dict[str, Any]], work_dir: Path) -> None:
-        """New states into the archive, the step into its history, both saved; best.png drawn."""
-        for group in groups:
+    def _keep(
+        self, archive: Archive, starts: list[State], groups: list[dict[str, Any]], work_dir: Path
+    ) -> None:
+        """New states into the archive as children of their start (copies and children beyond
+        the cap left out), the step into its history, both saved; best.png drawn."""
+        for start, group in zip(starts, groups, strict=True):
             for centres, reward in zip(group.pop("centres"), group["rewards"], strict=True):
-                archive.add(centres, reward, parent=group["start"])
+                archive.add(centres, reward, parent=start)
         archive.history.append(
             {
                 "step": len(archive.history) + 1,

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from reef.errors import describe_validation_error
 
@@ -166,16 +175,57 @@ class GateConfig(_Section):
         return self.groups.get(group) or GroupRule()
 
 
-class LearningConfig(BaseModel):
-    """The learning loop. Keys other than these are the recipe's own settings."""
+class RecipeChoice(BaseModel):
+    """One recipe a scenario learns with: `recipe` names it, the other keys are its settings."""
+
+    model_config = ConfigDict(extra="allow")
+
+    recipe: str
+
+    def settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class _Recipes(BaseModel):
+    """`recipe` with its settings beside it, or `recipes`: a list of them."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     # A built-in short name (harness_evolve) or package.module:Class; none: no learning.
     recipe: str | None = None
+    # Several recipes, each with its own settings: they step in turn on the scenario, each
+    # proposing against its current head (`[{recipe: harness_evolve}, {recipe: sft, steps: 40}]`).
+    recipes: list[RecipeChoice] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> _Recipes:
+        if self.recipes and (self.recipe or self.model_extra):
+            raise ValueError(
+                "give either recipe (with its settings beside it) or recipes (each with its "
+                "own settings), not both"
+            )
+        return self
+
+    def recipe_settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def choices(self) -> list[RecipeChoice]:
+        if self.recipes:
+            return list(self.recipes)
+        if self.recipe:
+            return [RecipeChoice(recipe=self.recipe, **self.recipe_settings())]
+        return []
+
+
+class LearningConfig(_Recipes):
+    """The learning loop's default for every scenario. Keys other than these are the recipe's
+    own settings."""
+
     # auto: steps when the recipe says a batch is ready; manual: only for `reef train`
     # instructions; hybrid: both.
     mode: Literal["auto", "manual", "hybrid"] = "auto"
+    # The scenarios that learn with this default (a scenario with a `learning` of its own under
+    # `scenarios:` learns with that instead, listed here or not).
     scenarios: list[str] = Field(default_factory=lambda: ["default"])
     interval_s: float = Field(2.0, gt=0)
     # The model a recipe's proposer asks: an OpenAI-compatible base URL with /v1, or none for
@@ -184,8 +234,22 @@ class LearningConfig(BaseModel):
     proposer_model: str | None = None
     proposer_api_key_env: str | None = None
 
-    def recipe_settings(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+
+class ScenarioLearningConfig(_Recipes):
+    """A scenario's own learning strategy: its recipe(s) and mode; unset keys (and no recipe at
+    all) take the `learning` default's."""
+
+    mode: Literal["auto", "manual", "hybrid"] | None = None
+
+
+@dataclass(frozen=True)
+class LearningPlan:
+    """What one scenario learns with, resolved from `learning` and `scenarios.<name>.learning`."""
+
+    scenario: str
+    mode: str
+    recipes: tuple[RecipeChoice, ...]
+    key: str  # where the recipes are configured, for errors: "learning" or "scenarios.X.learning"
 
 
 class GenerationConfig(_Section):
@@ -207,6 +271,7 @@ class GenerationConfig(_Section):
 class ScenarioConfig(_Section):
     gate: GateConfig | None = None
     generation: GenerationConfig | None = None
+    learning: ScenarioLearningConfig | None = None
 
 
 class RetentionConfig(_Section):
@@ -255,6 +320,20 @@ class ReefConfig(_Section):
     def generation_for(self, scenario: str) -> GenerationConfig:
         override = self.scenarios.get(scenario)
         return override.generation if override and override.generation else self.generation
+
+    def learning_plans(self) -> list[LearningPlan]:
+        """Every scenario that learns, with its recipes and mode, in config order."""
+        own = {name: s.learning for name, s in self.scenarios.items() if s.learning is not None}
+        plans = []
+        for name in dict.fromkeys([*self.learning.scenarios, *own]):
+            scenario = own.get(name)
+            mine = scenario.choices() if scenario else []
+            key = f"scenarios.{name}.learning" if mine else "learning"
+            recipes = mine or self.learning.choices()
+            mode = (scenario.mode if scenario else None) or self.learning.mode
+            if recipes:
+                plans.append(LearningPlan(name, mode, tuple(recipes), key))
+        return plans
 
     def token_values(self) -> list[str]:
         return [token.get_secret_value() for token in self.server.tokens]
@@ -347,20 +426,32 @@ def load_config(
 
 
 def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
-    """Make `state_dir`, `evals_dir` (given or default) and a recipe file (`learning.recipe:
-    path/file.py:Class`) relative to the config's `folder`, so that `-c other/reef.yaml` from
-    anywhere finds that project's state, evals and recipe."""
+    """Make `state_dir`, `evals_dir` (given or default) and recipe files (`recipe:
+    path/file.py:Class`, in `learning` and each scenario's) relative to the config's `folder`, so
+    that `-c other/reef.yaml` from anywhere finds that project's state, evals and recipes."""
     for key in ("state_dir", "evals_dir"):
         value = data.get(key, ReefConfig.model_fields[key].default)
         if isinstance(value, str | Path):
             given = Path(value).expanduser()
             data[key] = given if given.is_absolute() else folder / given
-    learning = data.get("learning")
-    recipe = learning.get("recipe") if isinstance(learning, dict) else None
+    scenarios = data.get("scenarios")
+    learnings = [data.get("learning")]
+    if isinstance(scenarios, dict):
+        learnings += [s.get("learning") for s in scenarios.values() if isinstance(s, dict)]
+    for learning in learnings:
+        if isinstance(learning, dict):
+            _anchor_recipe(learning, folder)
+            for choice in learning.get("recipes") or []:
+                if isinstance(choice, dict):
+                    _anchor_recipe(choice, folder)
+
+
+def _anchor_recipe(section: dict[str, Any], folder: Path) -> None:
+    recipe = section.get("recipe")
     if isinstance(recipe, str) and ":" in recipe:
         location, _, name = recipe.rpartition(":")
         if location.endswith(".py") and not Path(location).expanduser().is_absolute():
-            learning["recipe"] = f"{folder / location}:{name}"  # type: ignore[index]
+            section["recipe"] = f"{folder / location}:{name}"
 
 
 def _tokens(env: dict[str, str], variable: str) -> list[SecretStr]:

@@ -20,7 +20,7 @@ from reef.errors import BadRequest
 
 TEXT_PART_TYPES = ("text", "input_text")
 # OpenAI sends logit_bias keys as token ids written in digits, as JSON object keys must be strings.
-TOKEN_ID_KEY = re.compile(r"^[0-9]{1,10}$")
+TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")  # matched whole (`.fullmatch`): no trailing newline
 MAX_LOGIT_BIAS = 100
 # Choices per request (`n`): llama.cpp generates them one after another, holding its one worker.
 MAX_CHOICES = 8
@@ -217,7 +217,7 @@ class ChatRequest(BaseModel):
 
 
 def _check_logit_bias(key: str, bias: Any) -> None:
-    if not TOKEN_ID_KEY.match(key):
+    if not TOKEN_ID_KEY.fullmatch(key):
         raise ValueError(f"logit_bias key {key!r} is not a token id: write the id in digits")
     number = isinstance(bias, int | float) and not isinstance(bias, bool)
     if not number or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:

@@ -9,11 +9,15 @@ The built-in recipes (reef.recipes) and the one `reef recipe new` writes import 
   `Evaluated` (a candidate's scores, for recipes that search);
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `relabel` (an answer that
   meets the feedback and still answers the question), `with_hint`;
-- weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `rendered_prompt`,
-  `current_adapter`, `train_on_current`, `policy_update`, `reporter`;
+- weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
+  `rendered_prompt`, `training_length`, `current_adapter`, `train_on_current`, `policy_update`,
+  `reporter`;
 - messages: `message_text`, `answer_text`, `Completion`;
+- artifacts: `HARNESS` and `ADAPTER`, the parts a release carries (`StepContext.files_of(part)`
+  gives the current release's files of one), `files_of` for any artifact's files;
 - training (torch, the `train` extra): `TrainingExample`, `PolicyExample`, `LoraSettings`,
-  `train_lora`, `load_lora`, `completion_logprobs`, `encode_completion`, imported on first use,
+  `train_lora`, `load_lora`, `completion_logprobs`, `encode_completion`, `fit` (an example cut to
+  a length as training cuts it), imported on first use,
   so that importing this module never loads torch (the server loads recipes too).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from reef.artifacts import ADAPTER, HARNESS, files_of
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.inference.model import answer_text
 from reef.learning.hindsight import Generate, Relabelled, demonstrations, hints, relabel, with_hint
@@ -43,7 +48,9 @@ from reef.learning.weights import (
     rendered_prompt,
     reporter,
     require_weights,
+    served_prompt,
     train_on_current,
+    training_length,
 )
 from reef.protocol import Completion, message_text
 
@@ -57,6 +64,7 @@ if TYPE_CHECKING:
         train_lora,
     )
     from reef.training.lora import load_lora
+    from reef.training.loss import fit
 
 _TRAINING = {
     "LoraSettings": "reef.training",
@@ -66,6 +74,7 @@ _TRAINING = {
     "encode_completion": "reef.training",
     "train_lora": "reef.training",
     "load_lora": "reef.training.lora",
+    "fit": "reef.training.loss",
 }
 
 
@@ -76,7 +85,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ADAPTER",
     "FEEDBACK_GROUP",
+    "HARNESS",
     "BaseWeights",
     "Completion",
     "EvalTask",
@@ -102,6 +113,8 @@ __all__ = [
     "current_adapter",
     "demonstrations",
     "encode_completion",
+    "files_of",
+    "fit",
     "hints",
     "load_lora",
     "message_text",
@@ -110,7 +123,9 @@ __all__ = [
     "rendered_prompt",
     "reporter",
     "require_weights",
+    "served_prompt",
     "train_lora",
     "train_on_current",
+    "training_length",
     "with_hint",
 ]

@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reef.harness.installers import AGENT_PACKAGES
+from reef.errors import BadRequest, NotFound
+from reef.harness.installers import AGENT_PACKAGES, render_install
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
 from tests.support.harness_server import HEADERS, harness_project, install_script, serving
@@ -233,3 +234,47 @@ def test_the_real_agent_runs_through_reef(
     assert reported.returncode == 0, reported.stderr
     record = httpx.get(f"{server.url}/reef/records/{mine[0]['id']}", headers=HEADERS).json()
     assert [report["id"] for report in record["reports"]] == [reported.stdout.strip()]
+
+
+# -- names and values written into a script are matched whole -------------------------------
+
+
+def _render(adapter: str = "codex", **values: str) -> str:
+    fields = {"scenario": "default", "release_id": "default@1", "model": "m", **values}
+    return render_install(
+        adapter,
+        base_url="http://127.0.0.1:8900/",
+        files={},
+        system_prompt="Be brief.",
+        context_window=2048,
+        **fields,
+    )
+
+
+@pytest.mark.parametrize("field", ["scenario", "release_id", "model"])
+@pytest.mark.parametrize("tail", ["\n", "\r\n", "\n; rm -rf ~"])
+def test_a_value_with_a_trailing_newline_is_refused(field: str, tail: str) -> None:
+    """`$` let a trailing newline through, which ends the line of the script it is written on."""
+    clean = {"scenario": "default", "release_id": "default@1", "model": "m"}[field]
+    with pytest.raises(BadRequest, match="cannot be written into an install script"):
+        _render(**{field: clean + tail})
+
+
+def test_an_adapter_name_with_a_trailing_newline_is_unknown() -> None:
+    assert "codex" in _render()
+    with pytest.raises(NotFound, match="no harness adapter"):
+        _render("codex\n")
+
+
+def test_a_file_path_with_a_trailing_newline_is_left_out() -> None:
+    script = render_install(
+        "codex",
+        base_url="http://127.0.0.1:8900/",
+        scenario="default",
+        release_id="default@1",
+        model="m",
+        files={"kept.md": b"kept", "dropped.md\n": b"dropped"},
+        system_prompt="Be brief.",
+        context_window=2048,
+    )
+    assert "kept.md" in script and "dropped" not in script

@@ -26,7 +26,7 @@ def worker(
     config = load_config(tmp_path / "reef.yaml", env={})
     store = ExperienceStore(config.experience_db)
     recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
-    return LearningWorker(config, store, recipe, LocalModel(engine))
+    return LearningWorker(config, store, LocalModel(engine), recipes={"default": [recipe]})
 
 
 def failing_call(store: ExperienceStore) -> str:
@@ -72,12 +72,13 @@ def test_a_model_proposal_becomes_a_gated_candidate(
     learner = worker(tmp_path, engine, mutation, peer)
     record_id = failing_call(learner.store)
     result = asyncio.run(learner.step("default"))
-    # No eval tasks exist, and the recipe has no scorer: the gate fails closed.
+    # No eval tasks exist, and the recipe has no scorer: the gate fails closed, unjudged.
     assert result.outcome == "rejected" and "no eval tasks" in result.detail
+    assert result.retry_later and "1 record returns to learning" in result.detail
     candidate = learner.workflow.candidates.get(result.candidate_id or "")
     assert candidate.consumed_record_ids == [record_id]
     assert (Path(candidate.files_path) / "rules/greeting.md").read_text() == "Greet formally."
-    assert asyncio.run(learner.step("default")).outcome == "waiting"  # consumed: not offered again
+    assert learner.view("default").counts.waiting == 1  # its feedback is offered again
     learner.store.close()
 
 
@@ -86,9 +87,9 @@ def test_manual_mode_steps_only_for_instructions(
 ) -> None:
     learner = worker(tmp_path, engine, "nothing useful", peer, mode="manual")
     failing_call(learner.store)
-    assert asyncio.run(learner._next_step("default")) is None
+    assert asyncio.run(learner.next_step("default")) is None
     queue_instruction(learner.store, "default", "be more formal")
-    result = asyncio.run(learner._next_step("default"))
+    result = asyncio.run(learner.next_step("default"))
     assert result is not None and result.outcome == "no proposal"
-    assert asyncio.run(learner._next_step("default")) is None  # the instruction was taken
+    assert asyncio.run(learner.next_step("default")) is None  # the instruction was taken
     learner.store.close()

@@ -4,34 +4,44 @@ its next message."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from reef.recipes.openclaw_rl.judge import (
+    VOTE_SCHEMA,
     KeywordJudge,
     ModelJudge,
     Vote,
-    agreed_hint,
     endpoint_ask,
     judge_turn,
     majority,
     parse_vote,
 )
-from reef.recipes.openclaw_rl.recipe import OpenClawRLSettings, token_advantages
+from reef.recipes.openclaw_rl.recipe import OpenClawRLSettings, served_logprobs, token_advantages
 
 from reef.learning.view import Turn
 from reef.testing import scripted_user
-from reef.testing.processes import free_port, reef_serve
+from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 
-def turn(next_message: str | None = None, score: float | None = None, role: str = "user") -> Turn:
-    reports = [{"score": score}] if score is not None else []
+def turn(
+    next_message: str | None = None,
+    score: float | None = None,
+    role: str = "user",
+    reports: list[dict[str, Any]] | None = None,
+) -> Turn:
+    if reports is None:
+        reports = [{"score": score}] if score is not None else []
     return Turn(
         record_id="rec_1",
         messages=[{"role": "user", "content": "Name a bird."}],
@@ -62,10 +72,64 @@ def test_the_majority_needs_more_than_half_of_the_votes_and_a_tie_is_zero() -> N
     assert majority([]) == 0
 
 
-def test_the_hint_comes_from_the_votes_that_agree_with_the_majority() -> None:
-    votes = [Vote(-1, "be brief"), Vote(-1, "be brief"), Vote(1, "ignored"), Vote(-1, "shorter")]
-    assert agreed_hint(votes, -1) == "be brief"
-    assert agreed_hint([Vote(-1, " "), Vote(1, "x")], -1) is None
+def test_a_correction_whose_votes_split_still_gives_its_hint() -> None:
+    split = Votes(Vote(-1, "be shorter, one line"), Vote(0), Vote(0))
+    judged = judge_turn(turn("No, shorter."), split)
+    assert judged is not None
+    assert (judged.score, judged.hint) == (0, "be shorter, one line")
+
+
+def test_the_hint_is_the_longest_over_ten_characters_whatever_its_vote_says() -> None:
+    votes = Votes(
+        Vote(-1, "keep it short"),
+        Vote(1, "  answer in one short line  "),
+        Vote(-1, "be brief, please"),
+    )
+    judged = judge_turn(turn("No, shorter."), votes)
+    assert judged is not None
+    assert (judged.score, judged.hint) == (-1, "answer in one short line")
+    tied = Votes(Vote(-1, "say it in one line"), Vote(-1, "one line, no more!"))
+    assert judge_turn(turn("No."), tied).hint == "say it in one line"  # type: ignore[union-attr]
+
+
+def test_a_hint_of_ten_characters_or_fewer_is_no_hint() -> None:
+    ten = "be brief!!"
+    assert len(ten) == 10
+    votes = Votes(Vote(-1, ten), Vote(-1, ten), Vote(-1, "   shorter.   "))
+    judged = judge_turn(turn("No, shorter."), votes)
+    assert judged is not None
+    assert (judged.score, judged.hint) == (-1, None)
+    eleven = Votes(Vote(-1, ten + "!"), Vote(-1, ten))
+    assert judge_turn(turn("No."), eleven).hint == ten + "!"  # type: ignore[union-attr]
+
+
+def test_a_reported_score_with_words_gives_the_words_as_the_hint() -> None:
+    judge = Votes(Vote(1, "the judge is not asked when the user scored"))
+    worded = turn("No.", reports=[{"score": 0.0, "feedback": "Answer in one word."}])
+    judged = judge_turn(worded, judge)
+    assert judged is not None
+    assert (judged.score, judged.judge, judged.hint) == (-1.0, "report", "Answer in one word.")
+    # The newest words, as stored ({"text": ...} too), with no length rule: the user wrote them.
+    reports = [
+        {"score": 0.0, "feedback": "Too long."},
+        {"score": 0.0, "feedback": {"text": "Shorter"}},
+    ]
+    assert judge_turn(turn(reports=reports), judge).hint == "Shorter"  # type: ignore[union-attr]
+    assert judge_turn(turn(score=0.0), judge).hint is None  # type: ignore[union-attr]
+
+
+def test_the_model_judge_leaves_room_for_the_longest_reply_its_schema_allows(
+    peer: ServerProcess,
+) -> None:
+    reply = '{"score": 0, "hint": "answer in one line"}'
+    judge = ModelJudge(endpoint_ask(f"{peer.url}/v1", f"reply:{reply}", None), votes=1)
+    assert judge.votes(turn("Hm.")) == [Vote(0, "answer in one line")]
+    sent = httpx.get(f"{peer.url}/peer/last").json()["body"]
+    schema = sent["response_format"]["json_schema"]["schema"]
+    assert schema == VOTE_SCHEMA
+    # A reply cut short by max_tokens is not JSON: room for the longest, at a token a character.
+    longest = {"score": -1, "hint": "x" * schema["properties"]["hint"]["maxLength"]}
+    assert len(json.dumps(longest)) <= sent["max_tokens"]
 
 
 def test_a_reply_that_is_not_a_vote_abstains() -> None:
@@ -81,9 +145,10 @@ def test_an_explicit_score_overrides_the_judge_and_a_last_turn_is_not_judged() -
     assert judge_turn(turn(score=1.0), judge).score == 1.0  # type: ignore[union-attr]
     assert judge_turn(turn(score=0.75), judge).score == 0.5  # type: ignore[union-attr]
     assert judge_turn(turn(), judge) is None  # no next state, no score: masked
-    judged = judge_turn(turn("No, shorter."), Votes(Vote(-1, "a"), Vote(0), Vote(-1, "a")))
+    hint = "answer in a few words"
+    judged = judge_turn(turn("No, shorter."), Votes(Vote(-1, hint), Vote(0), Vote(-1, hint)))
     assert judged is not None
-    assert (judged.score, judged.hint, judged.judge) == (-1, "a", "listed")
+    assert (judged.score, judged.hint, judged.judge) == (-1, hint, "listed")
 
 
 def test_the_keyword_judge_reads_corrections_approvals_and_tool_errors() -> None:
@@ -95,6 +160,23 @@ def test_the_keyword_judge_reads_corrections_approvals_and_tool_errors() -> None
     assert judge.votes(turn("That's not what I asked.")) == [Vote(-1, "That's not what I asked.")]
     assert judge.votes(turn("And a fish?")) == [Vote(0)]
     assert judge.votes(turn("Error: file not found", role="tool"))[0].score == -1
+
+
+def test_the_policy_examples_carry_the_log_probs_the_engine_served() -> None:
+    served = Turn(
+        record_id="rec_1",
+        messages=[{"role": "user", "content": "Hi"}],
+        answer={},
+        release_id="base",
+        completion_token_ids=[5, 6, 7],
+        completion_logprobs=[-0.1, -0.2, -0.3],
+    )
+    assert served_logprobs(served, 3) == [-0.1, -0.2, -0.3]
+    assert served_logprobs(served, 2) == [-0.1, -0.2]  # the answer cut to the training length
+    unknown = dataclasses.replace(served, completion_logprobs=None)
+    assert served_logprobs(unknown, 3) is None  # the correction is then off for it
+    partial = dataclasses.replace(served, completion_logprobs=[-0.1])
+    assert served_logprobs(partial, 3) is None
 
 
 def test_token_advantages_add_the_distillation_term_to_the_score() -> None:
@@ -154,7 +236,7 @@ def test_next_messages_alone_train_a_released_lora_and_the_judgements_are_record
             check=True,
             env={**os.environ, "COLUMNS": "400"},
         ).stdout
-        votes = model_judge_votes(server.url, records)
+        judge_replies = model_judge_replies(server.url, records)
     assert release["kind"] == "lora"
     released = next(c for c in candidates if c["state"] == "released")
     assert released["metrics"]["judged"] == 6
@@ -174,9 +256,11 @@ def test_next_messages_alone_train_a_released_lora_and_the_judgements_are_record
     # A session's last turn has no next state: nothing was concluded about it.
     assert all(record["annotations"] == [] for record in last_turns)
     assert "openclaw_rl:" in shown and "by keywords" in shown
-    # The served model as judge: its replies are held to the vote's JSON schema.
-    assert len(votes) == 3
-    assert all(vote.score in (-1, 0, 1) and isinstance(vote.hint, str) for vote in votes)
+    # The served model as judge: each raw reply, before parsing, is held to the schema sent.
+    assert len(judge_replies) == 3
+    for reply, schema in judge_replies:
+        assert schema is not None
+        jsonschema.validate(json.loads(reply), schema)
 
 
 def wait_for_release(server) -> dict:  # type: ignore[no-untyped-def]
@@ -194,8 +278,27 @@ def wait_for_release(server) -> dict:  # type: ignore[no-untyped-def]
         time.sleep(2)
 
 
-def model_judge_votes(url: str, records: list[dict]) -> list[Vote]:
-    """Three votes of the served model judging the first recorded turn from its next state."""
+class RecordedAsk:
+    """An ask that keeps each raw reply (what the model returned) with the schema it was sent."""
+
+    def __init__(self, ask: Callable[..., str]) -> None:
+        self.ask = ask
+        self.replies: list[tuple[str, dict[str, Any] | None]] = []
+
+    def __call__(
+        self,
+        messages: list[dict[str, Any]],
+        json_schema: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> str:
+        reply = self.ask(messages, json_schema=json_schema, **options)
+        self.replies.append((reply, json_schema))
+        return reply
+
+
+def model_judge_replies(url: str, records: list[dict]) -> list[tuple[str, dict[str, Any] | None]]:
+    """The raw replies of three votes of the served model judging the first recorded turn from
+    its next state, each with the schema it was sent."""
     first = next(r for r in records if len(r["request"]["messages"]) == 1)
     later = next(r for r in records if r["session"] == first["session"] and r is not first)
     judged = Turn(
@@ -205,8 +308,9 @@ def model_judge_votes(url: str, records: list[dict]) -> list[Vote]:
         release_id=first["release_id"],
         next_state=later["request"]["messages"][2:],
     )
-    judge = ModelJudge(endpoint_ask(f"{url}/v1", None, None), votes=3)
-    return judge.votes(judged)
+    ask = RecordedAsk(endpoint_ask(f"{url}/v1", None, None))
+    ModelJudge(ask, votes=3).votes(judged)
+    return ask.replies
 
 
 def test_the_judge_settings_refuse_unknown_judges() -> None:

@@ -3,6 +3,7 @@ computations, PUCT on a hand-built archive, and one step on the embedded model."
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -142,13 +143,164 @@ def test_puct_scores_match_a_hand_computation() -> None:
     c = archive.add([[0.3, 0.3]], 1.5)
     archive.expanded(b.id, [2.2, 1.9])  # b expanded once, best child 2.2
     scores = archive.puct_scores()
-    # Reached: a 1.0, b 2.2, c 1.5 -> Q scaled over [1.0, 2.2]. Ranks by reward: b, c, a.
-    # Priors 3/6, 2/6, 1/6; T = 1, so sqrt(1 + T) = sqrt(2).
+    # Q: b its best child 2.2; a 1.0 and c 1.5 unexpanded, their own rewards. Measured over the
+    # rewards' span [1.0, 2.0]: b 1.2, c 0.5, a 0.0. Ranks by reward b, c, a: priors 3/6, 2/6,
+    # 1/6. T = 1: sqrt(2). n: b 1, a and c 0.
     root = math.sqrt(2)
-    assert scores[b.id] == pytest.approx(1.0 + 0.5 * root / 2)
-    assert scores[c.id] == pytest.approx(0.5 / 1.2 + (2 / 6) * root)
-    assert scores[a.id] == pytest.approx(0.0 + (1 / 6) * root)
+    assert scores[b.id] == pytest.approx(1.2 + 0.5 * root / 2)  # 1.5536
+    assert scores[c.id] == pytest.approx(0.5 + (2 / 6) * root)  # 0.9714
+    assert scores[a.id] == pytest.approx(0.0 + (1 / 6) * root)  # 0.2357
     assert [s.id for s in archive.choose(2)] == [b.id, c.id]
+
+
+def test_an_expanded_states_q_is_its_best_child_even_below_its_own_reward() -> None:
+    archive = Archive(capacity=8, exploration=1.0)
+    a = archive.add([[0.1, 0.1]], 1.0)
+    b = archive.add([[0.2, 0.2]], 2.0)
+    c = archive.add([[0.3, 0.3]], 1.5)
+    archive.expanded(b.id, [1.2, 1.4])  # b's rollouts all fell below its own 2.0
+    scores = archive.puct_scores()
+    # Q(b) = 1.4, not 2.0: (1.4 - 1.0) / 1.0 = 0.4. Priors and sqrt(1 + T) as above.
+    # b: 0.4 + (3/6) * sqrt(2) / 2 = 0.7536; c: 0.5 + (2/6) * sqrt(2) = 0.9714;
+    # a: (1/6) * sqrt(2) = 0.2357. So c, not the best state b, is the next start.
+    assert scores[b.id] == pytest.approx(0.4 + 0.5 * math.sqrt(2) / 2)
+    assert scores[c.id] == pytest.approx(0.5 + (2 / 6) * math.sqrt(2))
+    assert scores[a.id] == pytest.approx((1 / 6) * math.sqrt(2))
+    assert [s.id for s in archive.choose(1)] == [c.id]
+
+
+def test_a_visit_counts_for_the_state_and_every_ancestor() -> None:
+    archive = Archive(capacity=8, exploration=1.0)
+    r = archive.add([[0.1, 0.1]], 1.0)
+    archive.expanded(r.id, [1.5])
+    x = archive.add([[0.2, 0.2]], 1.5, parent=r)
+    archive.expanded(x.id, [2.0])
+    y = archive.add([[0.3, 0.3]], 2.0, parent=x)
+    archive.expanded(y.id, [1.9])
+    z = archive.add([[0.4, 0.4]], 1.2)  # another root, never expanded
+    # T = 3. n: r 3 (its own group, x's and y's), x 2 (x's and y's), y 1, z 0.
+    assert [s.visits for s in (r, x, y, z)] == [3, 2, 1, 0]
+    scores = archive.puct_scores()
+    # Rewards y 2.0, x 1.5, z 1.2, r 1.0: span [1.0, 2.0], priors .4, .3, .2, .1,
+    # sqrt(1 + 3) = 2. Q: y 1.9 -> 0.9, x 2.0 -> 1.0, z 1.2 -> 0.2, r 1.5 -> 0.5.
+    assert scores[y.id] == pytest.approx(0.9 + 0.4 * 2 / 2)  # 1.3
+    assert scores[x.id] == pytest.approx(1.0 + 0.3 * 2 / 3)  # 1.2
+    assert scores[z.id] == pytest.approx(0.2 + 0.2 * 2 / 1)  # 0.6
+    assert scores[r.id] == pytest.approx(0.5 + 0.1 * 2 / 4)  # 0.55
+
+
+def test_a_visit_reaches_an_ancestor_whose_child_left_the_archive() -> None:
+    archive = Archive(capacity=3)
+    r = archive.add([[0.1, 0.1]], 1.0)
+    x = archive.add([[0.2, 0.2]], 0.9, parent=r)
+    y = archive.add([[0.3, 0.3]], 2.0, parent=x)
+    archive.add([[0.4, 0.4]], 1.5)  # the fourth state: x, the worst, leaves
+    assert x.id not in [s.id for s in archive.states]
+    archive.expanded(y.id, [2.1])
+    assert (y.visits, r.visits) == (1, 1)
+
+
+def lineage_archive() -> tuple[Archive, dict[str, int]]:
+    """r the root of a (2.0) and b (1.8), a the parent of g (2.2); u (1.1) a root of its own."""
+    archive = Archive(capacity=8, exploration=1.0)
+    r = archive.add([[0.1, 0.1]], 1.0)
+    a = archive.add([[0.2, 0.2]], 2.0, parent=r)
+    b = archive.add([[0.3, 0.3]], 1.8, parent=r)
+    g = archive.add([[0.4, 0.4]], 2.2, parent=a)
+    u = archive.add([[0.5, 0.5]], 1.1)
+    return archive, {"r": r.id, "a": a.id, "b": b.id, "g": g.id, "u": u.id}
+
+
+def test_starts_chosen_together_exclude_each_others_ancestors() -> None:
+    archive, ids = lineage_archive()
+    names = {state_id: name for name, state_id in ids.items()}
+    # T = 0, no visits: Q = R, over the span [1.0, 2.2]; priors 5, 4, 3, 2, 1 over 15.
+    # g 1.2/1.2 + 5/15 = 1.333; a 1.0/1.2 + 4/15 = 1.100; b 0.8/1.2 + 3/15 = 0.867;
+    # u 0.1/1.2 + 2/15 = 0.217; r 0 + 1/15 = 0.067.
+    scores = archive.puct_scores()
+    assert scores[ids["a"]] == pytest.approx(1.0 / 1.2 + 4 / 15)
+    # g first; a and r are its ancestors; b is a's sibling, not g's ancestor; then u. Asked for
+    # five, three come back.
+    assert [names[s.id] for s in archive.choose(3)] == ["g", "b", "u"]
+    assert [names[s.id] for s in archive.choose(5)] == ["g", "b", "u"]
+
+
+def test_starts_chosen_together_exclude_each_others_descendants() -> None:
+    archive, ids = lineage_archive()
+    names = {state_id: name for name, state_id in ids.items()}
+    archive.expanded(ids["g"], [1.0])  # g's rollouts scored 1.0: Q(g) = 1.0
+    # T = 1, sqrt(2); n: g, a and r 1 (a and r are g's ancestors), b and u 0.
+    # g 0.0 + (5/15) sqrt(2) / 2 = 0.236; a 0.833 + (4/15) sqrt(2) / 2 = 1.022;
+    # b 0.667 + (3/15) sqrt(2) = 0.950; u 0.083 + (2/15) sqrt(2) = 0.272;
+    # r 0 + (1/15) sqrt(2) / 2 = 0.047.
+    scores = archive.puct_scores()
+    assert scores[ids["a"]] == pytest.approx(1.0 / 1.2 + (4 / 15) * math.sqrt(2) / 2)
+    assert scores[ids["g"]] == pytest.approx((5 / 15) * math.sqrt(2) / 2)
+    # a first; then b, u; g is a's child and r its parent: both left out.
+    assert [names[s.id] for s in archive.choose(5)] == ["a", "b", "u"]
+
+
+def test_a_child_the_same_as_its_parent_or_a_sibling_is_not_added() -> None:
+    archive = Archive(capacity=8)
+    root = archive.add([[0.1, 0.1], [0.2, 0.2]], 1.0)
+    assert archive.add([[0.1, 0.1], [0.2, 0.2]], 1.0, parent=root) is None  # the parent
+    moved = archive.add([[0.5, 0.5], [0.2, 0.2]], 1.3, parent=root)
+    assert archive.add([[0.5, 0.5], [0.2, 0.2]], 1.3, parent=root) is None  # a sibling
+    assert [s.id for s in archive.states] == [moved.id, root.id]
+
+
+def test_an_echo_of_the_prompt_is_a_copy_of_its_start() -> None:
+    # What the 135M model does: it writes the prompt's centres back.
+    start = circles.starting_state(26)
+    archive = Archive(capacity=8)
+    root = archive.add([list(c) for c in start], circles.reward(start))
+    listed = circles.prompt(start).split("):\n", 1)[1].split("\n\n", 1)[0]
+    echoed = circles.parse_centres(listed, start)
+    assert archive.add([list(c) for c in echoed], circles.reward(echoed), parent=root) is None
+    assert len(archive.states) == 1
+
+
+def test_copies_take_no_place_among_a_parents_children() -> None:
+    archive = Archive(capacity=8)  # two children a state by default
+    root = archive.add([[0.1, 0.1]], 1.0)
+    # Copies (the parent's reward, 1.0) would be the group's best two; they are left out, and
+    # the two distinct children, both below the parent, are kept.
+    for centres, reward in [([0.1, 0.1], 1.0), ([0.2, 0.2], 0.9), ([0.1, 0.1], 1.0)]:
+        archive.add([centres], reward, parent=root)
+    archive.add([[0.3, 0.3]], 0.8, parent=root)
+    assert [s.reward for s in archive.states] == [1.0, 0.9, 0.8]
+
+
+def test_a_parent_keeps_its_best_children_up_to_the_cap() -> None:
+    archive = Archive(capacity=8)
+    assert archive.children_per_state == 2  # the reference's topk_children
+    root = archive.add([[0.1, 0.1]], 1.0)
+    # In order 1.3 (room), 1.6 (room), 1.2 (below both: out), 1.5 (beats 1.3, which leaves).
+    for x, reward in [(0.2, 1.3), (0.3, 1.6), (0.4, 1.2), (0.5, 1.5)]:
+        archive.add([[x, x]], reward, parent=root)
+    assert [s.reward for s in archive.children(root.id)] == [1.6, 1.5]
+    # A tie with the worst kept child keeps the older one.
+    assert archive.add([[0.6, 0.6]], 1.5, parent=root) is None
+    # Grandchildren count against their own parent only.
+    best_child = archive.children(root.id)[0]
+    archive.add([[0.7, 0.7]], 1.7, parent=best_child)
+    assert [s.reward for s in archive.states] == [1.7, 1.6, 1.5, 1.0]
+
+
+def test_the_recipe_passes_the_cap_and_adds_rollouts_as_children(tmp_path: Path) -> None:
+    from reef.recipes.tttd.recipe import TTTDiscover, TTTDSettings
+
+    recipe = TTTDiscover(TTTDSettings(circles=4, children_per_state=3))
+    archive = recipe.archive(tmp_path)
+    assert archive.children_per_state == 3
+    start = archive.best
+    moved = [[0.25, 0.25], *start.centres[1:]]
+    group = {"start": start.id, "beta": 1.0, "rewards": [start.reward, circles.reward(moved)]}
+    group["centres"] = [start.centres, moved]  # a copy of the start, and one move
+    recipe._keep(archive, [start], [group], tmp_path)
+    kept = Archive.load(tmp_path / "archive.json")
+    assert [s.parent for s in kept.states if s.id != start.id] == [start.id]
+    assert len(kept.states) == 2
 
 
 def test_an_often_expanded_state_gives_way_to_an_unexplored_one() -> None:
@@ -162,12 +314,21 @@ def test_an_often_expanded_state_gives_way_to_an_unexplored_one() -> None:
 
 def test_the_archive_keeps_its_best_states_and_survives_a_save(tmp_path: Path) -> None:
     archive = Archive(capacity=2)
-    for reward in (1.0, 3.0, 2.0):
-        archive.add([[reward / 10, 0.5]], reward)
+    first = archive.add([[0.1, 0.5]], 1.0)
+    for reward in (3.0, 2.0):
+        archive.add([[reward / 10, 0.5]], reward, parent=first)
     assert [s.reward for s in archive.states] == [3.0, 2.0]
     archive.save(tmp_path / "archive.json")
     loaded = Archive.load(tmp_path / "archive.json")
     assert loaded == archive
+
+
+def test_an_archive_saved_with_parents_only_loads_with_them_as_lineage(tmp_path: Path) -> None:
+    state = {"id": 1, "centres": [[0.1, 0.5]], "reward": 1.0, "parent": 0, "visits": 2}
+    saved = {"capacity": 16, "exploration": 1.0, "states": [state], "expansions": 2}
+    (tmp_path / "archive.json").write_text(json.dumps({**saved, "next_id": 2, "history": []}))
+    loaded = Archive.load(tmp_path / "archive.json")
+    assert (loaded.states[0].ancestors, loaded.children_per_state) == ([0], 2)
 
 
 # -- through the whole loop -----------------------------------------------------------------------

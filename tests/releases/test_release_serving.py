@@ -136,6 +136,14 @@ def test_release_routes_need_the_admin_token(server: ServerProcess, tmp_path: Pa
     assert done.status_code == 201 and done.json()["release_id"] == "default@3"
     stale = httpx.post(rollback, json={"to": "default@9"}, headers=ADMIN_HEADERS)
     assert stale.status_code == 404
+    # The head a reviewer saw is compared inside the chain's lock: a moved head is a 409.
+    moved = httpx.post(rollback, json={"expected_head": "default@2"}, headers=ADMIN_HEADERS)
+    assert moved.status_code == 409 and "default@3" in moved.json()["error"]["message"]
+    promote = f"{server.url}/reef/scenarios/default/promote"
+    body = {"release_id": "default@1", "expected_head": "default@2"}
+    assert httpx.post(promote, json=body, headers=ADMIN_HEADERS).status_code == 409
+    body["expected_head"] = "default@3"
+    assert httpx.post(promote, json=body, headers=ADMIN_HEADERS).status_code == 201
 
 
 def test_held_candidate_approved_and_rejected_over_http(
@@ -205,3 +213,38 @@ def test_lora_release_is_loaded_into_the_running_model(
     while (response := ask(server, body)).headers["x-reef-release-id"] != "default@2":
         assert time.monotonic() < deadline
     assert response.json()["choices"][0]["message"]["content"] == base
+
+
+def test_an_agent_release_serves_its_harness_and_its_adapter_together(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    needs_git_lfs()
+    body = {**HI, "max_tokens": 8, "seed": 1}
+    prompt = "You are Reef's helper. Answer in one short line."
+    agent = random_lora(harness(tmp_path / "agent", prompt))  # AGENTS.md beside adapter.gguf
+
+    def publish(folder: Path, kind: str, release_id: str) -> dict:
+        result = run_reef(tmp_path, "release", "publish", str(folder), "--kind", kind, "--approve")
+        assert result.returncode == 0, result.stdout + result.stderr
+        deadline = time.monotonic() + SWITCH_BOUND_S
+        while (response := ask(server, body)).headers["x-reef-release-id"] != release_id:
+            assert time.monotonic() < deadline
+        return response.json()
+
+    base = ask(server, body).json()
+    harnessed = publish(harness(tmp_path / "h", prompt), "harness", "default@1")
+    whole = publish(agent, "agent", "default@2")
+    assert whole["usage"]["prompt_tokens"] == harnessed["usage"]["prompt_tokens"]  # its harness
+    assert harnessed["usage"]["prompt_tokens"] != base["usage"]["prompt_tokens"]
+    answer = whole["choices"][0]["message"]["content"]
+    assert answer != harnessed["choices"][0]["message"]["content"]  # and its adapter
+    publish(harness(tmp_path / "h2", prompt), "harness", "default@3")
+
+    rolled = run_reef(tmp_path, "release", "rollback", "--scenario", "default", "--to", "default@2")
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    deadline = time.monotonic() + SWITCH_BOUND_S
+    while (response := ask(server, body)).headers["x-reef-release-id"] != "default@4":
+        assert time.monotonic() < deadline
+    assert response.json()["choices"][0]["message"]["content"] == answer  # both parts restored
+    shown = json.loads(run_reef(tmp_path, "release", "show", "default@4", "--json").stdout)
+    assert shown["kind"] == "agent" and shown["parts"] == ["harness", "adapter"]

@@ -252,6 +252,7 @@ BAD_REPORTS = [
     ({"references": ["rec_x"]}, 400, "send a score, a feedback, or both"),
     ({"references": ["rec_x"], "score": 1, "colour": "red"}, 400, "colour: unknown key"),
     ({"references": ["rec_x"], "score": 1, "report_id": "a/b"}, 400, "report_id"),
+    ({"references": ["rec_x"], "score": 1, "report_id": "r-1\n"}, 400, "report_id"),
 ]
 
 
@@ -270,6 +271,19 @@ def test_non_finite_scores_are_refused(http: httpx.Client, literal: str) -> None
     response = http.post("/reef/report", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400
     assert "finite" in response.json()["error"]["message"]
+
+
+def test_names_with_a_trailing_newline_are_refused(http: httpx.Client) -> None:
+    """Names are matched whole: a `$`-anchored match let `default\n` through."""
+    releases = http.get("/reef/scenarios/default%0A/releases")
+    assert releases.status_code == 404, releases.text
+    harness = http.get("/reef/harness", params={"scenario": "default\n"})
+    assert harness.status_code == 400, harness.text
+    assert "not a valid scenario name" in harness.json()["error"]["message"]
+    body = {"messages": HI, "max_tokens": 1, "logit_bias": {"42\n": 1}}
+    chat = http.post("/v1/chat/completions", json=body)
+    assert chat.status_code == 400, chat.text
+    assert "is not a token id" in chat.json()["error"]["message"]
 
 
 def test_unknown_record_and_route_are_json_404s(http: httpx.Client) -> None:

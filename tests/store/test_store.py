@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from reef.store import ExperienceStore, Record, Report, ReportConflict, UnknownRecords
+from reef.store import (
+    ExperienceStore,
+    Record,
+    Report,
+    ReportConflict,
+    StoreClosed,
+    UnknownRecords,
+)
 from reef.store.experience import canonical_hash
 from reef.store.migrations import MIGRATIONS
 
@@ -273,5 +280,5 @@ def test_a_record_alone_on_a_closed_store_fails_its_future(tmp_path: Path) -> No
     store = ExperienceStore(tmp_path / "experience.db")
     store.close()
     future = store.add_record(_record(), alone=True)
-    with pytest.raises(sqlite3.ProgrammingError):
+    with pytest.raises(StoreClosed):
         future.result(5)

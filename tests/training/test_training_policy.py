@@ -67,6 +67,30 @@ def test_the_batch_loss_averages_tokens_per_example_then_examples_and_skips_mask
     assert float(kl) == pytest.approx(float(on_policy) + 0.5 * (math.e - 2.0), abs=1e-6)
 
 
+def test_served_log_probs_weight_each_token_by_a_truncated_importance_ratio() -> None:
+    # One example of three tokens, A = 1 on each, on-policy (new = old), so each token's PPO
+    # term is -1 before weighting. The trained policy (old) gives each token p = 0.5; the serving
+    # engine sampled them with p = 0.25, 0.5 and 0.8:
+    #   w = min(0.5 / 0.25, 1.5) = 1.5 (truncated), 0.5 / 0.5 = 1, 0.5 / 0.8 = 0.625.
+    served = [math.log(0.25), math.log(0.5), math.log(0.8)]
+    example = PolicyExample([5], [6, 7, 8], [1.0, 1.0, 1.0], behaviour_logprobs=served)
+    batch = make_policy_batch([example], max_length=8, pad_id=0)
+    old = torch.full((1, 3), math.log(0.5))
+    settings = PolicySettings(kl_beta=0.0, tis_cap=1.5)
+    loss = policy_loss(old, old, old, batch, settings)
+    assert float(loss) == pytest.approx(-(1.5 + 1.0 + 0.625) / 3, abs=1e-6)
+    # Without the correction, or without served log-probs, every weight is 1.
+    uncorrected = PolicySettings(kl_beta=0.0, tis_cap=None)
+    assert float(policy_loss(old, old, old, batch, uncorrected)) == pytest.approx(-1.0)
+    unknown = make_policy_batch([PolicyExample([5], [6, 7, 8], [1.0] * 3)], 8, 0)
+    assert float(policy_loss(old, old, old, unknown, settings)) == pytest.approx(-1.0)
+
+
+def test_served_log_probs_must_match_the_completion() -> None:
+    with pytest.raises(ValueError, match="2 served log-probs for 3 tokens"):
+        PolicyExample([5], [6, 7, 8], [1.0] * 3, behaviour_logprobs=[-1.0, -1.0])
+
+
 def test_a_long_prompt_is_cut_from_the_left_and_advantages_follow_their_tokens() -> None:
     example = PolicyExample(list(range(10, 20)), [1, 2, 3], advantages=[0.1, 0.2, 0.3])
     batch = make_policy_batch([example], max_length=5, pad_id=0)

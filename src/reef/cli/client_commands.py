@@ -80,6 +80,30 @@ def status(
             name, serving.get(name, "base"), str(counts["records"]), str(counts["reports"])
         )
     console.print(table)
+    learning = _learning_table(data.get("learning", {}).get("scenarios", {}))
+    if learning.row_count:
+        console.print(learning)
+
+
+def _learning_table(scenarios: dict[str, Any]) -> Table:
+    """Each learning scenario's mode, and each of its recipes with its steps and last one."""
+    table = Table("learning", "mode", "recipe", "steps", "last step")
+    for name, found in sorted(scenarios.items()):
+        if "plan" not in found:
+            continue  # it learned once, and learns no more
+        recipes = found.get("recipes", {})
+        for configured in found["plan"]:
+            step = recipes.get(configured["name"], {})
+            last = step.get("last_step") or {}
+            outcome = f"{last.get('outcome', '-')}: {last['error']}" if last.get("error") else ""
+            table.add_row(
+                name,
+                found.get("mode", ""),
+                configured["recipe"],
+                str(step.get("steps", 0)),
+                outcome or str(last.get("outcome", "-")),
+            )
+    return table
 
 
 def records(

@@ -26,7 +26,8 @@ from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
 from reef.errors import ReefError
 from reef.inference.model import Model, open_model
-from reef.learning.recipe import Recipe, RecipeError, installed_recipes, load_recipe, recipe_class
+from reef.learning.plans import load_plans
+from reef.learning.recipe import Recipe, RecipeError, installed_recipes, recipe_class
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
 from reef.templates import environment
@@ -42,8 +43,12 @@ def _config(path: Path | None) -> ReefConfig:
         config = load_config(path)
     except ConfigError as error:
         fail(str(error), code=2)
-    if not config.learning.recipe:
-        fail("no recipe configured: set learning.recipe in reef.yaml (e.g. harness_evolve)", code=2)
+    if not config.learning_plans():
+        fail(
+            "no recipe configured: set learning.recipe in reef.yaml (e.g. harness_evolve), or "
+            "scenarios.NAME.learning.recipe",
+            code=2,
+        )
     return config
 
 
@@ -54,31 +59,36 @@ def learn(
 ) -> None:
     """Run the learning worker in the foreground (`--once`: one step, for debugging)."""
     resolved = _config(config)
-    if scenario:
-        resolved.learning.scenarios = [scenario]
     try:
-        asyncio.run(_learn(resolved, once))
+        asyncio.run(_learn(resolved, once, scenario))
     except ReefError as error:
         fail(error.message, code=2 if error.status == 400 else 1)
     except KeyboardInterrupt:
         pass
 
 
-async def _learn(config: ReefConfig, once: bool) -> None:
-    assert config.learning.recipe is not None
-    recipe = load_recipe(config.learning.recipe, config.learning.recipe_settings())
+async def _learn(config: ReefConfig, once: bool, scenario: str | None) -> None:
+    plans = {plan.scenario: plan.recipes for plan in load_plans(config)}
+    if scenario is not None:
+        if scenario not in plans:
+            raise RecipeError(f"scenario {scenario!r} does not learn: it has no recipe configured")
+        plans = {scenario: plans[scenario]}
     store = ExperienceStore(config.experience_db, config.store.synchronous)
     try:
         async with contextlib.AsyncExitStack() as stack:
             with console.status("opening the model (the running server's, or loading one)…"):
                 model = await stack.enter_async_context(open_model(config))
-            await _learn_with(config, recipe, store, model, once)
+            await _learn_with(config, plans, store, model, once)
     finally:
         store.close()
 
 
 async def _learn_with(
-    config: ReefConfig, recipe: Recipe, store: ExperienceStore, model: Model, once: bool
+    config: ReefConfig,
+    plans: dict[str, list[Recipe]],
+    store: ExperienceStore,
+    model: Model,
+    once: bool,
 ) -> None:
     columns = (
         TextColumn("{task.description}"),
@@ -88,14 +98,16 @@ async def _learn_with(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as bars:
-        worker = LearningWorker(config, store, recipe, model, _progress_bars(bars))
+        worker = LearningWorker(config, store, model, _progress_bars(bars), recipes=plans)
         if not once:
             await worker.run(asyncio.Event())
             return
         results = []
-        for name in config.learning.scenarios:
-            console.print(f"{recipe.name}: one step on {name} with {model.name}", highlight=False)
-            results.append((name, await worker.step(name, force=True)))
+        for lane in worker.lanes.values():
+            for learner in lane.learners:
+                name = f"{learner.recipe.name} on {lane.scenario}"
+                console.print(f"one step of {name} with {model.name}", highlight=False)
+                results.append((name, await worker.step_learner(learner, force=True)))
     for name, result in results:
         colour = {"released": "green", "rejected": "red", "error": "red"}.get(
             result.outcome, "yellow"

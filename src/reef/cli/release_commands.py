@@ -28,6 +28,7 @@ from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.inference.model import open_model
 from reef.releases.chain import (
     ARTIFACT_KINDS,
+    CURRENT_HEAD,
     Release,
     ReleaseConflict,
     is_weight_file,
@@ -67,6 +68,13 @@ def _workflow(config_path: Path | None) -> Iterator[ReleaseWorkflow]:
         fail(error.message, code=2 if error.status == 400 else 1)
     finally:
         store.close()
+
+
+# The head the caller last saw: refuse (exit 3, a conflict) if another publish moved it since.
+ExpectedHeadOption = Annotated[
+    str | None,
+    typer.Option(help="Only if the head is still this release (what you reviewed)."),
+]
 
 
 def _print_json(data: Any) -> None:
@@ -124,6 +132,7 @@ def show(release_id: str, config: ConfigOption = None, as_json: JsonOption = Fal
         _print_json({**release.to_json(), "files": {p: len(d) for p, d in files.items()}})
         return
     console.print(_releases_table([release]))
+    console.print(f"parts: {', '.join(release.carried_parts) or 'none'}", highlight=False)
     if release.evaluation:
         summary = {k: v for k, v in release.evaluation.items() if k != "results"}
         console.print(f"evaluation: {json.dumps(summary)}", highlight=False)
@@ -258,12 +267,13 @@ def rollback(
     to: Annotated[
         str | None, typer.Option(help="Release to return to (default: the previous).")
     ] = None,
+    expected_head: ExpectedHeadOption = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Publish a new release equal to an earlier one."""
+    """Publish a new release equal to an earlier one (every part: harness and adapter)."""
     with _workflow(config) as workflow:
-        release = workflow.chain.rollback(scenario, to)
+        release = workflow.chain.rollback(scenario, to, expected_head=expected_head or CURRENT_HEAD)
     _report_release(release, as_json)
 
 
@@ -273,19 +283,24 @@ def promote(
     scenario: Annotated[
         str | None, typer.Option(help="Target scenario (default: its own).")
     ] = None,
+    expected_head: ExpectedHeadOption = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Publish a new release equal to RELEASE_ID, in its scenario or another."""
+    """Publish a new release equal to RELEASE_ID (every part), in its scenario or another."""
     with _workflow(config) as workflow:
-        release = workflow.chain.promote(release_id, scenario)
+        release = workflow.chain.promote(
+            release_id, scenario, expected_head=expected_head or CURRENT_HEAD
+        )
     _report_release(release, as_json)
 
 
 @app.command()
 def publish(
     folder: Annotated[Path, typer.Argument(help="The artifact folder.")],
-    kind: Annotated[str, typer.Option(help="harness or lora.")],
+    kind: Annotated[
+        str, typer.Option(help="harness, lora, or agent (a harness and an adapter together).")
+    ],
     scenario: Annotated[str, typer.Option(help="The scenario it is for.")] = "default",
     approve_now: Annotated[
         bool, typer.Option("--approve", help="Release without the gate.")

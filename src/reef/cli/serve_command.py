@@ -14,7 +14,7 @@ from reef.cli.output import console, fail
 from reef.config import ConfigError, EngineKind, load_config
 from reef.engines import build_engine, resolve_kind
 from reef.errors import ReefError
-from reef.learning.recipe import load_recipe
+from reef.learning.plans import load_plans
 from reef.releases.workflow import ReleaseWorkflow
 from reef.server.run import check_bind, run
 from reef.server.state import ServerState
@@ -70,8 +70,7 @@ def serve(
         check_bind(
             resolved.server.host, bool(resolved.server.tokens or resolved.server.admin_tokens)
         )
-        if resolved.learning.recipe:  # a bad recipe stops start-up, before anything is loaded
-            load_recipe(resolved.learning.recipe, resolved.learning.recipe_settings())
+        load_plans(resolved)  # a bad recipe stops start-up, before anything is loaded
         kind, reason = resolve_kind(resolved.engine)
         serving_engine = build_engine(
             resolved.engine, resolved.server.max_queue, resolved.state_dir

@@ -22,10 +22,11 @@ import jinja2
 from reef.errors import BadRequest, NotFound, ReefError
 from reef.templates import shipped_dir
 
-ADAPTER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:@/+-]{1,200}$")
-SAFE_PATH = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_./-]{0,200}$")
-HOST = re.compile(r"^[A-Za-z0-9.:-]+$")  # a name, an IPv4 or an (unbracketed) IPv6 address
+# Each is checked with `.fullmatch`: `$` would let a trailing newline into the script.
+ADAPTER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+SAFE_VALUE = re.compile(r"[A-Za-z0-9._:@/+-]{1,200}")
+SAFE_PATH = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_./-]{0,200}")
+HOST = re.compile(r"[A-Za-z0-9.:-]+")  # a name, an IPv4 or an (unbracketed) IPv6 address
 PI_VERSION = "0.73"
 # What each agent adapter's script installs with npm when the agent is missing: the versions
 # the adapters were run against.
@@ -55,7 +56,7 @@ def list_adapters() -> list[dict[str, Any]]:
 
 def _adapter_folder(name: str) -> Path:
     known = [a["name"] for a in list_adapters()]
-    if not ADAPTER_NAME.match(name) or name not in known:
+    if not ADAPTER_NAME.fullmatch(name) or name not in known:
         raise NotFound(
             f"no harness adapter {name!r}; adapters: {', '.join(known)}", code="unknown_adapter"
         )
@@ -66,7 +67,7 @@ def safe_base_url(url: str) -> str:
     """scheme://host[:port] of the URL the request reached, refusing anything else."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if parts.scheme not in ("http", "https") or not HOST.match(
+    if parts.scheme not in ("http", "https") or not HOST.fullmatch(
         host if ":" not in host else f"[{host}]"
     ):
         raise BadRequest(f"cannot build an install script for the address {url!r}")
@@ -75,7 +76,7 @@ def safe_base_url(url: str) -> str:
 
 
 def _checked(name: str, value: str) -> str:
-    if not SAFE_VALUE.match(value):
+    if not SAFE_VALUE.fullmatch(value):
         raise BadRequest(f"{name} {value!r} cannot be written into an install script")
     return value
 
@@ -113,7 +114,7 @@ def render_install(
     folder = _adapter_folder(adapter)
     text_files = {}
     for path, data in sorted(files.items()):
-        if not SAFE_PATH.match(path) or ".." in path.split("/"):
+        if not SAFE_PATH.fullmatch(path) or ".." in path.split("/"):
             continue
         try:
             text = data.decode().rstrip("\n")

@@ -8,7 +8,9 @@ and fills in the settings the request leaves unset. Small models follow examples
 instructions, so examples are often what makes a harness change visible.
 
 A LoRA artifact holds a llama.cpp GGUF adapter (`*.gguf`) and/or a PEFT adapter
-(`adapter_config.json` and weights); its binding names the folder the engine loads it from.
+(`adapter_config.json` and weights); its binding names the folder the engine loads it from. An
+`agent` artifact holds both, and its binding applies the harness and names the adapter: the
+whole agent serves as one release (`reef.artifacts`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from reef.artifacts import ADAPTER, HARNESS, KIND_PARTS, parts_of
 from reef.errors import ReefError, describe_validation_error
 from reef.protocol import ChatRequest
 
@@ -190,16 +193,33 @@ def check_adapter_folder(folder: Path) -> Path:
 
 
 def binding_for(release_id: str, kind: str, folder: Path, strict: bool = False) -> Binding:
-    """Read an artifact folder (a release checkout or a candidate) into its binding. `strict`
-    (for a new candidate) also refuses settings.json keys that are not SETTINGS_FIELDS."""
-    if kind == "harness":
-        return Binding(
-            release_id=release_id,
-            kind=kind,
-            system_prompt=compose_system_prompt(folder) or None,
-            settings=load_settings(folder, strict),
-            examples=load_examples(folder),
+    """Read an artifact folder (a release checkout or a candidate) into its binding: the
+    harness, the adapter, or both for an `agent` release. `strict` (for a new candidate) also
+    refuses settings.json keys that are not SETTINGS_FIELDS and files of a part its kind does
+    not serve."""
+    parts = KIND_PARTS.get(kind)
+    if not parts:
+        raise ReefError(f"serving {kind} releases is not supported yet", status=400)
+    if strict:
+        check_parts(kind, folder)
+    harness = HARNESS in parts
+    return Binding(
+        release_id=release_id,
+        kind=kind,
+        system_prompt=(compose_system_prompt(folder) or None) if harness else None,
+        settings=load_settings(folder, strict) if harness else {},
+        examples=load_examples(folder) if harness else (),
+        adapter=check_adapter_folder(folder) if ADAPTER in parts else None,
+    )
+
+
+def check_parts(kind: str, folder: Path) -> None:
+    """A candidate of one part holds no file of the other, which would never serve."""
+    paths = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+    extra = [part for part in parts_of(paths) if part not in KIND_PARTS[kind]]
+    if extra:
+        raise ReefError(
+            f"a {kind} artifact holds {' and '.join(extra)} files, which a {kind} release does "
+            "not serve: publish it as kind agent (harness and adapter)",
+            status=400,
         )
-    if kind == "lora":
-        return Binding(release_id=release_id, kind=kind, adapter=check_adapter_folder(folder))
-    raise ReefError(f"serving {kind} releases is not supported yet", status=400)

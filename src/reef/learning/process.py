@@ -19,7 +19,6 @@ from collections.abc import Callable
 from reef.config import ReefConfig
 from reef.inference.model import ServerModel
 from reef.inference.server_file import RunningServer
-from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
 
@@ -65,12 +64,11 @@ async def run_worker(config: ReefConfig, server: RunningServer) -> None:
     """Learn until SIGTERM/SIGINT or the server's death, which stop the worker at once: a step
     in flight is cancelled (its internal requests are dropped by the server, its candidate ends
     rejected), so a stopping server never waits for a learning step."""
-    assert config.learning.recipe is not None
-    recipe = load_recipe(config.learning.recipe, config.learning.recipe_settings())
     store = ExperienceStore(config.experience_db, config.store.synchronous)
     model = ServerModel(server.url, server.token)
+    worker = LearningWorker(config, store, model)
     stop = asyncio.Event()
-    learning = asyncio.create_task(LearningWorker(config, store, recipe, model).run(stop))
+    learning = asyncio.create_task(worker.run(stop))
 
     def stop_now() -> None:
         stop.set()
@@ -80,12 +78,9 @@ async def run_worker(config: ReefConfig, server: RunningServer) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_now)
     watcher = asyncio.create_task(_stop_when_orphaned(stop_now))
-    log.info(
-        "recipe %s learning on %s (%s mode)",
-        recipe.name,
-        ", ".join(config.learning.scenarios),
-        config.learning.mode,
-    )
+    for lane in worker.lanes.values():
+        recipes = ", ".join(learner.recipe.name for learner in lane.learners)
+        log.info("%s learns with %s (%s mode)", lane.scenario, recipes, lane.mode)
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await learning

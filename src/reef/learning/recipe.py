@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reef.artifacts import files_of
 from reef.errors import ReefError, describe_validation_error
 from reef.evaluation.tasks import EvalTask
 from reef.learning.view import ExperienceView, Trajectory
@@ -81,7 +82,8 @@ class StepContext:
 
     scenario: str
     release_id: str
-    files: dict[str, bytes]  # the current release's artifact (empty for base)
+    # The current release's artifact, every part of it (empty for base); `files_of` gives one.
+    files: dict[str, bytes]
     recent_rejections: list[str] = field(default_factory=list)  # reasons, newest first
     instruction: str | None = None  # from `reef train "…"` in manual or hybrid mode
     # Sends chat messages to the proposer model (learning.proposer_*; default: the served
@@ -107,9 +109,17 @@ class StepContext:
     # which a recipe can keep the agent answering as it does (replay against forgetting).
     anchors: list[list[dict[str, Any]]] = field(default_factory=list)
 
+    def files_of(self, part: str) -> dict[str, bytes]:
+        """The current release's files of one part: `harness` (the tree a harness recipe
+        mutates) or `adapter` (the LoRA a weight recipe continues)."""
+        return files_of(self.files, part)
+
 
 @dataclass
 class Proposal:
+    """A recipe's candidate. A proposal of one part (`harness`, or `lora` for an adapter) is
+    released with the other part as it serves now; `agent` proposes both parts."""
+
     kind: str
     files: dict[str, bytes]
     reason: str
@@ -128,6 +138,9 @@ class Recipe:
     # False for a recipe that makes its own experience (rollouts on a task): the worker then
     # steps it again even when no record, report or release came since it last proposed nothing.
     waits_for_traffic: ClassVar[bool] = True
+    # True for a recipe that trains the served model's weights: refused at start on the
+    # upstream engine, whose weights are remote.
+    trains_weights: ClassVar[bool] = False
 
     def __init__(self, settings: RecipeSettings) -> None:
         self.settings = settings

@@ -41,6 +41,8 @@ class Turn:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
+    # The tools the call offered (the request's `tools`), which the chat template renders.
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def score(self) -> float | None:
@@ -186,6 +188,7 @@ def _turn(record: dict[str, Any]) -> Turn:
         prompt_token_ids=record.get("prompt_token_ids"),
         completion_token_ids=record.get("completion_token_ids"),
         completion_logprobs=record.get("completion_logprobs"),
+        tools=record["request"].get("tools") or None,
     )
 
 

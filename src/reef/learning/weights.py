@@ -1,9 +1,13 @@
 """What every recipe that trains the served model's weights needs from its step context.
 
 - `LoraRecipeSettings`: the LoRA settings such a recipe has, as plain settings (no torch);
-- `require_weights`: the step can train (a local engine's weights, a LoRA or base head);
+- `require_weights`: the step can train (a local engine's weights);
+- `served_prompt`: a turn's prompt token ids as the engine read them when it served the call (the
+  record keeps them), or rendered again with the call's tools when the record has none;
 - `rendered_prompt`: a conversation's prompt token ids exactly as the engine renders them under
-  the current release, asked of the engine once per key;
+  the current release (its harness applied), asked of the engine once per key;
+- `training_length`: the tokens a training example may have (`max_length`, or the model's
+  context);
 - `BaseWeights`: the training base, loaded on the first step and kept by the recipe;
 - `current_adapter`: the adapter the scenario serves now, written out to keep training it;
 - `train_on_current`: a training run continuing that adapter, exported (PEFT folder and llama.cpp
@@ -23,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from reef.artifacts import ADAPTER
 from reef.learning.recipe import RecipeError, RecipeSettings, StepContext
+from reef.learning.view import Turn
 from reef.releases.chain import read_folder
 
 if TYPE_CHECKING:
@@ -31,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reef.learning")
 PEFT_CONFIG = "peft/adapter_config.json"
+DEFAULT_CONTEXT = 2048  # training_length for a model whose config names no context length
 
 
 class LoraRecipeSettings(RecipeSettings):
@@ -46,35 +53,48 @@ class LoraRecipeSettings(RecipeSettings):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
     )
     seed: int = 0
+    # Tokens per training example, the prompt cut from the left past it (an agent's prompt runs
+    # to thousands of tokens); none: the model's context length.
+    max_length: int | None = Field(None, ge=2)
     # Torch threads for training. One keeps a step fast on a CPU the server also uses: with two
     # cores shared, torch's threads spin-wait on each other and a step runs about 5x slower.
     threads: int = Field(1, ge=1)
 
 
 def require_weights(context: StepContext, recipe: str) -> None:
-    """Refuse a step that cannot train: no local weights, or a harness release at the head."""
+    """Refuse a step that cannot train: no local weights. A harness at the head is no reason:
+    prompts are rendered under it, and the worker's proposal keeps it (an `agent` release)."""
     if context.generate is None or context.model_path is None or context.work_dir is None:
         raise RecipeError(
             f"{recipe} trains the served model's weights: it needs the llama.cpp or vLLM engine "
             "(an upstream engine's weights are remote)"
         )
-    if context.files and PEFT_CONFIG not in context.files:
-        # Prompts are rendered under the current release, and a LoRA release serves no
-        # harness: training under a harness's prompt would teach what is never served.
-        raise RecipeError(
-            f"{context.release_id} is a harness release and {recipe} proposes LoRA releases: "
-            "roll the scenario back to a LoRA or base release, or use harness_evolve"
-        )
+
+
+def served_prompt(context: StepContext, turn: Turn, cache: dict[str, list[int]]) -> list[int]:
+    """The prompt as the engine read it when it served `turn` (harness and chat template
+    applied), from the record; rendered again, with the call's tools, for a record without it."""
+    if turn.prompt_token_ids:
+        return list(turn.prompt_token_ids)
+    return rendered_prompt(context, turn.messages, cache, turn.record_id, tools=turn.tools)
 
 
 def rendered_prompt(
-    context: StepContext, messages: list[dict[str, Any]], cache: dict[str, list[int]], key: str
+    context: StepContext,
+    messages: list[dict[str, Any]],
+    cache: dict[str, list[int]],
+    key: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """The prompt's token ids as the engine renders `messages` for the candidate (the client's
-    messages under the current release, base or LoRA: no harness), cached under `key`."""
+    """The prompt's token ids as the engine renders `messages` for the candidate: the client's
+    messages under the current release, its harness applied, as the candidate (which keeps that
+    harness) will serve them; cached under `key`."""
     assert context.generate is not None
     if key not in cache:
-        completion = context.generate({"messages": messages, "max_tokens": 1})
+        body: dict[str, Any] = {"messages": messages, "max_tokens": 1}
+        if tools:
+            body["tools"] = tools
+        completion = context.generate(body)
         if not completion.prompt_token_ids:
             raise RecipeError("the engine does not report prompt token ids: training needs them")
         cache[key] = list(completion.prompt_token_ids)
@@ -101,9 +121,10 @@ class BaseWeights:
 
 def current_adapter(context: StepContext, folder: Path) -> Path | None:
     """The adapter the scenario serves now, written into `folder` (None: start afresh)."""
-    if PEFT_CONFIG not in context.files:
+    adapter = context.files_of(ADAPTER)
+    if PEFT_CONFIG not in adapter:
         return None
-    for path, data in context.files.items():
+    for path, data in adapter.items():
         target = folder / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -120,6 +141,14 @@ def train_on_current(
         trained = train(current_adapter(context, Path(scratch) / "current"))
         export_adapter(trained, Path(scratch) / "adapter")
         return read_folder(Path(scratch) / "adapter"), trained
+
+
+def training_length(settings: RecipeSettings, base: Base) -> int:
+    """The recipe's `max_length`, or the model's own context length (2048 if it names none)."""
+    chosen = getattr(settings, "max_length", None)
+    if chosen:
+        return int(chosen)
+    return int(getattr(base.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT)
 
 
 def reporter(
@@ -156,5 +185,6 @@ def policy_update(
         for name in PolicySettings.model_fields
         if name in own and name not in RecipeSettings.model_fields
     }
+    shared["max_length"] = training_length(settings, base)
     policy = PolicySettings(**{**shared, **overrides})
     return train_policy(base, examples, policy, on_step=on_step, resume_from=resume_from)

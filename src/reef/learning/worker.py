@@ -1,13 +1,21 @@
-"""The learning worker: asks the recipe for candidates and puts each through the gate.
+"""The learning worker: asks each scenario's recipes for candidates and puts each through the gate.
 
 `reef serve` runs it in a separate process, so learning never blocks serving (it only competes
-for CPU). A step: build the scenario's experience view, ask the recipe for a batch and a proposal,
-store the proposal as a candidate that records what it consumed, gate it, and record the step's
-outcome. A recipe or gate error is logged, counted, and retried after a growing pause; it never
-stops the worker or the server.
+for CPU). Each learning scenario has its own lane, and the lanes run side by side: a slow step on
+one scenario (a LoRA training for minutes) never holds up another. Within a lane the scenario's
+recipes step in turn (`scenarios.<name>.learning.recipes`), each proposing against the current
+head.
 
-Modes: `auto` steps whenever the recipe says a batch is ready; `manual` steps only for
-instructions queued with `reef train` (`POST /reef/train`); `hybrid` does both.
+A step: build the scenario's experience view for the recipe (the records no candidate of that
+recipe holds), ask it for a batch and a proposal, store the proposal as a candidate that records
+what it consumed (a proposal of one part keeps the other part that serves: the whole agent
+evolves), gate it, and record the step's outcome. A recipe or gate error, or a candidate the gate
+could not judge, is logged and retried after a growing pause; it never stops the worker or the
+server.
+
+Modes (per scenario): `auto` steps whenever a recipe says a batch is ready; `manual` steps only
+for instructions queued with `reef train` (`POST /reef/train`), each taken by the recipe whose
+turn it is; `hybrid` does both.
 """
 
 from __future__ import annotations
@@ -18,17 +26,19 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from reef.artifacts import keep_serving_parts
 from reef.config import ReefConfig
 from reef.engines import served_model_path
 from reef.evaluation.runner import model_generate
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
+from reef.learning.plans import LoadedPlan, load_plans
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
 from reef.learning.view import ExperienceView, Trajectory
 from reef.protocol import ChatRequest, Completion
@@ -54,6 +64,43 @@ class StepResult:
     outcome: str  # waiting, no proposal, released, rejected, held, error
     detail: str = ""
     candidate_id: str | None = None
+    recipe: str = ""
+    # The step could not be judged (a recipe error, a gate that could not run or finish):
+    # the learner pauses before trying again.
+    retry_later: bool = False
+
+
+@dataclass
+class Learner:
+    """One recipe learning on one scenario, and what it remembers between steps."""
+
+    scenario: str
+    recipe: Recipe
+    idle_at: tuple[Any, ...] | None = None  # the experience when it last waited or proposed nothing
+    backoff_s: float = 0.0
+    retry_at: float = 0.0  # time.monotonic() before which it is not stepped
+
+    def pause_after(self, result: StepResult, interval: float) -> None:
+        if result.retry_later:
+            self.backoff_s = min(MAX_BACKOFF_S, 2 * (self.backoff_s or interval))
+            self.retry_at = time.monotonic() + self.backoff_s
+        else:
+            self.backoff_s = 0.0
+
+
+@dataclass
+class Lane:
+    """A scenario's learners, stepped in turn."""
+
+    scenario: str
+    mode: str
+    learners: list[Learner] = field(default_factory=list)
+    turn: int = 0
+
+    def next_learner(self) -> Learner:
+        learner = self.learners[self.turn % len(self.learners)]
+        self.turn += 1
+        return learner
 
 
 class LearningWorker:
@@ -61,30 +108,42 @@ class LearningWorker:
         self,
         config: ReefConfig,
         store: ExperienceStore,
-        recipe: Recipe,
         model: Model,
         progress: Callable[[str, int, int, float | None], None] | None = None,
+        recipes: Mapping[str, list[Recipe]] | None = None,
     ) -> None:
+        """Learn on every scenario `config` names (`learning_plans`), or, with `recipes`, on
+        those scenarios with those recipes (in the scenario's configured mode)."""
         self.config = config
         self.store = store
-        self.recipe = recipe
         self.model = model  # the server's engine over loopback, or one loaded here
         self.progress = progress  # where a recipe's long work reports (a CLI progress bar)
         self.workflow = ReleaseWorkflow(config, store)
+        self.lanes = {plan.scenario: _lane(plan) for plan in self._plans(recipes)}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._idle: dict[str, tuple[Any, ...]] = {}  # scenario -> experience when it last idled
+
+    def _plans(self, recipes: Mapping[str, list[Recipe]] | None) -> list[LoadedPlan]:
+        if recipes is None:
+            return load_plans(self.config)
+        modes = {plan.scenario: plan.mode for plan in self.config.learning_plans()}
+        return [
+            LoadedPlan(name, modes.get(name, self.config.learning.mode), list(found))
+            for name, found in recipes.items()
+        ]
 
     # -- one step -----------------------------------------------------------------------------
 
-    def view(self, scenario: str) -> ExperienceView:
+    def view(self, scenario: str, recipe: Recipe | None = None) -> ExperienceView:
+        """The scenario's experience as `recipe` (default: the scenario's first) sees it."""
+        recipe = recipe or self.lanes[scenario].learners[0].recipe
         head = self.workflow.chain.head(scenario)
         gate = self.config.gate_for(scenario)
         view = ExperienceView(
             self.store,
             scenario,
-            consumed=self.workflow.candidates.consumed_record_ids(scenario),
+            consumed=self.workflow.candidates.consumed_record_ids(scenario, source=recipe.name),
             head_number=head.number if head else 0,
-            max_staleness=self.recipe.settings.max_staleness,
+            max_staleness=recipe.settings.max_staleness,
             hold_back_at=gate.replay_threshold if gate.replay else None,
         )
         counts = view.counts
@@ -94,31 +153,42 @@ class LearningWorker:
     async def step(
         self, scenario: str, instruction: str | None = None, force: bool = False
     ) -> StepResult:
-        """One step; without an instruction (or `force`) only when the recipe says it is ready."""
+        """One step of the scenario's recipe whose turn it is; without an instruction (or
+        `force`) only when that recipe says it is ready."""
+        learner = self.lanes[scenario].next_learner()
+        return await self.step_learner(learner, instruction, force)
+
+    async def step_learner(
+        self, learner: Learner, instruction: str | None = None, force: bool = False
+    ) -> StepResult:
         self._loop = asyncio.get_running_loop()
+        scenario, recipe = learner.scenario, learner.recipe
         automatic = instruction is None and not force
         seen = await asyncio.to_thread(self._fingerprint, scenario)
-        if automatic and self.recipe.waits_for_traffic and self._idle.get(scenario) == seen:
+        if automatic and recipe.waits_for_traffic and learner.idle_at == seen:
             # Nothing new since the recipe last waited or proposed nothing: don't rebuild the
             # view (it reads every record) or ask the proposer the same question again.
-            return StepResult(scenario, "waiting", "no new experience")
-        view = await asyncio.to_thread(self.view, scenario)
-        if automatic and not self.recipe.ready(view):
-            self._idle[scenario] = seen
-            return StepResult(scenario, "waiting", f"{view.counts.waiting} record(s) waiting")
-        self._idle.pop(scenario, None)
+            return StepResult(scenario, "waiting", "no new experience", recipe=recipe.name)
+        view = await asyncio.to_thread(self.view, scenario, recipe)
+        if automatic and not recipe.ready(view):
+            learner.idle_at = seen
+            waiting = f"{view.counts.waiting} record(s) waiting"
+            return StepResult(scenario, "waiting", waiting, recipe=recipe.name)
+        learner.idle_at = None
         started = time.time()
         try:
-            result = await self._propose_and_gate(scenario, view, instruction)
+            result = await self._propose_and_gate(learner, view, instruction)
         except ProposalRefused as refused:
             result = StepResult(scenario, "no proposal", str(refused))
             log.info("learning step for %s proposed nothing: %s", scenario, refused)
         except Exception as error:
-            result = StepResult(scenario, "error", f"{type(error).__name__}: {error}")
-            log.warning("learning step for %s failed: %s", scenario, result.detail)
+            detail = f"{type(error).__name__}: {error}"
+            result = StepResult(scenario, "error", detail, retry_later=True)
+            log.warning("learning step of %s on %s failed: %s", recipe.name, scenario, detail)
+        result.recipe = recipe.name
         if automatic and result.outcome == "no proposal":
-            self._idle[scenario] = seen
-        self._save_step(result, started, instruction)
+            learner.idle_at = seen
+        await asyncio.to_thread(self._save_step, result, started, instruction)
         return result
 
     def _fingerprint(self, scenario: str) -> tuple[Any, ...]:
@@ -129,19 +199,21 @@ class LearningWorker:
         )
 
     async def _propose_and_gate(
-        self, scenario: str, view: ExperienceView, instruction: str | None
+        self, learner: Learner, view: ExperienceView, instruction: str | None
     ) -> StepResult:
-        batch = self.recipe.build_batch(view)
-        context = await asyncio.to_thread(self._context, scenario, instruction)
+        scenario, recipe = learner.scenario, learner.recipe
+        batch = recipe.build_batch(view)
+        context = await asyncio.to_thread(self._context, scenario, recipe, instruction)
         context.anchors = anchors(view, batch)
-        proposal = await asyncio.to_thread(self.recipe.propose, batch, context)
+        proposal = await asyncio.to_thread(recipe.propose, batch, context)
         if proposal is None:
             return StepResult(scenario, "no proposal", "the recipe proposed nothing")
+        kind, files = keep_serving_parts(proposal.kind, proposal.files, context.files)
         candidate = self.workflow.propose(
             scenario,
-            proposal.kind,
-            proposal.files,
-            source=self.recipe.name,
+            kind,
+            files,
+            source=recipe.name,
             reason=proposal.reason,
             consumed_record_ids=proposal.consumed_record_ids,
             metrics=proposal.metrics or None,
@@ -149,9 +221,11 @@ class LearningWorker:
         generate = model_generate(self.model, self.workflow.eval_settings(scenario))
         gated = await self.workflow.gate(candidate, generate, extra_tasks=proposal.eval_tasks)
         log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
-        return StepResult(scenario, gated.state, gated.decision or "", gated.id)
+        return StepResult(
+            scenario, gated.state, gated.decision or "", gated.id, retry_later=gated.unjudged
+        )
 
-    def _context(self, scenario: str, instruction: str | None) -> StepContext:
+    def _context(self, scenario: str, recipe: Recipe, instruction: str | None) -> StepContext:
         head = self.workflow.chain.head(scenario)
         files = self.workflow.chain.files(head.release_id) if head else {}
         candidates = self.workflow.candidates.list(scenario)
@@ -167,9 +241,9 @@ class LearningWorker:
             evaluated=[e for c in candidates[:20] if (e := _evaluated(c)) is not None],
             generate=functools.partial(self.generate, binding=serving),
             model_path=served_model_path(self.config.engine),
-            work_dir=self.config.state_dir / "learning" / self.recipe.name,
+            work_dir=self.config.state_dir / "learning" / recipe.name,
             progress=self.progress,
-            annotate=functools.partial(save_annotation, self.store, scenario, self.recipe.name),
+            annotate=functools.partial(save_annotation, self.store, scenario, recipe.name),
         )
 
     def generate(self, body: dict[str, Any], binding: Binding) -> Completion:
@@ -214,31 +288,35 @@ class LearningWorker:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step every scenario each interval until `stop`; a failing scenario waits longer."""
+        """Step every scenario's recipes until `stop`, each scenario in its own lane."""
+        await asyncio.gather(*(self._run_lane(lane, stop) for lane in self.lanes.values()))
+
+    async def _run_lane(self, lane: Lane, stop: asyncio.Event) -> None:
         interval = self.config.learning.interval_s
-        backoff: dict[str, float] = {}  # scenario -> current pause after errors
-        retry_at: dict[str, float] = {}
         while not stop.is_set():
-            for scenario in self.config.learning.scenarios:
-                if time.monotonic() < retry_at.get(scenario, 0.0):
+            for _ in lane.learners:
+                learner = lane.next_learner()
+                if stop.is_set() or time.monotonic() < learner.retry_at:
                     continue
-                result = await self._next_step(scenario)
-                if result is not None and result.outcome == "error":
-                    backoff[scenario] = min(MAX_BACKOFF_S, 2 * backoff.get(scenario, interval))
-                    retry_at[scenario] = time.monotonic() + backoff[scenario]
-                else:
-                    backoff.pop(scenario, None)
+                result = await self._next_step(lane, learner)
+                if result is not None:
+                    learner.pause_after(result, interval)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
 
-    async def _next_step(self, scenario: str) -> StepResult | None:
-        mode = self.config.learning.mode
-        if mode in ("manual", "hybrid"):
-            instruction = take_instruction(self.store, scenario)
+    async def next_step(self, scenario: str) -> StepResult | None:
+        """What the loop does for the scenario's next recipe: a step for a queued instruction
+        (manual, hybrid), an automatic step (auto, hybrid), or nothing."""
+        lane = self.lanes[scenario]
+        return await self._next_step(lane, lane.next_learner())
+
+    async def _next_step(self, lane: Lane, learner: Learner) -> StepResult | None:
+        if lane.mode in ("manual", "hybrid"):
+            instruction = await asyncio.to_thread(take_instruction, self.store, lane.scenario)
             if instruction is not None:
-                return await self.step(scenario, instruction)
-        if mode in ("auto", "hybrid"):
-            return await self.step(scenario)
+                return await self.step_learner(learner, instruction)
+        if lane.mode in ("auto", "hybrid"):
+            return await self.step_learner(learner)
         return None
 
     # -- bookkeeping in experience.db ----------------------------------------------------------
@@ -246,6 +324,7 @@ class LearningWorker:
     def _save_step(self, result: StepResult, started: float, instruction: str | None) -> None:
         row = {
             "scenario": result.scenario,
+            "recipe": result.recipe,
             "started_at": started,
             "finished_at": time.time(),
             "outcome": result.outcome,
@@ -257,6 +336,11 @@ class LearningWorker:
 
 
 ANCHORS = 16  # questions outside the batch a step offers its recipe
+
+
+def _lane(plan: LoadedPlan) -> Lane:
+    learners = [Learner(plan.scenario, recipe) for recipe in plan.recipes]
+    return Lane(plan.scenario, plan.mode, learners)
 
 
 def anchors(view: ExperienceView, batch: list[Trajectory]) -> list[list[dict[str, Any]]]:

@@ -34,12 +34,15 @@ import git
 from git.index.typ import BaseIndexEntry
 from git.objects import Commit
 
+from reef.artifacts import KIND_PARTS, parts_of
 from reef.errors import Conflict, NotFound, ReefError
 from reef.scenario import SCENARIO_NAME, check_scenario
 
-ArtifactKind = Literal["harness", "lora", "checkpoint"]
-ARTIFACT_KINDS: tuple[str, ...] = ("harness", "lora", "checkpoint")
+ArtifactKind = Literal["harness", "lora", "agent", "checkpoint"]
+ARTIFACT_KINDS: tuple[str, ...] = tuple(KIND_PARTS)
 MANIFEST = "reef-release.json"
+# `expected_head` of rollback and promote when the caller does not say which head it saw.
+CURRENT_HEAD = "<current head>"
 ATTRIBUTES = ".gitattributes"
 LFS_PATTERNS = ("*.gguf", "*.safetensors", "*.bin", "*.pt")
 _AUTHOR = git.Actor("reef", "reef@localhost")
@@ -85,11 +88,18 @@ class Release:
     reason: str | None = None
     origin: dict[str, Any] | None = None  # for rollback and promote: what it copies
     diff: str | None = None  # unified diff of text files against the parent release
+    # What it carries: "harness", "adapter" or both (reef.artifacts); empty in manifests written
+    # before releases said so, when the kind tells.
+    parts: list[str] = field(default_factory=list)
     commit: str = field(default="", compare=False)
 
     @property
     def number(self) -> int:
         return int(self.release_id.rsplit("@", 1)[1])
+
+    @property
+    def carried_parts(self) -> list[str]:
+        return self.parts or list(KIND_PARTS.get(self.kind, ()))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,7 +152,7 @@ def _lfs_oid(pointer: bytes) -> str | None:
 
 def scenario_of(release_id: str) -> str:
     scenario, sep, number = release_id.rpartition("@")
-    if not sep or not SCENARIO_NAME.match(scenario) or not number.isdigit():
+    if not sep or not SCENARIO_NAME.fullmatch(scenario) or not number.isdigit():
         raise UnknownRelease(f"{release_id!r} is not a release id: they look like default@3")
     return scenario
 
@@ -191,6 +201,14 @@ def check_path(path: str) -> None:
 
 def is_weight_file(path: str) -> bool:
     return any(fnmatch.fnmatch(PurePosixPath(path).name, pattern) for pattern in LFS_PATTERNS)
+
+
+def _check_head(scenario: str, expected: str | None, head: Release | None) -> None:
+    """The head is still the one the caller saw (`expected`: a release id, None for no release
+    yet, or CURRENT_HEAD for whatever it is now)."""
+    current = head.release_id if head else None
+    if expected != CURRENT_HEAD and expected != current:
+        raise ReleaseConflict(scenario, expected, current)
 
 
 def _locked(method: Callable[..., T]) -> Callable[..., T]:
@@ -415,6 +433,7 @@ class ReleaseChain:
             records_consumed=records_consumed,
             reason=reason,
             origin=origin,
+            parts=parts_of(files),
             diff=text_diff(
                 self.stored_files(parent.release_id) if parent else {},
                 files,
@@ -439,11 +458,20 @@ class ReleaseChain:
         return release
 
     @_locked
-    def rollback(self, scenario: str, to: str | None = None, reason: str | None = None) -> Release:
-        """Publish a new release equal to `to` (default: the release before the head)."""
+    def rollback(
+        self,
+        scenario: str,
+        to: str | None = None,
+        reason: str | None = None,
+        expected_head: str | None = CURRENT_HEAD,
+    ) -> Release:
+        """Publish a new release equal to `to` (default: the release before the head), every
+        part of it. With `expected_head` (the head the caller saw), a head that has moved since
+        is a `ReleaseConflict` and nothing is published."""
         head = self.head(scenario)
         if head is None:
             raise UnknownRelease(f"scenario {scenario!r} has no releases to roll back")
+        _check_head(scenario, expected_head, head)
         if to is None:
             if head.parent_release_id is None:
                 raise ReefError(
@@ -456,11 +484,18 @@ class ReleaseChain:
 
     @_locked
     def promote(
-        self, release_id: str, scenario: str | None = None, reason: str | None = None
+        self,
+        release_id: str,
+        scenario: str | None = None,
+        reason: str | None = None,
+        expected_head: str | None = CURRENT_HEAD,
     ) -> Release:
-        """Publish a release of `scenario` (default: the release's own) equal to `release_id`."""
+        """Publish a release of `scenario` (default: the release's own) equal to `release_id`,
+        every part of it; `expected_head` as for `rollback`."""
         scenario = scenario or scenario_of(release_id)
-        return self._copy(release_id, scenario, self.head(scenario), "promote", reason)
+        head = self.head(scenario)
+        _check_head(scenario, expected_head, head)
+        return self._copy(release_id, scenario, head, "promote", reason)
 
     def _copy(
         self, source_id: str, scenario: str, head: Release | None, action: str, reason: str | None

@@ -128,7 +128,7 @@ class ReleaseWorkflow:
             binding_for(candidate.id, kind, folder, strict=True)
         except ReefError as error:
             candidate.state, candidate.decision = "rejected", f"refused: {error.message}"
-            candidate.records_returned = True  # the artifact was broken, not the feedback
+            candidate.unjudged = candidate.records_returned = True  # broken, not the feedback
             self.candidates.add(candidate)
             self._prune_candidates()
             raise CandidateRefused(f"candidate {candidate.id} refused: {error.message}") from None
@@ -234,7 +234,7 @@ class ReleaseWorkflow:
         """Rejected after a judgement: its records are spent or returned, as the gate says."""
         returned = self.config.gate_for(candidate.scenario).rejected_records == "returned"
         if returned and candidate.consumed_record_ids:
-            why += f"; its {_records(candidate)} return to learning"
+            why += f"; {_records_return(candidate)} to learning"
         return self.candidates.move(
             candidate.id,
             allowed_from,
@@ -254,13 +254,14 @@ class ReleaseWorkflow:
         """Rejected without a judgement of its merits: its records return to learning, so the
         feedback they carry is learned from by a later step instead of being lost."""
         if candidate.consumed_record_ids:
-            why += f"; its {_records(candidate)} return to learning"
+            why += f"; {_records_return(candidate)} to learning"
         return self.candidates.move(
             candidate.id,
             allowed_from,
             "rejected",
             decision=why,
             evaluation=evaluation,
+            unjudged=True,
             records_returned=True,
         )
 
@@ -381,9 +382,9 @@ class ReleaseWorkflow:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
-def _records(candidate: Candidate) -> str:
+def _records_return(candidate: Candidate) -> str:
     count = len(set(candidate.consumed_record_ids))
-    return f"{count} record{'s' if count != 1 else ''}"
+    return f"its {count} record returns" if count == 1 else f"its {count} records return"
 
 
 def _named(error: BaseException) -> str:

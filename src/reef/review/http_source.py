@@ -96,8 +96,8 @@ class HttpSource:
         self._call("POST", path, json={"reason": reason})
 
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str:
-        self._check_head(scenario, expected_head)
-        release = self._call("POST", f"/reef/scenarios/{scenario}/rollback", json={"to": to})
+        body = {"to": to, "expected_head": expected_head}
+        release = self._call("POST", f"/reef/scenarios/{scenario}/rollback", json=body)
         return str(release["release_id"])
 
     def promote(self, release_id: str, scenario: str, expected_head: str | None) -> str:
@@ -106,8 +106,9 @@ class HttpSource:
         return str(release["release_id"])
 
     def _check_head(self, scenario: str, expected: str | None) -> None:
-        """The rollback and approve routes compare-and-swap on their own parent; this adds the
-        head the screen showed, as the local source does."""
+        """The approve route compares-and-swaps on the candidate's own parent; this adds the
+        head the screen showed, as the local source does (rollback and promote send it to the
+        route, which compares it inside the chain's lock)."""
         current = self.heads().get(scenario)
         if current != expected:
             raise DecisionConflict(

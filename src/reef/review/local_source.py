@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -88,17 +88,14 @@ class LocalSource:
             self.workflow.reject(candidate_id, reason)
 
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str:
-        chain = self.workflow.chain
-        return self._copy(scenario, expected_head, lambda: chain.rollback(scenario, to))
+        with _decision():
+            chain = self.workflow.chain
+            return chain.rollback(scenario, to, expected_head=expected_head).release_id
 
     def promote(self, release_id: str, scenario: str, expected_head: str | None) -> str:
-        chain = self.workflow.chain
-        return self._copy(scenario, expected_head, lambda: chain.promote(release_id, scenario))
-
-    def _copy(self, scenario: str, expected_head: str | None, publish: Callable[[], Any]) -> str:
         with _decision():
-            self._check_head(scenario, expected_head)
-            return str(publish().release_id)
+            chain = self.workflow.chain
+            return chain.promote(release_id, scenario, expected_head=expected_head).release_id
 
     def _check_head(self, scenario: str, expected: str | None) -> None:
         current = _release_id(self.workflow.chain.head(scenario))

@@ -227,6 +227,7 @@ def _release_row(release: Release, serving: bool) -> ReleaseRow:
         candidate_id=release.candidate_id,
         candidate_mean=(release.evaluation or {}).get("candidate_mean"),
         serving=serving,
+        parts=release.carried_parts,
     )
 
 

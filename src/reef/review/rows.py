@@ -120,6 +120,7 @@ class ReleaseRow:
     candidate_id: str | None
     candidate_mean: float | None
     serving: bool
+    parts: list[str] = field(default_factory=list)  # harness, adapter: what it carries
 
 
 @dataclass

@@ -40,7 +40,7 @@ JSON_MEDIA_TYPE = "application/json"
 CROSS_FETCH_SITES = frozenset({"cross-site", "same-site"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
 # A host name or a bracketed IPv6 address, then an optional port; nothing else belongs in Host.
-_HOST = re.compile(r"^(?P<name>[a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
+_HOST = re.compile(r"(?P<name>[a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
 # Response headers a page allowed by server.allowed_origins may read: the receipt and release.
 EXPOSED_HEADERS = ["x-reef-agent-record-id", "x-reef-release-id"]
 
@@ -68,7 +68,7 @@ class HostName:
 
     @classmethod
     def parse(cls, value: str) -> HostName | None:
-        match = _HOST.match(value.strip().lower())
+        match = _HOST.fullmatch(value.strip().lower())
         if match is None:
             return None
         port = match.group("port")

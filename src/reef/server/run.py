@@ -83,7 +83,7 @@ class _ReefServer(uvicorn.Server):
         if not self.started:
             return
         advertise(self.state.config.state_dir, self.running)  # no await since listening
-        if self.state.config.learning.recipe:
+        if self.state.config.learning_plans():
             self.learner = start_worker(self.state.config, self.running)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

@@ -9,12 +9,14 @@ from reef.store.experience import (
     UnknownRecords,
     new_id,
 )
+from reef.store.writer import StoreClosed
 
 __all__ = [
     "ExperienceStore",
     "Record",
     "Report",
     "ReportConflict",
+    "StoreClosed",
     "StoreError",
     "UnknownRecords",
     "new_id",

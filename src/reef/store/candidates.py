@@ -40,8 +40,11 @@ class Candidate:
     evaluating_pid: int | None = None  # the process running its gate, while it is evaluating
     # What the recipe measured while building it (a training run's loss per step, ...).
     metrics: dict[str, Any] | None = None
-    # True once its records went back to learning (it was not judged on its merits, or the gate
-    # returns a rejected candidate's records): later steps may train on them again.
+    # Rejected without a judgement of its merits (the gate could not run or finish, publishing
+    # failed, the head moved): a learning worker retries after a pause.
+    unjudged: bool = False
+    # True once its records went back to learning (it was unjudged, or the gate returns a
+    # rejected candidate's records): later steps may train on them again.
     records_returned: bool = False
     id: str = field(default_factory=lambda: new_id("cand"))
     created_at: float = field(default_factory=time.time)
@@ -75,14 +78,18 @@ class CandidateStore:
         self.store.write(insert).result()
         return candidate
 
-    def consumed_record_ids(self, scenario: str) -> set[str]:
-        """The records a candidate of `scenario` holds: open ones, released ones, and rejected
-        ones whose records were not returned."""
+    def consumed_record_ids(self, scenario: str, source: str | None = None) -> set[str]:
+        """The records a candidate of `scenario` (from `source`, a recipe's name, when given)
+        holds: open ones, released ones, and rejected ones whose records were not returned.
+        Each recipe of a scenario consumes records for itself: what one learned from, another
+        may still learn from."""
+        where, params = "c.scenario = ? AND NOT c.records_returned", [scenario]
+        if source is not None:
+            where, params = f"{where} AND c.source = ?", [scenario, source]
         rows = self.store.query(
             "SELECT cr.record_id FROM candidate_records cr "
-            "JOIN candidates c ON c.id = cr.candidate_id "
-            "WHERE c.scenario = ? AND NOT c.records_returned",
-            [scenario],
+            f"JOIN candidates c ON c.id = cr.candidate_id WHERE {where}",
+            params,
         )
         return {row["record_id"] for row in rows}
 
@@ -168,5 +175,6 @@ def _decode(row: dict[str, Any]) -> Candidate:
     for name in _JSON_FIELDS:
         row[name] = json.loads(row[name]) if row[name] is not None else None
     row["consumed_record_ids"] = row["consumed_record_ids"] or []
+    row["unjudged"] = bool(row["unjudged"])
     row["records_returned"] = bool(row["records_returned"])
     return Candidate(**row)

@@ -59,8 +59,8 @@ def save_counts(
 
 
 def save_step(store: ExperienceStore, row: dict[str, Any]) -> None:
-    """One learning step: scenario, started_at, finished_at, outcome, error, candidate_id,
-    instruction."""
+    """One learning step: scenario, recipe, started_at, finished_at, outcome, error,
+    candidate_id, instruction."""
     store.write(lambda db: db.table("learning_steps").insert(row)).result()
 
 
@@ -76,7 +76,8 @@ def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
 
 
 def learning_status(store: ExperienceStore) -> dict[str, Any]:
-    """Per scenario: records waiting, consumed, stale skipped, batches built, the last step."""
+    """Per scenario: records waiting, consumed, stale skipped, batches built, the last step,
+    and per recipe (`recipes`) its step count and last step."""
     status: dict[str, Any] = {}
     for row in store.query("SELECT * FROM learning_status"):
         status[row["scenario"]] = {k: row[k] for k in ("waiting", "consumed", "stale_skipped")}
@@ -84,21 +85,37 @@ def learning_status(store: ExperienceStore) -> dict[str, Any]:
         "SELECT scenario, COUNT(*) AS steps FROM learning_steps GROUP BY scenario"
     ):
         status.setdefault(row["scenario"], {})["batches_built"] = row["steps"]
-    for row in store.query(
-        "SELECT s.*, c.metrics FROM learning_steps s "
-        "LEFT JOIN candidates c ON c.id = s.candidate_id "
-        "WHERE s.seq IN (SELECT MAX(seq) FROM learning_steps GROUP BY scenario)"
-    ):
-        metrics = json.loads(row["metrics"]) if row["metrics"] else {}
-        status.setdefault(row["scenario"], {})["last_step"] = {
-            "outcome": row["outcome"],
-            "error": row["error"],
-            "candidate_id": row["candidate_id"],
-            "finished_at": row["finished_at"],
-            # A training recipe's loss per step, when its candidate recorded one.
-            "loss": metrics.get("loss") if isinstance(metrics, dict) else None,
-        }
+    for row in _last_steps(store, "scenario"):
+        status.setdefault(row["scenario"], {})["last_step"] = _step(row)
+    for row in _last_steps(store, "scenario, recipe"):
+        if row["recipe"]:
+            recipes = status.setdefault(row["scenario"], {}).setdefault("recipes", {})
+            recipes[row["recipe"]] = {"steps": row["steps"], "last_step": _step(row)}
     return status
+
+
+def _last_steps(store: ExperienceStore, group: str) -> list[dict[str, Any]]:
+    """The newest step of each `group` (scenario, or scenario and recipe), with its candidate's
+    metrics and the group's step count."""
+    return store.query(
+        "SELECT s.*, c.metrics, n.steps FROM learning_steps s "
+        "LEFT JOIN candidates c ON c.id = s.candidate_id "
+        f"JOIN (SELECT MAX(seq) AS seq, COUNT(*) AS steps FROM learning_steps GROUP BY {group}) n "
+        "ON n.seq = s.seq"
+    )
+
+
+def _step(row: dict[str, Any]) -> dict[str, Any]:
+    metrics = json.loads(row["metrics"]) if row["metrics"] else {}
+    return {
+        "recipe": row["recipe"],
+        "outcome": row["outcome"],
+        "error": row["error"],
+        "candidate_id": row["candidate_id"],
+        "finished_at": row["finished_at"],
+        # A training recipe's loss per step, when its candidate recorded one.
+        "loss": metrics.get("loss") if isinstance(metrics, dict) else None,
+    }
 
 
 def save_annotation(

@@ -164,12 +164,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        "0008_candidates_records_returned",
+        "0008_candidates_unjudged_records_returned",
         # A candidate the gate never judged on its merits (the engine was unavailable, a shutdown
-        # cancelled it, publishing failed, the head moved) gives its records back to learning:
-        # its feedback was never tried, so it must not be lost.
+        # cancelled it, publishing failed, the head moved) is `unjudged` and gives its records
+        # back to learning: its feedback was never tried, so it must not be lost.
         """
+        ALTER TABLE candidates ADD COLUMN unjudged INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE candidates ADD COLUMN records_returned INTEGER NOT NULL DEFAULT 0;
+        """,
+    ),
+    (
+        "0009_learning_steps_recipe",
+        # A scenario may learn with several recipes: each step says whose it was.
+        """
+        ALTER TABLE learning_steps ADD COLUMN recipe TEXT;
         """,
     ),
 ]

@@ -8,6 +8,9 @@ A caller with nobody to share a commit with (the only request a server has in fl
 for its job to run on its own thread instead, when the writer is idle: that saves the two thread
 hand-offs (about 0.1 ms each on two cores) and blocks the caller only for its own commit: if
 another process holds the database's write lock, the job goes to the writer thread, which waits.
+
+Once the writer is stopped, a job submitted fails at once (`StoreClosed`): nobody would ever
+commit it, and its caller must not wait for it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ from typing import Any, TypeVar
 
 import sqlite_utils
 
+from reef.errors import ReefError
+
 T = TypeVar("T")
+
+
+class StoreClosed(ReefError):
+    """A write submitted after the experience store was closed: it was not stored."""
+
+    status = 503
+    code = "store_closed"
 
 
 @dataclass
@@ -43,23 +55,45 @@ class GroupCommitWriter(threading.Thread):
         # Held while a group runs on the connection, by this thread or by a caller's.
         self._connection = threading.Lock()
         self._busy_timeout_ms = int(db.conn.execute("PRAGMA busy_timeout").fetchone()[0])
+        self._path = _database_file(db)
+        # Held to queue a job and to queue the stop: no job is ever queued behind the stop.
+        self._accepting = threading.Lock()
+        self._closed = False
 
     def submit(self, work: Callable[[sqlite_utils.Database], T], here: bool = False) -> Future[T]:
-        """Queue `work`; the future resolves once the commit holding it is done.
+        """Queue `work`; the future resolves once the commit holding it is done, or at once
+        with `StoreClosed` once the writer is stopped.
 
         `here`: run it now on the calling thread, in a transaction of its own, if no job is
         queued, no group is running and no other process holds the database's write lock (the
         future is then already resolved); else queue it."""
         job = _Job(work)
-        if here and self._jobs.empty() and self._connection.acquire(blocking=False):
-            try:
-                ran_here = self._commit_here(job)
-            finally:
-                self._connection.release()
-            if ran_here:
-                return job.future
-        self._jobs.put(job)
+        if here and self._ran_here(job):
+            return job.future
+        self._enqueue(job)
         return job.future
+
+    def _ran_here(self, job: _Job) -> bool:
+        """Whether `job` ran on the calling thread (see `submit`)."""
+        if not self._jobs.empty() or not self._connection.acquire(blocking=False):
+            return False
+        try:
+            return not self._closed and self._commit_here(job)
+        finally:
+            self._connection.release()
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._accepting:
+            if not self._closed:
+                self._jobs.put(job)
+                return
+        job.future.set_exception(self._closed_error())
+
+    def _closed_error(self) -> StoreClosed:
+        return StoreClosed(
+            f"the experience store {self._path} is closed (its process is shutting down), so "
+            "this write was not stored: write before closing it, or open the store again"
+        )
 
     def _commit_here(self, job: _Job) -> bool:
         """Run `job` in a transaction of its own if the database's write lock is free now;
@@ -82,8 +116,15 @@ class GroupCommitWriter(threading.Thread):
         return True
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        """Refuse new jobs, commit those already queued, and return once no job runs: neither
+        on the writer thread nor on a caller's (`here`)."""
+        with self._accepting:
+            if not self._closed:
+                self._closed = True
+                self._jobs.put(None)
         self.join()
+        with self._connection:  # a caller's own commit, begun before the stop, ends first
+            pass
 
     def run(self) -> None:
         while True:
@@ -150,3 +191,11 @@ class GroupCommitWriter(threading.Thread):
             return None, error
         self._db.execute("RELEASE job")
         return value, None
+
+
+def _database_file(db: sqlite_utils.Database) -> str:
+    """The file of the connection's main database, for messages."""
+    for _, name, file in db.conn.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return str(file)
+    return "(in memory)"

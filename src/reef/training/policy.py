@@ -14,6 +14,16 @@ Then for `steps` gradient steps, on each token t with ratio r = exp(new - old) a
     loss_t = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) + kl_beta * k3(base, new)
     k3(base, new) = exp(base - new) - (base - new) - 1        (>= 0, an unbiased KL estimator)
 
+The answers were sampled by the serving engine (a quantised model, top-k and min-p), not by the
+float weights trained here, so `old` is not the behaviour policy and the ratio above never sees
+the mismatch. Where an example carries the log-probs the engine served (`behaviour_logprobs`), the
+policy term of each token is weighted by the truncated importance-sampling ratio
+
+    w_t = min(exp(old_t - behaviour_t), tis_cap)            (a constant: no gradient through it)
+
+as RL trainers that sample with one engine and train with another do (truncated importance
+sampling, `tis_cap` 2 by default; None turns it off). Tokens without served log-probs weigh 1.
+
 An example's loss is the mean over its completion tokens; the batch loss is the mean over
 examples. The asymmetric clip (0.2 low, 0.28 high) lets a token's probability rise further than
 it may fall in one update, as DAPO does. Tokens whose advantage is masked out (`mask` 0, e.g. a
@@ -53,6 +63,8 @@ class PolicySettings(LoraSettings):
     clip_high: float = Field(0.28, ge=0.0)
     kl_beta: float = Field(0.02, ge=0.0)
     steps: int = Field(4, ge=1)  # gradient steps on the batch (PPO epochs over it)
+    # The cap of the truncated importance-sampling weight on served log-probs (None: off).
+    tis_cap: float | None = Field(2.0, gt=0.0)
 
 
 @dataclass
@@ -61,6 +73,9 @@ class PolicyExample:
     completion_ids: list[int]
     advantages: list[float]  # one per completion token
     mask: list[float] | None = None  # 1 where a token is trained, 0 where it is masked out
+    # The log-prob of each completion token as the serving engine sampled it (the record's
+    # completion_logprobs), for the importance-sampling correction; None: not known.
+    behaviour_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids or not self.completion_ids:
@@ -71,6 +86,10 @@ class PolicyExample:
             )
         if self.mask is not None and len(self.mask) != len(self.completion_ids):
             raise ValueError(f"{len(self.mask)} mask values for {len(self.completion_ids)} tokens")
+        served = self.behaviour_logprobs
+        if served is not None and len(served) != len(self.completion_ids):
+            tokens = len(self.completion_ids)
+            raise ValueError(f"{len(served)} served log-probs for {tokens} tokens")
 
     @classmethod
     def sequence(
@@ -88,9 +107,15 @@ class PolicyBatch:
     batch: Batch
     advantages: torch.Tensor  # (examples, length - 1)
     mask: torch.Tensor  # (examples, length - 1): 1 on trained completion tokens
+    # The served log-probs where known, and 1 where they are (else 0).
+    behaviour: torch.Tensor | None = None
+    served: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> PolicyBatch:
-        return PolicyBatch(self.batch.to(device), self.advantages.to(device), self.mask.to(device))
+        moved = [t.to(device) if t is not None else None for t in (self.behaviour, self.served)]
+        return PolicyBatch(
+            self.batch.to(device), self.advantages.to(device), self.mask.to(device), *moved
+        )
 
 
 def make_policy_batch(examples: list[PolicyExample], max_length: int, pad_id: int) -> PolicyBatch:
@@ -100,6 +125,8 @@ def make_policy_batch(examples: list[PolicyExample], max_length: int, pad_id: in
     width = batch.input_ids.shape[1] - 1
     advantages = torch.zeros((len(examples), width), dtype=torch.float32)
     mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    behaviour = torch.zeros((len(examples), width), dtype=torch.float32)
+    served = torch.zeros((len(examples), width), dtype=torch.float32)
     for row, (example, cut) in enumerate(zip(examples, plain, strict=True)):
         prompt, completion = fit(cut, max_length)
         start = len(prompt) - 1  # the logits at the prompt's last token predict the first one
@@ -107,7 +134,10 @@ def make_policy_batch(examples: list[PolicyExample], max_length: int, pad_id: in
         advantages[row, start:end] = torch.tensor(example.advantages[: len(completion)])
         kept = example.mask[: len(completion)] if example.mask is not None else None
         mask[row, start:end] = torch.tensor(kept) if kept is not None else 1.0
-    return PolicyBatch(batch, advantages, mask)
+        if example.behaviour_logprobs is not None:
+            behaviour[row, start:end] = torch.tensor(example.behaviour_logprobs[: len(completion)])
+            served[row, start:end] = 1.0
+    return PolicyBatch(batch, advantages, mask, behaviour, served)
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -136,6 +166,17 @@ def k3_kl(new: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     return torch.exp(difference) - difference - 1.0
 
 
+def importance_weights(
+    old: torch.Tensor, batch: PolicyBatch, cap: float | None
+) -> torch.Tensor | float:
+    """Per token min(exp(old - served), cap) where the served log-prob is known, 1 elsewhere;
+    1 everywhere without a cap."""
+    if cap is None or batch.behaviour is None or batch.served is None:
+        return 1.0
+    weights = torch.clamp(torch.exp(old - batch.behaviour), max=cap)
+    return torch.where(batch.served > 0, weights, torch.ones_like(weights)).detach()
+
+
 def policy_loss(
     new: torch.Tensor,
     old: torch.Tensor,
@@ -144,7 +185,8 @@ def policy_loss(
     settings: PolicySettings,
 ) -> torch.Tensor:
     """The batch loss: each example's mean over its trained tokens, then the mean over examples."""
-    per_token = clipped_objective(
+    weights = importance_weights(old, batch, settings.tis_cap)
+    per_token = weights * clipped_objective(
         new, old, batch.advantages, settings.clip_low, settings.clip_high
     ) + settings.kl_beta * k3_kl(new, base)
     tokens = batch.mask.sum(dim=1)

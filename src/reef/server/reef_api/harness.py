@@ -9,25 +9,37 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from reef.artifacts import ADAPTER, HARNESS, files_of
 from reef.config import AUTO_MAX_TOKENS
 from reef.harness.installers import list_adapters, render_install
 from reef.inference.binding import BASE_BINDING
+from reef.releases.chain import is_weight_file, lfs_size
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
 from reef.server.state import ServerState
 
 
 def _harness(state: ServerState, scenario: str) -> dict[str, Any]:
+    """The scenario's binding, the parts its head carries, its harness files and its adapter's
+    files with their sizes (blocking: reads the release chain)."""
     binding = state.bindings.get(scenario, BASE_BINDING)
-    head = state.workflow.chain.head(scenario)
-    harness_release = head is not None and head.kind == "harness"
-    files = state.workflow.chain.files(head.release_id) if head and harness_release else {}
+    chain = state.workflow.chain
+    head = chain.head(scenario)
+    stored = chain.stored_files(head.release_id) if head else {}  # weights as LFS pointers
+    harness_paths = files_of(stored, HARNESS)
+    files = files_of(chain.files(head.release_id), HARNESS) if head and harness_paths else {}
+    adapter = {
+        path: lfs_size(data) if is_weight_file(path) else len(data)
+        for path, data in files_of(stored, ADAPTER).items()
+    }
     return {
         "scenario": scenario,
         "release_id": binding.release_id,
         "kind": binding.kind,
+        "parts": head.carried_parts if head else [],
         "system_prompt": binding.system_prompt or "",
         "settings": binding.settings,
         "files": files,
+        "adapter": {"files": adapter} if adapter else None,
     }
 
 
@@ -39,7 +51,8 @@ async def harness(request: Request) -> Response:
     return JSONResponse({**current, "files": files})
 
 
-async def adapters(request: Request) -> Response:
+def adapters(request: Request) -> Response:
+    """The adapters (plain: Starlette runs it in its thread pool, as it reads their files)."""
     return JSONResponse({"object": "list", "data": list_adapters()})
 
 
@@ -47,10 +60,18 @@ async def install(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     scenario = check_scenario(request.query_params.get("scenario") or DEFAULT_SCENARIO)
     adapter = request.query_params.get("adapter", "")
-    current = await run_in_threadpool(_harness, state, scenario)
-    script = render_install(
+    base_url = str(request.base_url)
+    script = await run_in_threadpool(_install_script, state, adapter, scenario, base_url)
+    return PlainTextResponse(script, media_type="text/x-shellscript")
+
+
+def _install_script(state: ServerState, adapter: str, scenario: str, base_url: str) -> str:
+    """`adapter`'s install script for the scenario's current harness (blocking: reads the
+    release chain and the adapter's template)."""
+    current = _harness(state, scenario)
+    return render_install(
         adapter,
-        base_url=str(request.base_url),
+        base_url=base_url,
         scenario=scenario,
         release_id=current["release_id"],
         model=state.engine.model,
@@ -59,7 +80,6 @@ async def install(request: Request) -> Response:
         context_window=state.config.engine.llamacpp.n_ctx,
         max_tokens=announced_max_tokens(current["settings"], state.max_tokens_for(scenario)),
     )
-    return PlainTextResponse(script, media_type="text/x-shellscript")
 
 
 def announced_max_tokens(settings: dict[str, Any], cap: int | None) -> int:

@@ -1,4 +1,10 @@
-"""Reef's own routes: feedback reports, reading records, and status."""
+"""Reef's own routes: feedback reports, reading records, and status.
+
+Store reads never run on the event loop: a read can wait for the store's read lock (a review
+search holds it), and meanwhile every other request and stream would stall. The routes that only
+read are plain functions, which Starlette runs in its thread pool; the others hand their reads
+to it.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +18,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reef.config import ReefConfig
 from reef.errors import BadRequest, Conflict, NotFound
+from reef.learning.recipe import RecipeError, recipe_class
 from reef.scenario import check_scenario
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
 from reef.store import Report, ReportConflict, UnknownRecords
 from reef.store.learning import learning_status, queue_instruction, with_annotations
 
+# pydantic searches a pattern anywhere in the value, so it is anchored; its regex engine's `$`
+# matches only at the very end (a trailing newline is refused).
 REPORT_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
@@ -70,7 +80,8 @@ async def report(request: Request) -> Response:
     return JSONResponse(stored, status_code=201 if created else 200)
 
 
-async def list_records(request: Request) -> Response:
+def list_records(request: Request) -> Response:
+    """A page of records (plain: Starlette runs it in its thread pool, off the event loop)."""
     state: ServerState = request.app.state.reef
     scenario = request.query_params.get("scenario") or None
     after = request.query_params.get("after") or None
@@ -97,7 +108,8 @@ def _record_list(state: ServerState, records: list[dict[str, Any]], limit: int) 
     return JSONResponse({"object": "list", "data": data, "has_more": len(records) == limit})
 
 
-async def get_record(request: Request) -> Response:
+def get_record(request: Request) -> Response:
+    """One record (plain: Starlette runs it in its thread pool, off the event loop)."""
     state: ServerState = request.app.state.reef
     record_id = request.path_params["record_id"]
     record = state.store.get_record(record_id)
@@ -111,34 +123,66 @@ async def get_record(request: Request) -> Response:
 
 async def status(request: Request) -> Response:
     state: ServerState = request.app.state.reef
-    engine = state.engine
+    store, learning = await run_in_threadpool(_store_status, state)
     return JSONResponse(
         {
-            "engine": {
-                "name": engine.name,
-                "model": engine.model,
-                "reason": state.engine_reason,
-                "token_ids": engine.capabilities.token_ids,
-                "logprobs": engine.capabilities.logprobs,
-                # Engines that queue (llama.cpp) say how many requests they hold.
-                "in_flight": getattr(engine, "in_flight", None),
-                # Engines with slots (llama.cpp): prompt tokens, and how many came from a cache.
-                "prompt_cache": getattr(engine, "cache_counters", None),
-                "loops_stopped": getattr(engine, "loops_stopped", None),
-                # Engines with a KV cache of their own (llama.cpp): its capacity and memory.
-                "kv_cache": getattr(engine, "kv_cache", None),
-            },
+            "engine": _engine_status(state),
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
             "release_errors": dict(sorted(state.release_errors.items())),
-            "store": state.store.stats(),
+            "store": store,
             "learning": {
                 "recipe": state.config.learning.recipe,
                 "mode": state.config.learning.mode,
-                "scenarios": learning_status(state.store),
+                "scenarios": learning,
             },
         }
     )
+
+
+def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The store's counts and the learning worker's status (blocking: reads the store, and
+    loads the configured recipes for their names)."""
+    learning = _with_plans(state.config, learning_status(state.store))
+    return state.store.stats(), learning
+
+
+def _with_plans(config: ReefConfig, learning: dict[str, Any]) -> dict[str, Any]:
+    """Each learning scenario's status, with its mode and configured recipes (`plan`: each
+    reference and its name); its `recipes` hold each recipe's step count and last step, by name."""
+    scenarios = {name: dict(found) for name, found in learning.items()}
+    for plan in config.learning_plans():
+        found = scenarios.setdefault(plan.scenario, {})
+        found["mode"] = plan.mode
+        found["plan"] = [_named(choice.recipe) for choice in plan.recipes]
+    return scenarios
+
+
+def _named(reference: str) -> dict[str, str]:
+    """A configured recipe: its reference and the name its steps are recorded under."""
+    try:
+        name = recipe_class(reference).name
+    except RecipeError:  # checked at start; a file edited since may no longer load
+        name = reference
+    return {"recipe": reference, "name": name}
+
+
+def _engine_status(state: ServerState) -> dict[str, Any]:
+    engine = state.engine
+    return {
+        "name": engine.name,
+        "model": engine.model,
+        "reason": state.engine_reason,
+        "token_ids": engine.capabilities.token_ids,
+        "logprobs": engine.capabilities.logprobs,
+        # Engines that queue (llama.cpp) say how many requests they hold.
+        "in_flight": getattr(engine, "in_flight", None),
+        # Engines with slots (llama.cpp): prompt tokens, and how many came from a cache.
+        "prompt_cache": getattr(engine, "cache_counters", None),
+        "loops_stopped": getattr(engine, "loops_stopped", None),
+        # Engines with a KV cache of their own (llama.cpp): its capacity and memory.
+        "kv_cache": getattr(engine, "kv_cache", None),
+    }
 
 
 class TrainRequest(BaseModel):
@@ -153,14 +197,18 @@ async def train(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     body = parse(TrainRequest, await read_json(request, state.config.server.max_body_bytes))
     scenario = check_scenario(body.scenario)
-    learning = state.config.learning
-    if not learning.recipe:
+    plan = next((p for p in state.config.learning_plans() if p.scenario == scenario), None)
+    if plan is None:
         raise Conflict(
-            "no learning recipe is configured: set learning.recipe in reef.yaml", code="no_recipe"
+            f"scenario {scenario!r} does not learn: set learning.recipe in reef.yaml (or "
+            f"scenarios.{scenario}.learning.recipe)",
+            code="no_recipe",
         )
-    if learning.mode == "auto":
+    if plan.mode == "auto":
         raise Conflict(
-            "learning.mode is auto: instructions need mode manual or hybrid", code="wrong_mode"
+            f"{scenario} learns in auto mode: instructions need mode manual or hybrid "
+            f"({plan.key}.mode)",
+            code="wrong_mode",
         )
     request_id = await run_in_threadpool(queue_instruction, state.store, scenario, body.instruction)
     return JSONResponse({"id": request_id, "scenario": scenario}, status_code=202)

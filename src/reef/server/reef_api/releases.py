@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -11,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.errors import NotFound
+from reef.releases.chain import CURRENT_HEAD
 from reef.scenario import SCENARIO_NAME
 from reef.server.http import parse, read_json, read_optional_json
 from reef.server.state import ServerState
@@ -30,6 +32,11 @@ class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     to: str | None = None
     reason: str | None = None
+    # The head the caller saw (null: no release yet); a head that moved since is a 409.
+    expected_head: str | None = None
+
+    def expected(self) -> str | None:
+        return self.expected_head if "expected_head" in self.model_fields_set else CURRENT_HEAD
 
 
 def _state(request: Request) -> ServerState:
@@ -39,7 +46,7 @@ def _state(request: Request) -> ServerState:
 
 def _scenario(request: Request) -> str:
     scenario = str(request.path_params["scenario"])
-    if not SCENARIO_NAME.match(scenario):
+    if not SCENARIO_NAME.fullmatch(scenario):
         raise NotFound(f"no scenario {scenario!r}")
     return scenario
 
@@ -88,7 +95,7 @@ async def approve(request: Request) -> Response:
     limit = state.config.server.max_body_bytes
     body = parse(ApproveBody, await read_optional_json(request, limit))
     candidate_id = request.path_params["candidate_id"]
-    _same_scenario(state, candidate_id, scenario)
+    await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
     candidate = await run_in_threadpool(state.workflow.approve, candidate_id, body.reason)
     return JSONResponse(candidate.to_json())
 
@@ -97,7 +104,7 @@ async def reject(request: Request) -> Response:
     state, scenario = _state(request), _scenario(request)
     body = parse(RejectBody, await read_json(request, state.config.server.max_body_bytes))
     candidate_id = request.path_params["candidate_id"]
-    _same_scenario(state, candidate_id, scenario)
+    await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
     candidate = await run_in_threadpool(state.workflow.reject, candidate_id, body.reason)
     return JSONResponse(candidate.to_json())
 
@@ -106,11 +113,20 @@ async def rollback(request: Request) -> Response:
     state, scenario = _state(request), _scenario(request)
     limit = state.config.server.max_body_bytes
     body = parse(RollbackBody, await read_optional_json(request, limit))
-    release = await run_in_threadpool(state.workflow.chain.rollback, scenario, body.to, body.reason)
+    release = await run_in_threadpool(
+        functools.partial(
+            state.workflow.chain.rollback,
+            scenario,
+            body.to,
+            body.reason,
+            expected_head=body.expected(),
+        )
+    )
     return JSONResponse(release.to_json(), status_code=201)
 
 
 def _same_scenario(state: ServerState, candidate_id: str, scenario: str) -> None:
+    """Refuse a candidate of another scenario (blocking: reads the store)."""
     if state.workflow.candidates.get(candidate_id).scenario != scenario:
         raise NotFound(f"candidate {candidate_id} is not in scenario {scenario!r}")
 

@@ -7,6 +7,7 @@ review reads (reef.review.queries), as JSON.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reef.releases.chain import ReleaseConflict
+from reef.releases.chain import CURRENT_HEAD
 from reef.review import queries
 from reef.review.rows import to_json
 from reef.server.auth import provided_token, token_matches
@@ -101,15 +102,12 @@ async def promote(request: Request) -> Response:
     body = parse(PromoteBody, await read_json(request, state.config.server.max_body_bytes))
     chain = state.workflow.chain
 
-    def publish() -> Any:
-        if "expected_head" in body.model_fields_set:
-            head = chain.head(scenario)
-            current = head.release_id if head else None
-            if current != body.expected_head:
-                raise ReleaseConflict(scenario, body.expected_head, current)
-        return chain.promote(body.release_id, scenario, body.reason)
-
-    release = await run_in_threadpool(publish)
+    expected = body.expected_head if "expected_head" in body.model_fields_set else CURRENT_HEAD
+    release = await run_in_threadpool(
+        functools.partial(
+            chain.promote, body.release_id, scenario, body.reason, expected_head=expected
+        )
+    )
     return JSONResponse(release.to_json(), status_code=201)
 
 

@@ -23,7 +23,7 @@ def release_cells(row: ReleaseRow) -> list[Cell]:
     return [
         row.release_id,
         Text("● serving", style="bold green") if row.serving else Text(""),
-        row.kind,
+        " + ".join(row.parts) if row.kind == "agent" and row.parts else row.kind,
         row.parent_release_id or "-",
         cells.when(row.created_at),
         cells.score(row.candidate_mean),

@@ -42,7 +42,8 @@ def _last_step(step: dict[str, object] | None) -> str:
         return "-"
     finished = step.get("finished_at")
     at = cells.when(float(finished)) if isinstance(finished, int | float) else ""
-    outcome = f"{step.get('outcome')} {at}".strip()
+    recipe = f"{step['recipe']}: " if step.get("recipe") else ""
+    outcome = f"{recipe}{step.get('outcome')} {at}".strip()
     return f"{outcome}: {step['error']}" if step.get("error") else outcome
 
 
