@@ -242,6 +242,9 @@ class Completion:
     # `response` as the bytes the engine received (an upstream's body), answered and stored as
     # they are; whatever changes `response` drops them (see `reef.server.serving`).
     raw_response: bytes | None = None
+    # The sampling settings the answer was drawn with, defaults included, where the engine
+    # samples itself (temperature, top_p, top_k, min_p, seed, max_tokens, ...).
+    sampling: dict[str, Any] | None = None
 
     @property
     def usage(self) -> dict[str, Any] | None:

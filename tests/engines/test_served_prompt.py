@@ -1,4 +1,5 @@
-"""Records keep the prompt exactly as the model read it: training learns from what was served."""
+"""Records keep the prompt exactly as the model read it, and the sampling settings it was answered
+with: training learns from what was served."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def test_the_record_holds_the_served_prompt_with_its_harness(tmp_path: Path) -> 
         plain = ask(server, "Name a bird.")
         assert len(plain["prompt_token_ids"]) == plain["usage"]["prompt_tokens"]
         assert "Name a bird." in detokenize(plain["prompt_token_ids"])
+        # The request set only max_tokens: the record says what the answer was drawn with.
+        sampling = plain["sampling"]
+        assert (sampling["temperature"], sampling["top_p"]) == (1.0, 1.0)
+        assert (sampling["top_k"], sampling["min_p"], sampling["max_tokens"]) == (40, 0.05, 4)
+        assert isinstance(sampling["seed"], int)
 
         folder = harness(tmp_path / "h", "You always answer like a pirate.")
         published = run_reef(tmp_path, "release", "publish", str(folder), "--kind", "harness")

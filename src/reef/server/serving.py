@@ -265,6 +265,7 @@ def record_of(
         completion_token_ids=completion.token_ids,
         completion_logprobs=completion.token_logprobs,
         prompt_token_ids=completion.prompt_token_ids,
+        sampling=completion.sampling,
         usage=completion.usage,
         latency_ms=latency_ms,
         ttft_ms=completion.ttft_ms,

@@ -40,6 +40,7 @@ JSON_COLUMNS = (
     "completion_token_ids",
     "completion_logprobs",
     "usage",
+    "sampling",
 )
 
 
@@ -104,6 +105,8 @@ class Record:
     completion_logprobs: list[float] | None = None
     # The prompt's token ids as the engine read it, where the engine renders prompts itself.
     prompt_token_ids: list[int] | None = None
+    # The sampling settings the engine drew the answer with, defaults included.
+    sampling: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None
@@ -141,6 +144,7 @@ class Record:
             "completion_token_ids": _json_text(self.completion_token_ids),
             "completion_logprobs": _json_text(self.completion_logprobs),
             "prompt_token_ids": _json_text(self.prompt_token_ids),
+            "sampling": _json_text(self.sampling),
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),
             "usage": _json_text(self.usage),

@@ -180,6 +180,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE learning_steps ADD COLUMN recipe TEXT;
         """,
     ),
+    (
+        "0010_records_sampling",
+        # The settings each answer was sampled with (defaults included): the behaviour policy
+        # that training corrects for.
+        """
+        ALTER TABLE records ADD COLUMN sampling TEXT;
+        """,
+    ),
 ]
 
 

@@ -354,6 +354,7 @@ class LlamaCppEngine:
             token_logprobs=first.token_logprobs,
             ttft_ms=ttft_ms,
             prompt_token_ids=prompt,
+            sampling=prepared.sampling.as_served(),
         )
 
     @contextlib.contextmanager

@@ -43,6 +43,22 @@ class Sampling:
     frequency_penalty: float
     seed: int
 
+    def as_served(self) -> dict[str, Any]:
+        """The settings the answer was sampled with, defaults included, as a record keeps them:
+        training corrects for the behaviour policy, and these say what it was."""
+        greedy = self.temperature == 0
+        return {
+            "temperature": self.temperature,
+            "top_p": None if greedy else self.top_p,
+            "top_k": None if greedy else DEFAULT_TOP_K,
+            "min_p": None if greedy else DEFAULT_MIN_P,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "stop": self.stops,
+        }
+
     def for_choice(self, index: int) -> Sampling:
         """The sampling of choice `index` of n: each choice its own seed, derived from the first."""
         if index == 0:
