@@ -241,6 +241,16 @@ class ScenarioLearningConfig(_Recipes):
 
     mode: Literal["auto", "manual", "hybrid"] | None = None
 
+    @model_validator(mode="after")
+    def _settings_of_a_recipe(self) -> ScenarioLearningConfig:
+        if self.model_extra and not self.recipe:
+            keys = ", ".join(sorted(self.model_extra))
+            raise ValueError(
+                f"{keys}: a recipe's settings need the recipe they are for: set recipe beside "
+                "them (the learning default's settings stay in learning)"
+            )
+        return self
+
 
 @dataclass(frozen=True)
 class LearningPlan:

@@ -95,6 +95,13 @@ def test_plans_resolve_each_scenarios_recipes_and_mode() -> None:
     assert plans["coding"].mode == "manual" and plans["coding"].key == "learning"
 
 
+def test_a_scenarios_settings_without_its_recipe_are_refused() -> None:
+    with pytest.raises(ValueError, match="batch_size: a recipe's settings need the recipe"):
+        ReefConfig.model_validate(
+            {"scenarios": {"support": {"learning": {"mode": "manual", "batch_size": 2}}}}
+        )
+
+
 @pytest.mark.parametrize(
     ("scenarios", "engine", "named"),
     [
