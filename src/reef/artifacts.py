@@ -2,10 +2,13 @@
 
 A release carries the whole agent, or a part of it:
 
-- the **harness**: `AGENTS.md`, `rules/`, `skills/`, `examples.jsonl`, `settings.json` (and any
-  other file of the tree, such as a skill's assets);
+- the **harness**: `AGENTS.md`, `rules/`, `skills/` (with a skill's assets), `examples.jsonl`,
+  `settings.json`;
 - the **adapter**: a LoRA, as a llama.cpp GGUF (`*.gguf`) and/or a PEFT folder (`peft/`, or
   `adapter_config.json` with its weights at the top, and `adapter.json` describing it).
+
+Any other file (a README, a PEFT run's `training_args.bin`) belongs to neither part: it travels
+with the release and is kept when a recipe changes a part.
 
 Its kind says which parts it has: `harness`, `lora` (an adapter alone) or `agent` (both). A recipe
 that changes one part proposes a release that keeps the other as it serves now
@@ -20,6 +23,9 @@ from pathlib import PurePosixPath
 
 HARNESS = "harness"
 ADAPTER = "adapter"
+OTHER = "other"  # a file of neither part
+_HARNESS_FILES = ("AGENTS.md", "examples.jsonl", "settings.json")
+_HARNESS_FOLDERS = ("rules", "skills")
 # Kind -> the parts a release of that kind serves ("checkpoint" is not served yet).
 KIND_PARTS: dict[str, tuple[str, ...]] = {
     "harness": (HARNESS,),
@@ -36,11 +42,13 @@ _ADAPTER_NAMES = (
 
 
 def part_of(path: str) -> str:
-    """`adapter` for a LoRA's files, `harness` for everything else of the tree."""
+    """`harness`, `adapter`, or `other` for a file of neither."""
     parts = PurePosixPath(path).parts
     if path.endswith(".gguf") or parts[0] == "peft" or parts[-1] in _ADAPTER_NAMES:
         return ADAPTER
-    return HARNESS
+    if path in _HARNESS_FILES or (len(parts) > 1 and parts[0] in _HARNESS_FOLDERS):
+        return HARNESS
+    return OTHER
 
 
 def parts_of(paths: Iterable[str]) -> list[str]:
@@ -72,5 +80,5 @@ def keep_serving_parts(
         return kind, dict(files)
     (part,) = KIND_PARTS[kind]
     kept = {path: data for path, data in serving.items() if part_of(path) != part}
-    merged = {**kept, **files_of(files, part)}
+    merged = {**kept, **files_of(files, part)}  # the proposal's own files of neither part go
     return kind_of(parts_of(merged)), merged

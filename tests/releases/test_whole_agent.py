@@ -32,6 +32,8 @@ NEW_ADAPTER = {"adapter.gguf": b"weights v2", "peft/adapter_config.json": b'{"r"
         ("adapter.json", "adapter"),
         ("peft/adapter_model.safetensors", "adapter"),
         ("adapter_config.json", "adapter"),
+        ("README.md", "other"),
+        ("training_args.bin", "other"),
     ],
 )
 def test_each_file_belongs_to_one_part(path: str, part: str) -> None:
@@ -72,6 +74,15 @@ def test_an_agent_binding_applies_the_harness_and_names_the_adapter(tmp_path: Pa
     assert binding.system_prompt == "Answer in one line." and binding.adapter == folder
     only_harness = binding_for("default@2", "harness", harness(tmp_path / "h", "Hi."))
     assert only_harness.adapter is None
+
+
+def test_a_file_of_neither_part_travels_with_the_release(tmp_path: Path) -> None:
+    folder = random_lora(tmp_path / "peft-run")
+    (folder / "README.md").write_text("A LoRA trained elsewhere.\n")
+    assert binding_for("cand", "lora", folder, strict=True).adapter == folder
+    serving = {**ADAPTER, "README.md": b"notes\n"}
+    kind, files = keep_serving_parts("harness", HARNESS, serving)
+    assert kind == "agent" and files == {**HARNESS, **ADAPTER, "README.md": b"notes\n"}
 
 
 def test_a_harness_candidate_holding_an_adapter_is_refused(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from reef.artifacts import ADAPTER, HARNESS, files_of
+from reef.artifacts import ADAPTER, files_of, part_of
 from reef.config import AUTO_MAX_TOKENS
 from reef.harness.installers import list_adapters, render_install
 from reef.inference.binding import BASE_BINDING
@@ -25,8 +25,12 @@ def _harness(state: ServerState, scenario: str) -> dict[str, Any]:
     chain = state.workflow.chain
     head = chain.head(scenario)
     stored = chain.stored_files(head.release_id) if head else {}  # weights as LFS pointers
-    harness_paths = files_of(stored, HARNESS)
-    files = files_of(chain.files(head.release_id), HARNESS) if head and harness_paths else {}
+    # The harness and any notes beside it, as stored: only weight files are LFS pointers there.
+    files = {
+        path: data
+        for path, data in stored.items()
+        if part_of(path) != ADAPTER and not is_weight_file(path)
+    }
     adapter = {
         path: lfs_size(data) if is_weight_file(path) else len(data)
         for path, data in files_of(stored, ADAPTER).items()
