@@ -112,6 +112,12 @@ def test_diff_of_weight_releases_gives_sizes_without_reading_the_weights(project
     diff = json.loads(output)
     assert diff["weights"] == {"adapter.gguf": {"bytes": [1000, 2000]}}
     assert '-{"size": 1000}' in diff["files"]["adapter.json"]
+    assert diff["parts"] == [["adapter"], ["adapter"]]
+    (project / "b" / "AGENTS.md").write_text("Be brief.\n")  # the adapter and a harness: agent
+    code, output = reef("release", "publish", str(project / "b"), "--kind", "agent", "--approve")
+    assert code == 0, output
+    code, output = reef("release", "diff", "default@2", "default@3", "--json")
+    assert json.loads(output)["parts"] == [["adapter"], ["harness", "adapter"]]
 
 
 def test_a_config_in_another_folder_finds_its_own_state(tmp_path: Path) -> None:

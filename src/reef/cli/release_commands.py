@@ -163,9 +163,12 @@ def diff(a: str, b: str, config: ConfigOption = None, as_json: JsonOption = Fals
             only = ({path: old} if old is not None else {}, {path: new} if new is not None else {})
             text_diffs[path] = text_diff(*only, a, b)
     metrics = _metric_differences(first, second)
+    parts = [first.carried_parts, second.carried_parts]
     if as_json:
-        _print_json({"files": text_diffs, "weights": changed, "metrics": metrics})
+        _print_json({"parts": parts, "files": text_diffs, "weights": changed, "metrics": metrics})
         return
+    if parts[0] != parts[1]:
+        console.print(f"parts: {' + '.join(parts[0])} -> {' + '.join(parts[1])}", highlight=False)
     for text in text_diffs.values():
         console.print(Syntax(text, "diff", theme="ansi_dark"))
     for path, sizes in changed.items():
