@@ -203,14 +203,6 @@ def is_weight_file(path: str) -> bool:
     return any(fnmatch.fnmatch(PurePosixPath(path).name, pattern) for pattern in LFS_PATTERNS)
 
 
-def _check_head(scenario: str, expected: str | None, head: Release | None) -> None:
-    """The head is still the one the caller saw (`expected`: a release id, None for no release
-    yet, or CURRENT_HEAD for whatever it is now)."""
-    current = head.release_id if head else None
-    if expected != CURRENT_HEAD and expected != current:
-        raise ReleaseConflict(scenario, expected, current)
-
-
 def _locked(method: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(method)
     def run(self: ReleaseChain, *args: Any, **kwargs: Any) -> T:
@@ -471,7 +463,6 @@ class ReleaseChain:
         head = self.head(scenario)
         if head is None:
             raise UnknownRelease(f"scenario {scenario!r} has no releases to roll back")
-        _check_head(scenario, expected_head, head)
         if to is None:
             if head.parent_release_id is None:
                 raise ReefError(
@@ -480,7 +471,7 @@ class ReleaseChain:
             to = head.parent_release_id
         if scenario_of(to) != scenario:
             raise ReefError(f"{to} is not a release of {scenario!r}: use promote", status=400)
-        return self._copy(to, scenario, head, "rollback", reason)
+        return self._copy(to, scenario, head, "rollback", reason, expected_head)
 
     @_locked
     def promote(
@@ -493,19 +484,28 @@ class ReleaseChain:
         """Publish a release of `scenario` (default: the release's own) equal to `release_id`,
         every part of it; `expected_head` as for `rollback`."""
         scenario = scenario or scenario_of(release_id)
-        head = self.head(scenario)
-        _check_head(scenario, expected_head, head)
-        return self._copy(release_id, scenario, head, "promote", reason)
+        return self._copy(
+            release_id, scenario, self.head(scenario), "promote", reason, expected_head
+        )
 
     def _copy(
-        self, source_id: str, scenario: str, head: Release | None, action: str, reason: str | None
+        self,
+        source_id: str,
+        scenario: str,
+        head: Release | None,
+        action: str,
+        reason: str | None,
+        expected_head: str | None,
     ) -> Release:
+        """Publish `source_id`'s files on `scenario`, on the head the caller saw (`expected_head`,
+        or CURRENT_HEAD for `head`): publish's compare-and-swap refuses any other."""
         source = self.get(source_id)
+        current = head.release_id if head else None
         return self.publish(
             scenario,
             source.kind,
             self.files(source_id),
-            head.release_id if head else None,
+            current if expected_head == CURRENT_HEAD else expected_head,
             candidate_id=source.candidate_id,
             evaluation=source.evaluation,
             reason=reason or f"{action} to {source_id}",

@@ -165,7 +165,7 @@ class ReleaseWorkflow:
         outcome, why = decide(self.config.gate_for(candidate.scenario), report)
         evaluation = report.summary() if report else None
         if outcome == "rejected":
-            return self._reject_on_merits(candidate, ("evaluating",), why, evaluation)
+            return self._reject(candidate, ("evaluating",), why, evaluation, judged=True)
         if outcome != "released":
             return self.candidates.move(
                 candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
@@ -222,17 +222,21 @@ class ReleaseWorkflow:
                 evaluation=head.evaluation,
                 release_id=head.release_id,
             )
-        return self._reject_unjudged(candidate, ("evaluating",), why, evaluation)
+        return self._reject(candidate, ("evaluating",), why, evaluation, judged=False)
 
-    def _reject_on_merits(
+    def _reject(
         self,
         candidate: Candidate,
         allowed_from: tuple[str, ...],
         why: str,
         evaluation: dict[str, Any] | None,
+        judged: bool,
     ) -> Candidate:
-        """Rejected after a judgement: its records are spent or returned, as the gate says."""
-        returned = self.config.gate_for(candidate.scenario).rejected_records == "returned"
+        """Rejected. Judged on its merits (by the gate or a human), its records are spent or
+        returned as `gate.rejected_records` says; not judged, they return to learning, so the
+        feedback they carry is learned from by a later step instead of being lost."""
+        settings = self.config.gate_for(candidate.scenario)
+        returned = not judged or settings.rejected_records == "returned"
         if returned and candidate.consumed_record_ids:
             why += f"; {_records_return(candidate)} to learning"
         return self.candidates.move(
@@ -241,28 +245,8 @@ class ReleaseWorkflow:
             "rejected",
             decision=why,
             evaluation=evaluation,
+            unjudged=not judged,
             records_returned=returned,
-        )
-
-    def _reject_unjudged(
-        self,
-        candidate: Candidate,
-        allowed_from: tuple[str, ...],
-        why: str,
-        evaluation: dict[str, Any] | None,
-    ) -> Candidate:
-        """Rejected without a judgement of its merits: its records return to learning, so the
-        feedback they carry is learned from by a later step instead of being lost."""
-        if candidate.consumed_record_ids:
-            why += f"; {_records_return(candidate)} to learning"
-        return self.candidates.move(
-            candidate.id,
-            allowed_from,
-            "rejected",
-            decision=why,
-            evaluation=evaluation,
-            unjudged=True,
-            records_returned=True,
         )
 
     def _tasks(self, scenario: str, extra: list[EvalTask]) -> list[EvalTask]:
@@ -302,7 +286,7 @@ class ReleaseWorkflow:
     def reject(self, candidate_id: str, reason: str) -> Candidate:
         candidate = self.candidates.get(candidate_id)
         why = f"rejected by a human: {reason}"
-        rejected = self._reject_on_merits(candidate, ("proposed", "held"), why, None)
+        rejected = self._reject(candidate, ("proposed", "held"), why, None, judged=True)
         self._prune_candidates()
         return rejected
 
@@ -344,7 +328,7 @@ class ReleaseWorkflow:
                 f"{why}, but it was evaluated against {candidate.base_release_id} and the head "
                 f"is now {conflict.current}: propose it again"
             )
-            return self._reject_unjudged(candidate, allowed_from, moved, evaluation)
+            return self._reject(candidate, allowed_from, moved, evaluation, judged=False)
         return self.candidates.move(
             candidate_id,
             allowed_from,
