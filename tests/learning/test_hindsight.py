@@ -18,13 +18,14 @@ from reef.learning.view import Turn
 from reef.protocol import Completion
 
 
-def turn(*feedback: object) -> Turn:
+def turn(*feedback: object, answer: str = "A pear.", question: str = "Name a fruit.") -> Turn:
+    """A failed turn (score 0) with `feedback`: `question` asked, `answer` given."""
     reports = [{"score": 0.0, "feedback": f} for f in feedback]
     messages = [
         {"role": "system", "content": "You help."},
-        {"role": "user", "content": "Name a fruit."},
+        {"role": "user", "content": question},
     ]
-    return Turn("r1", messages, {"role": "assistant", "content": "A pear."}, "base", reports)
+    return Turn("r1", messages, {"role": "assistant", "content": answer}, "base", reports)
 
 
 def test_hints_are_feedback_texts_and_hint_objects_not_demonstrations() -> None:
@@ -91,9 +92,7 @@ def test_the_text_feedback_asks_for_is_what_it_quotes_or_what_follows_its_colon(
 
 
 def test_an_instruction_after_a_colon_is_never_added_to_the_answer() -> None:
-    reports = [{"score": 0.0, "feedback": "Too long: reply in five words."}]
-    long = {"role": "assistant", "content": "Paris."}
-    found = Turn("r1", [{"role": "user", "content": "Capital of France?"}], long, "base", reports)
+    found = turn("Too long: reply in five words.", answer="Paris.", question="Capital of France?")
     short = ScorerSpec(type="regex", pattern=r"^\W*(\S+\s+){0,4}\S+\W*$")
     kept = relabel([found], no_model_unless_sampled, short, samples=0, keep=2)
     assert all("reply" not in item.answer for item in kept)
@@ -126,9 +125,8 @@ def test_an_edit_of_the_first_answer_that_meets_the_feedback_is_kept_without_sam
 
 
 def test_a_shorter_first_sentence_is_an_edit_a_length_scorer_can_keep() -> None:
-    reports = [{"score": 0.0, "feedback": "Too long. Reply in five words or fewer."}]
-    long = {"role": "assistant", "content": "Pears are sweet fruit. They grow on tall trees."}
-    found = Turn("r1", [{"role": "user", "content": "Name a fruit."}], long, "base", reports)
+    long = "Pears are sweet fruit. They grow on tall trees."
+    found = turn("Too long. Reply in five words or fewer.", answer=long)
     short = ScorerSpec(type="regex", pattern=r"^\W*(\S+\s+){0,4}\S+\W*$")
     kept = relabel([found], no_model, short, samples=2, keep=1)
     assert [item.answer for item in kept] == ["Pears are sweet fruit."]
