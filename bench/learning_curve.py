@@ -33,6 +33,7 @@ from rich.table import Table
 from reef.config import load_config
 from reef.inference.model import ServerModel
 from reef.inference.server_file import find_running_server
+from reef.learning.plans import LoadedPlan
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
@@ -122,7 +123,8 @@ async def curve(proposer: str, rounds: int, per_round: int) -> list[dict]:
         assert running is not None, "the server did not advertise itself"
         model = ServerModel(running.url, running.token)  # one model: the server's
         recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
-        worker = LearningWorker(config, store, model, recipes={"default": [recipe]})
+        plan = LoadedPlan("default", config.learning.mode, [recipe])
+        worker = LearningWorker(config, store, model, plans=[plan])
         feedback = 0
         points.append(
             {

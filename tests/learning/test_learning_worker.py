@@ -8,6 +8,7 @@ from pathlib import Path
 from reef.config import load_config
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.inference.model import LocalModel
+from reef.learning.plans import LoadedPlan
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore, Record, Report
@@ -26,7 +27,8 @@ def worker(
     config = load_config(tmp_path / "reef.yaml", env={})
     store = ExperienceStore(config.experience_db)
     recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
-    return LearningWorker(config, store, LocalModel(engine), recipes={"default": [recipe]})
+    plan = LoadedPlan("default", config.learning.mode, [recipe])
+    return LearningWorker(config, store, LocalModel(engine), plans=[plan])
 
 
 def failing_call(store: ExperienceStore) -> str:

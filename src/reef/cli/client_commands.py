@@ -95,14 +95,11 @@ def _learning_table(scenarios: dict[str, Any]) -> Table:
         for configured in found["plan"]:
             step = recipes.get(configured["name"], {})
             last = step.get("last_step") or {}
-            outcome = f"{last.get('outcome', '-')}: {last['error']}" if last.get("error") else ""
-            table.add_row(
-                name,
-                found.get("mode", ""),
-                configured["recipe"],
-                str(step.get("steps", 0)),
-                outcome or str(last.get("outcome", "-")),
-            )
+            outcome = str(last.get("outcome", "-"))
+            if last.get("error"):
+                outcome += f": {last['error']}"
+            steps = str(step.get("steps", 0))
+            table.add_row(name, found.get("mode", ""), configured["recipe"], steps, outcome)
     return table
 
 

@@ -26,8 +26,8 @@ from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
 from reef.errors import ReefError
 from reef.inference.model import Model, open_model
-from reef.learning.plans import load_plans
-from reef.learning.recipe import Recipe, RecipeError, installed_recipes, recipe_class
+from reef.learning.plans import LoadedPlan, load_plans
+from reef.learning.recipe import RecipeError, installed_recipes, recipe_class
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
 from reef.templates import environment
@@ -68,11 +68,11 @@ def learn(
 
 
 async def _learn(config: ReefConfig, once: bool, scenario: str | None) -> None:
-    plans = {plan.scenario: plan.recipes for plan in load_plans(config)}
+    plans = load_plans(config)
     if scenario is not None:
-        if scenario not in plans:
+        plans = [plan for plan in plans if plan.scenario == scenario]
+        if not plans:
             raise RecipeError(f"scenario {scenario!r} does not learn: it has no recipe configured")
-        plans = {scenario: plans[scenario]}
     store = ExperienceStore(config.experience_db, config.store.synchronous)
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -85,7 +85,7 @@ async def _learn(config: ReefConfig, once: bool, scenario: str | None) -> None:
 
 async def _learn_with(
     config: ReefConfig,
-    plans: dict[str, list[Recipe]],
+    plans: list[LoadedPlan],
     store: ExperienceStore,
     model: Model,
     once: bool,
@@ -98,7 +98,7 @@ async def _learn_with(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as bars:
-        worker = LearningWorker(config, store, model, _progress_bars(bars), recipes=plans)
+        worker = LearningWorker(config, store, model, _progress_bars(bars), plans=plans)
         if not once:
             await worker.run(asyncio.Event())
             return

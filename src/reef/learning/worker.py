@@ -26,7 +26,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,26 +110,17 @@ class LearningWorker:
         store: ExperienceStore,
         model: Model,
         progress: Callable[[str, int, int, float | None], None] | None = None,
-        recipes: Mapping[str, list[Recipe]] | None = None,
+        plans: list[LoadedPlan] | None = None,
     ) -> None:
-        """Learn on every scenario `config` names (`learning_plans`), or, with `recipes`, on
-        those scenarios with those recipes (in the scenario's configured mode)."""
+        """Learn on every scenario `config` names (`load_plans`), or on `plans` alone."""
         self.config = config
         self.store = store
         self.model = model  # the server's engine over loopback, or one loaded here
         self.progress = progress  # where a recipe's long work reports (a CLI progress bar)
         self.workflow = ReleaseWorkflow(config, store)
-        self.lanes = {plan.scenario: _lane(plan) for plan in self._plans(recipes)}
+        chosen = load_plans(config) if plans is None else plans
+        self.lanes = {plan.scenario: _lane(plan) for plan in chosen}
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _plans(self, recipes: Mapping[str, list[Recipe]] | None) -> list[LoadedPlan]:
-        if recipes is None:
-            return load_plans(self.config)
-        modes = {plan.scenario: plan.mode for plan in self.config.learning_plans()}
-        return [
-            LoadedPlan(name, modes.get(name, self.config.learning.mode), list(found))
-            for name, found in recipes.items()
-        ]
 
     # -- one step -----------------------------------------------------------------------------
 

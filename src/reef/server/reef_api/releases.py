@@ -28,15 +28,20 @@ class RejectBody(BaseModel):
     reason: str = Field(min_length=1, max_length=2000)
 
 
-class RollbackBody(BaseModel):
+class ExpectedHead(BaseModel):
+    """A body that may name the head the caller saw (null: no release yet): a head that moved
+    since is a 409. Left out, whatever the head is now."""
+
     model_config = ConfigDict(extra="forbid")
-    to: str | None = None
-    reason: str | None = None
-    # The head the caller saw (null: no release yet); a head that moved since is a 409.
     expected_head: str | None = None
 
     def expected(self) -> str | None:
         return self.expected_head if "expected_head" in self.model_fields_set else CURRENT_HEAD
+
+
+class RollbackBody(ExpectedHead):
+    to: str | None = None
+    reason: str | None = None
 
 
 def _state(request: Request) -> ServerState:

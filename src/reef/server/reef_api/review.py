@@ -11,24 +11,21 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reef.releases.chain import CURRENT_HEAD
 from reef.review import queries
 from reef.review.rows import to_json
 from reef.server.auth import provided_token, token_matches
 from reef.server.http import parse, query_int, read_json
+from reef.server.reef_api.releases import ExpectedHead
 from reef.server.state import ServerState
 
 
-class PromoteBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PromoteBody(ExpectedHead):
     release_id: str
-    expected_head: str | None = None
     reason: str | None = None
 
 
@@ -102,10 +99,9 @@ async def promote(request: Request) -> Response:
     body = parse(PromoteBody, await read_json(request, state.config.server.max_body_bytes))
     chain = state.workflow.chain
 
-    expected = body.expected_head if "expected_head" in body.model_fields_set else CURRENT_HEAD
     release = await run_in_threadpool(
         functools.partial(
-            chain.promote, body.release_id, scenario, body.reason, expected_head=expected
+            chain.promote, body.release_id, scenario, body.reason, expected_head=body.expected()
         )
     )
     return JSONResponse(release.to_json(), status_code=201)
