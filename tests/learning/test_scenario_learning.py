@@ -209,3 +209,27 @@ def test_recipes_of_one_scenario_step_in_turn_and_each_consumes_for_itself(
     assert both["fast"]["steps"] == both["also_fast"]["steps"] == 1
     assert worker.workflow.chain.head("both").number == 2
     store.close()
+
+
+def test_status_names_each_scenarios_mode_and_recipes_and_reef_status_lists_them() -> None:
+    from reef.cli.client_commands import _learning_table
+    from reef.server.reef_api.records import _with_plans
+
+    config = ReefConfig.model_validate(
+        {
+            "learning": {"recipe": "sft"},
+            "scenarios": {"support": {"learning": {"recipes": [{"recipe": "harness_evolve"}]}}},
+        }
+    )
+    last = {"outcome": "error", "error": "RecipeError: no weights"}
+    steps = {"default": {"recipes": {"sft": {"steps": 3, "last_step": last}}}, "old": {}}
+    status = _with_plans(config, steps)
+    assert status["default"]["mode"] == "auto"
+    assert status["default"]["plan"] == [{"recipe": "sft", "name": "sft"}]
+    assert status["support"]["plan"] == [{"recipe": "harness_evolve", "name": "harness_evolve"}]
+    table = _learning_table(status)
+    rows = list(zip(*(column.cells for column in table.columns), strict=True))
+    assert rows == [
+        ("default", "auto", "sft", "3", "error: RecipeError: no weights"),
+        ("support", "auto", "harness_evolve", "0", "-"),
+    ]  # "old" learned once and learns no more: not listed

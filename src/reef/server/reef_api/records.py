@@ -8,6 +8,7 @@ to it.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
@@ -154,17 +155,18 @@ def _with_plans(config: ReefConfig, learning: dict[str, Any]) -> dict[str, Any]:
     for plan in config.learning_plans():
         found = scenarios.setdefault(plan.scenario, {})
         found["mode"] = plan.mode
-        found["plan"] = [_named(choice.recipe) for choice in plan.recipes]
+        found["plan"] = [{"recipe": c.recipe, "name": _recipe_name(c.recipe)} for c in plan.recipes]
     return scenarios
 
 
-def _named(reference: str) -> dict[str, str]:
-    """A configured recipe: its reference and the name its steps are recorded under."""
+@functools.lru_cache(maxsize=64)
+def _recipe_name(reference: str) -> str:
+    """The name a configured recipe's steps are recorded under (loaded once per reference:
+    status is polled, and finding an entry point scans every installed package)."""
     try:
-        name = recipe_class(reference).name
+        return recipe_class(reference).name
     except RecipeError:  # checked at start; a file edited since may no longer load
-        name = reference
-    return {"recipe": reference, "name": name}
+        return reference
 
 
 def _engine_status(state: ServerState) -> dict[str, Any]:
