@@ -5,10 +5,10 @@ A release carries the whole agent, or a part of it:
 - the **harness**: `AGENTS.md`, `rules/`, `skills/` (with a skill's assets), `examples.jsonl`,
   `settings.json`;
 - the **adapter**: a LoRA, as a llama.cpp GGUF (`*.gguf`) and/or a PEFT folder (`peft/`, or
-  `adapter_config.json` with its weights at the top, and `adapter.json` describing it).
+  `adapter_config.json` with its weights at the top).
 
 Any other file (a README, a PEFT run's `training_args.bin`) belongs to neither part: it travels
-with the release and is kept when a recipe changes a part.
+with the release, and a proposal keeps the serving release's unless it brings its own.
 
 Its kind says which parts it has: `harness`, `lora` (an adapter alone) or `agent` (both). A recipe
 that changes one part proposes a release that keeps the other as it serves now
@@ -34,7 +34,6 @@ KIND_PARTS: dict[str, tuple[str, ...]] = {
     "checkpoint": (),
 }
 _ADAPTER_NAMES = (
-    "adapter.json",  # a LoRA's own description (rank, seed), beside its GGUF
     "adapter_config.json",
     "adapter_model.safetensors",
     "adapter_model.bin",
@@ -74,11 +73,13 @@ def keep_serving_parts(
     kind: str, files: Mapping[str, bytes], serving: Mapping[str, bytes]
 ) -> tuple[str, dict[str, bytes]]:
     """A proposal of one part (`harness` or `lora`) as the release it would make: its own part
-    from `files`, the other part as the serving release has it. (kind, files). A proposal of
-    the whole agent (`agent`), or of another kind, stands as it is."""
+    and files of neither from `files`, the other part (and files of neither it does not bring)
+    as the serving release has them. (kind, files). A proposal of the whole agent (`agent`), or
+    of another kind, stands as it is."""
     if kind not in ("harness", "lora"):
         return kind, dict(files)
     (part,) = KIND_PARTS[kind]
     kept = {path: data for path, data in serving.items() if part_of(path) != part}
-    merged = {**kept, **files_of(files, part)}  # the proposal's own files of neither part go
+    own = {path: data for path, data in files.items() if part_of(path) in (part, OTHER)}
+    merged = {**kept, **own}
     return kind_of(parts_of(merged)), merged

@@ -29,7 +29,7 @@ NEW_ADAPTER = {"adapter.gguf": b"weights v2", "peft/adapter_config.json": b'{"r"
         ("skills/search/SKILL.md", "harness"),
         ("settings.json", "harness"),
         ("adapter.gguf", "adapter"),
-        ("adapter.json", "adapter"),
+        ("adapter.json", "other"),
         ("peft/adapter_model.safetensors", "adapter"),
         ("adapter_config.json", "adapter"),
         ("README.md", "other"),
@@ -83,6 +83,8 @@ def test_a_file_of_neither_part_travels_with_the_release(tmp_path: Path) -> None
     serving = {**ADAPTER, "README.md": b"notes\n"}
     kind, files = keep_serving_parts("harness", HARNESS, serving)
     assert kind == "agent" and files == {**HARNESS, **ADAPTER, "README.md": b"notes\n"}
+    renewed = {**NEW_ADAPTER, "README.md": b"new notes\n"}  # a proposal's own notes win
+    assert keep_serving_parts("lora", renewed, serving) == ("lora", renewed)
 
 
 def test_a_harness_candidate_holding_an_adapter_is_refused(tmp_path: Path) -> None:
