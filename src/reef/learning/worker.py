@@ -200,7 +200,10 @@ class LearningWorker:
         if proposal is None:
             return StepResult(scenario, "no proposal", "the recipe proposed nothing")
         kind, files = keep_serving_parts(proposal.kind, proposal.files, context.files)
-        candidate = self.workflow.propose(
+        # In a thread: it writes the candidate's files (an adapter's megabytes) and its row,
+        # and the other scenarios' lanes share this loop.
+        candidate = await asyncio.to_thread(
+            self.workflow.propose,
             scenario,
             kind,
             files,
