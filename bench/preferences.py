@@ -21,7 +21,7 @@ alone) is the old default, kept as the baseline policy that forgot.
 
 A pair (`sure+sign-off`) asks for two preferences at once: an answer meets it (held out) when it
 meets both, and the user's feedback on a miss names only what it misses; the recipes' scorer accepts
-an answer that meets either part, and the gate has three tasks per part. Recipe `both` runs
+an answer that meets both, and the gate has three tasks per part. Recipe `both` runs
 `harness_evolve` and `sft` side by side on the scenario (`learning.recipes`): each candidate keeps
 the part the other recipe released, so the whole agent (harness and adapter in one release) can win
 a pair neither part wins alone. A round then waits for a decision from each recipe.
@@ -62,12 +62,9 @@ class Preference:
 
     @property
     def progress(self) -> str:
-        """What a recipe's scorer and the gate's tasks count as progress: for a pair, an answer
-        meeting either part (no answer of the 135M model meets both before learning, so a scorer
-        for both accepts nothing to learn from)."""
-        if not self.parts:
-            return self.pattern
-        return "|".join(f"(?:{part.pattern})" for part in self.parts)
+        """What a recipe's scorer accepts: for a pair, an answer meeting both parts (hindsight
+        edits a miss with each text the feedback asks for, one before the answer and one after)."""
+        return self.pattern
 
     @property
     def task_patterns(self) -> list[str]:

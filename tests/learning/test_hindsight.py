@@ -107,6 +107,17 @@ def test_edits_keep_the_first_answer_and_never_give_the_asked_text_alone() -> No
     assert edits("  ", "Start with 'Sure!'") == []
 
 
+def test_feedback_asking_for_two_texts_is_met_by_one_edit_with_both() -> None:
+    """ "Start with 'Sure!' End with the line: Cheers, Reef" on "A pear.": an edit with one text
+    before the answer and the other after it meets a scorer that asks for both, with no model."""
+    asked = "Start your answer with the word 'Sure!' End every answer with the line: Cheers, Reef"
+    found = turn(asked)
+    both = ScorerSpec(type="regex", pattern=r"(?s)^(?=\W*Sure)(?=.*Cheers, Reef\W*$)")
+    kept = relabel([found], no_model, both, samples=4, keep=1)
+    assert [item.answer for item in kept] == ["Sure! A pear.\n\nCheers, Reef"]
+    assert edits("A pear.", "Say 'hi'.")[0] == "hi A pear."  # one text: nothing to compose
+
+
 def no_model_unless_sampled(body: dict) -> Completion:
     raise AssertionError("samples=0: nothing is sampled")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import permutations
 from typing import Any
 
 from reef.evaluation.content import content_words, grounded
@@ -112,15 +113,20 @@ def asked_for(hint: str) -> list[str]:
 def edits(answer: str, hint: str) -> list[str]:
     """The first answer edited as feedback often asks, with no model: the answer or its first
     sentence, with each text the hint quotes before or after it, alone, or as a bullet point.
-    Guesses: only a scorer can say which (if any) meets the feedback."""
+    Where the hint asks for several texts ("Start with 'Sure!' End with the line: Cheers"), one
+    before and another after come first: the edit that honours all of it. Guesses: only a
+    scorer can say which (if any) meets the feedback."""
     answer = answer.strip()
     if not answer:
         return []
     first = _SENTENCE_END.split(answer, maxsplit=1)[0]
+    texts = asked_for(hint)
     edited = []
     for body in dict.fromkeys([answer, first]):
-        edited += [f"{text} {body}" for text in asked_for(hint)]
-        edited += [f"{body}\n\n{text}" for text in asked_for(hint)]
+        edited += [f"{before} {body}\n\n{after}" for before, after in permutations(texts, 2)]
+    for body in dict.fromkeys([answer, first]):
+        edited += [f"{text} {body}" for text in texts]
+        edited += [f"{body}\n\n{text}" for text in texts]
         edited += [body, f"- {body}"]
     return [text for text in dict.fromkeys(edited) if text != answer]
 
