@@ -17,6 +17,7 @@ import pytest
 from openai import OpenAI
 
 from reef.engines.llamacpp import LlamaCppEngine
+from reef.testing.postgres import PostgresServer, postgres_available
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 TOKEN = "test-token-4f1c"
@@ -133,3 +134,21 @@ def peer_process(folder: Path) -> ServerProcess:
 def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     with peer_process(tmp_path_factory.mktemp("peer")).start() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL server for the run; skipped where there is none, but not in CI."""
+    reason = postgres_available()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the PostgreSQL tests (.ci/run installs it): {reason}")
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    """The URL of a fresh, empty database on that server, one per test."""
+    return postgres.create_database()

@@ -24,6 +24,8 @@ from pydantic import (
 )
 
 from reef.errors import describe_validation_error
+from reef.store.database import is_postgres
+from reef.urls import without_password
 
 DEFAULT_CONFIG_FILE = "reef.yaml"
 DEFAULT_PORT = 8900
@@ -123,6 +125,22 @@ class StoreConfig(_Section):
     # `full` fsyncs every commit (survives power loss); `normal` survives a crash or kill -9 of
     # the server, which is the promise Reef makes, and is faster on slow disks.
     synchronous: Literal["normal", "full"] = "full"
+    # Where experience lives: nothing for `<state_dir>/experience.db`, another SQLite file's
+    # path, or a PostgreSQL database that several replicas share (`postgresql://reef@db/reef`).
+    # Keep its password out of this file: PGPASSWORD, ~/.pgpass, or `${VAR}` in the URL.
+    # REEF_STORE_URL sets it.
+    url: str | None = None
+
+
+class ReleasesConfig(_Section):
+    # The git remote that replicas share the release chain through: any URL git speaks
+    # (`ssh://git@host/reef-releases.git`, `file:///srv/reef/releases.git`), with Git LFS for
+    # weight files. None keeps the chain in <state_dir>/releases.git alone. REEF_RELEASES_REMOTE
+    # sets it.
+    remote: str | None = None
+    # How often a replica asks the remote for new heads. With a PostgreSQL store, a publish
+    # notifies every replica at once and this poll is only a safety net, ten times slower.
+    poll_s: float = Field(1.0, gt=0)
 
 
 class GroupRule(_Section):
@@ -228,6 +246,10 @@ class LearningConfig(_Recipes):
     # `scenarios:` learns with that instead, listed here or not).
     scenarios: list[str] = Field(default_factory=lambda: ["default"])
     interval_s: float = Field(2.0, gt=0)
+    # Exactly one learner per scenario learns, across all the processes sharing the store (the
+    # replicas' workers, `reef learn`): it holds the scenario's lease, renewed every third of
+    # this; when its process dies, another takes over within this many seconds.
+    lease_s: float = Field(15.0, gt=0)
     # The model a recipe's proposer asks: an OpenAI-compatible base URL with /v1, or none for
     # the served model itself (loaded in the learning worker).
     proposer_url: str | None = None
@@ -304,6 +326,7 @@ class ReefConfig(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    releases: ReleasesConfig = Field(default_factory=ReleasesConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     learning: LearningConfig = Field(default_factory=LearningConfig)
@@ -318,6 +341,14 @@ class ReefConfig(_Section):
     @property
     def experience_db(self) -> Path:
         return self.state_dir / "experience.db"
+
+    @property
+    def experience_store(self) -> Path | str:
+        """Where the experience store lives: a PostgreSQL URL, or a SQLite file."""
+        url = self.store.url
+        if url is None:
+            return self.experience_db
+        return url if is_postgres(url) else Path(url).expanduser()
 
     @property
     def releases_git(self) -> Path:
@@ -352,8 +383,13 @@ class ReefConfig(_Section):
         return [token.get_secret_value() for token in self.server.admin_tokens]
 
     def redacted(self) -> dict[str, Any]:
-        """The resolved config as plain data, secrets replaced by `***`."""
-        return self.model_dump(mode="json")
+        """The resolved config as plain data, secrets replaced by `***` (passwords in URLs
+        too)."""
+        data = self.model_dump(mode="json")
+        for section, key in (("store", "url"), ("releases", "remote")):
+            if data[section][key]:
+                data[section][key] = without_password(data[section][key])
+        return data
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -383,6 +419,12 @@ def interpolate(value: Any, env: dict[str, str], path: str = "") -> Any:
 
 
 def _apply_environment(data: dict[str, Any], env: dict[str, str]) -> None:
+    store = data.setdefault("store", {})
+    if isinstance(store, dict) and env.get("REEF_STORE_URL"):
+        store["url"] = env["REEF_STORE_URL"]
+    releases = data.setdefault("releases", {})
+    if isinstance(releases, dict) and env.get("REEF_RELEASES_REMOTE"):
+        releases["remote"] = env["REEF_RELEASES_REMOTE"]
     engine = data.setdefault("engine", {})
     if not isinstance(engine, dict):
         return
@@ -444,6 +486,14 @@ def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
         if isinstance(value, str | Path):
             given = Path(value).expanduser()
             data[key] = given if given.is_absolute() else folder / given
+    store = data.get("store")
+    if (
+        isinstance(store, dict)
+        and isinstance(store.get("url"), str)
+        and not is_postgres(store["url"])
+    ):
+        given = Path(store["url"]).expanduser()
+        store["url"] = str(given if given.is_absolute() else folder / given)
     scenarios = data.get("scenarios")
     learnings = [data.get("learning")]
     if isinstance(scenarios, dict):

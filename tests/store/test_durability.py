@@ -1,5 +1,6 @@
 """Kill -9 in the middle of a burst: every receipt a client received survives, intact, whether
-the server runs the model itself or records calls as a proxy in front of an upstream."""
+the server runs the model itself or records calls as a proxy in front of an upstream, and
+whether experience lives in SQLite or in PostgreSQL."""
 
 from __future__ import annotations
 
@@ -106,11 +107,20 @@ def test_kill_9_with_one_client_through_the_proxy_loses_no_acknowledged_record(
     _kill_9_while_clients_ask(tmp_path, peer, clients=1, receipts=30)
 
 
+def test_kill_9_at_concurrency_32_on_postgresql_loses_no_acknowledged_record(
+    tmp_path: Path, peer: ServerProcess, postgres_url: str
+) -> None:
+    """The same with the experience in a real PostgreSQL server (`REEF_STORE_URL`): a receipt
+    is handed out only after the server committed its record synchronously."""
+    _kill_9_while_clients_ask(tmp_path, peer, clients=32, receipts=200, store_url=postgres_url)
+
+
 def _kill_9_while_clients_ask(
-    tmp_path: Path, peer: ServerProcess, clients: int, receipts: int
+    tmp_path: Path, peer: ServerProcess, clients: int, receipts: int, store_url: str = ""
 ) -> None:
     proxy = ("--engine", "upstream", "--upstream-url", f"{peer.url}/v1")
-    server = reef_serve(tmp_path, free_port(), *proxy, env={"REEF_TOKEN": TOKEN}).start()
+    env = {"REEF_TOKEN": TOKEN, **({"REEF_STORE_URL": store_url} if store_url else {})}
+    server = reef_serve(tmp_path, free_port(), *proxy, env=env).start()
     received: list[tuple[str, str, str]] = []
     numbers = itertools.count()
     enough, lock = threading.Event(), threading.Lock()
@@ -136,7 +146,7 @@ def _kill_9_while_clients_ask(
     finally:
         server.kill()
 
-    restarted = reef_serve(tmp_path, free_port(), *proxy, env={"REEF_TOKEN": TOKEN})
+    restarted = reef_serve(tmp_path, free_port(), *proxy, env=env)
     with restarted.start(), httpx.Client(headers=HEADERS) as http:
         for receipt, prompt, answer in received:
             response = http.get(f"{restarted.url}/reef/records/{receipt}")
@@ -146,3 +156,38 @@ def _kill_9_while_clients_ask(
             assert record["response"]["choices"][0]["message"]["content"] == answer
             if not record["stream"]:  # a stream carries usage only when asked for it
                 assert record["usage"]["completion_tokens"] > 0
+    if store_url:  # the records were in PostgreSQL, not in a file beside the project
+        assert not (tmp_path / ".reef/experience.db").exists()
+
+
+def test_losing_postgresql_while_serving_answers_503_and_hands_out_no_receipt(
+    tmp_path: Path, peer: ServerProcess
+) -> None:
+    """The database goes down under a running server: a call is answered 503 in the API's error
+    shape with no receipt (its record could not be stored); once it is back, calls are stored
+    again without a restart."""
+    from reef.testing.postgres import PostgresServer
+
+    with PostgresServer() as database:
+        url = database.create_database()
+        proxy = ("--engine", "upstream", "--upstream-url", f"{peer.url}/v1")
+        env = {"REEF_TOKEN": TOKEN, "REEF_STORE_URL": url}
+        with reef_serve(tmp_path, free_port(), *proxy, env=env).start() as server:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            with httpx.Client(base_url=server.url, headers=HEADERS, timeout=60) as http:
+                assert (
+                    "x-reef-agent-record-id" in http.post("/v1/chat/completions", json=body).headers
+                )
+                database.pause()
+                lost = http.post("/v1/chat/completions", json=body)
+                assert lost.status_code == 503, lost.text
+                assert "x-reef-agent-record-id" not in lost.headers
+                error = lost.json()["error"]
+                assert (
+                    error["code"] == "store_unavailable" and "cannot be reached" in error["message"]
+                )
+                database.resume()
+                back = http.post("/v1/chat/completions", json=body)
+                assert back.status_code == 200, back.text
+                receipt = back.headers["x-reef-agent-record-id"]
+                assert http.get(f"/reef/records/{receipt}").status_code == 200

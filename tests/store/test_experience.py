@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from reef.learning.view import ExperienceView
 from reef.store import ExperienceStore, Record, Report
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ExperienceStore]:
-    with ExperienceStore(tmp_path / "experience.db") as opened:
-        yield opened
 
 
 def user(text: str) -> dict:

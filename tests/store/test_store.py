@@ -1,4 +1,5 @@
-"""The experience store on a real SQLite file: migrations, group commits, reports."""
+"""The experience store on a real SQLite file and a real PostgreSQL server: migrations, group
+commits, reports."""
 
 from __future__ import annotations
 
@@ -38,12 +39,6 @@ def _record(scenario: str = "default", text: str = "hi", session: str | None = N
     )
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> ExperienceStore:
-    with ExperienceStore(tmp_path / "experience.db") as opened:
-        yield opened
-
-
 def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
     path = tmp_path / "experience.db"
     ExperienceStore(path).close()
@@ -52,8 +47,8 @@ def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
     assert names == [name for name, _ in MIGRATIONS]
 
 
-def test_database_is_in_wal_mode(store: ExperienceStore) -> None:
-    mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
+def test_database_is_in_wal_mode(sqlite_store: ExperienceStore) -> None:
+    mode = sqlite3.connect(sqlite_store.path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
 
 
@@ -70,9 +65,9 @@ def test_record_round_trip(store: ExperienceStore) -> None:
     assert stored["reports"] == []
 
 
-def test_a_committed_record_is_visible_to_another_connection(store: ExperienceStore) -> None:
-    record_id = store.add_record(_record()).result()
-    other = sqlite3.connect(store.path)
+def test_a_committed_record_is_visible_to_another_connection(sqlite_store: ExperienceStore) -> None:
+    record_id = sqlite_store.add_record(_record()).result()
+    other = sqlite3.connect(sqlite_store.path)
     assert (
         other.execute("SELECT COUNT(*) FROM records WHERE id = ?", [record_id]).fetchone()[0] == 1
     )
@@ -193,7 +188,9 @@ def test_score_must_be_finite() -> None:
         Report("default", ["rec_x"], score=float("nan"))
 
 
-def test_a_record_built_on_the_writer_thread_keeps_its_raw_json(store: ExperienceStore) -> None:
+def test_a_record_built_on_the_writer_thread_keeps_its_raw_json(
+    sqlite_store: ExperienceStore,
+) -> None:
     sent = '{"messages": [ {"role": "user", "content": "hi"} ]}'
     built: list[str] = []
 
@@ -201,11 +198,11 @@ def test_a_record_built_on_the_writer_thread_keeps_its_raw_json(store: Experienc
         built.append(threading.current_thread().name)
         return dataclasses.replace(_record(), request_json=sent)
 
-    record_id = store.add_record(build).result()
+    record_id = sqlite_store.add_record(build).result()
     assert built == ["reef-store-writer"]
-    raw = sqlite3.connect(store.path).execute("SELECT request FROM records").fetchone()[0]
+    raw = sqlite3.connect(sqlite_store.path).execute("SELECT request FROM records").fetchone()[0]
     assert raw == sent
-    assert store.get_record(record_id)["request"] == json.loads(sent)  # type: ignore[index]
+    assert sqlite_store.get_record(record_id)["request"] == json.loads(sent)  # type: ignore[index]
 
 
 def _noting_thread(built: list[str], text: str) -> Callable[[], Record]:
@@ -218,15 +215,15 @@ def _noting_thread(built: list[str], text: str) -> Callable[[], Record]:
     return build
 
 
-def test_a_record_alone_is_committed_on_the_callers_thread(store: ExperienceStore) -> None:
+def test_a_record_alone_is_committed_on_the_callers_thread(sqlite_store: ExperienceStore) -> None:
     """With the writer idle, `alone` commits here: the future is resolved on return, the row is
     on disk for another connection, and no thread hand-off happened."""
     built: list[str] = []
     build = _noting_thread(built, "alone")
-    future = store.add_record(build, alone=True)
+    future = sqlite_store.add_record(build, alone=True)
     assert future.done()
     assert built == [threading.current_thread().name]
-    other = sqlite3.connect(store.path)
+    other = sqlite3.connect(sqlite_store.path)
     assert other.execute("SELECT id FROM records").fetchall() == [(future.result(),)]
 
 
@@ -260,20 +257,20 @@ def test_add_record_async_alone_returns_the_committed_id(store: ExperienceStore)
 
 
 def test_a_record_alone_goes_to_the_writer_while_another_process_writes(
-    store: ExperienceStore,
+    sqlite_store: ExperienceStore,
 ) -> None:
     """Another process holding the write lock must not block the caller's thread (the server's
     event loop): the record is queued, and the writer thread commits it once the lock is free."""
-    other = sqlite3.connect(store.path, isolation_level=None)
+    other = sqlite3.connect(sqlite_store.path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # as a learning worker's write would
     built: list[str] = []
     build = _noting_thread(built, "after the lock")
-    future = store.add_record(build, alone=True)
+    future = sqlite_store.add_record(build, alone=True)
     assert not future.done()
     other.execute("COMMIT")
     record_id = future.result(10)
     assert built == ["reef-store-writer"]
-    assert store.get_record(record_id) is not None
+    assert sqlite_store.get_record(record_id) is not None
 
 
 def test_a_record_alone_on_a_closed_store_fails_its_future(tmp_path: Path) -> None:

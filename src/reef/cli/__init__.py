@@ -11,6 +11,7 @@ from reef.cli import (
     release_commands,
     review_command,
     serve_command,
+    store_commands,
 )
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ app.command("train")(learning_commands.train)
 app.command("review")(review_command.review)
 app.add_typer(release_commands.app, name="release")
 app.add_typer(learning_commands.recipe_app, name="recipe")
+app.add_typer(store_commands.app, name="store")
 
 
 def main() -> None:

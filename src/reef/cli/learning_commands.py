@@ -73,7 +73,7 @@ async def _learn(config: ReefConfig, once: bool, scenario: str | None) -> None:
         plans = [plan for plan in plans if plan.scenario == scenario]
         if not plans:
             raise RecipeError(f"scenario {scenario!r} does not learn: it has no recipe configured")
-    store = ExperienceStore(config.experience_db, config.store.synchronous)
+    store = ExperienceStore(config.experience_store, config.store.synchronous)
     try:
         async with contextlib.AsyncExitStack() as stack:
             with console.status("opening the model (the running server's, or loading one)…"):

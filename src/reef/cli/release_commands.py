@@ -57,7 +57,7 @@ def _workflow(config_path: Path | None) -> Iterator[ReleaseWorkflow]:
     except ConfigError as error:
         fail(str(error), code=2)
     try:
-        store = ExperienceStore(config.experience_db, config.store.synchronous)
+        store = ExperienceStore(config.experience_store, config.store.synchronous)
     except ReefError as error:
         fail(error.message)
     try:

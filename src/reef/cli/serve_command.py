@@ -75,13 +75,13 @@ def serve(
         serving_engine = build_engine(
             resolved.engine, resolved.server.max_queue, resolved.state_dir
         )
-        store = ExperienceStore(resolved.experience_db, resolved.store.synchronous)
+        store = ExperienceStore(resolved.experience_store, resolved.store.synchronous)
     except ReefError as error:
         fail(error.message, code=2 if error.status == 400 else 1)
     url = f"http://{resolved.server.host}:{resolved.server.port}"
     console.print(
         f"Reef: engine [bold]{kind}[/] ({reason}), model [bold]{serving_engine.model}[/], "
-        f"experience in {resolved.experience_db}, serving on [bold]{url}/v1[/]",
+        f"experience in {store.name}, serving on [bold]{url}/v1[/]",
         highlight=False,
         soft_wrap=True,
     )

@@ -64,7 +64,7 @@ async def run_worker(config: ReefConfig, server: RunningServer) -> None:
     """Learn until SIGTERM/SIGINT or the server's death, which stop the worker at once: a step
     in flight is cancelled (its internal requests are dropped by the server, its candidate ends
     rejected), so a stopping server never waits for a learning step."""
-    store = ExperienceStore(config.experience_db, config.store.synchronous)
+    store = ExperienceStore(config.experience_store, config.store.synchronous)
     model = ServerModel(server.url, server.token)
     worker = LearningWorker(config, store, model)
     stop = asyncio.Event()

@@ -32,7 +32,7 @@ class LocalSource:
     def __init__(self, config: ReefConfig, scenario: str | None = None) -> None:
         self.location = str(Path(config.state_dir).resolve())
         self.scenario = scenario
-        self.store = ExperienceStore(config.experience_db, config.store.synchronous)
+        self.store = ExperienceStore(config.experience_store, config.store.synchronous)
         self.workflow = ReleaseWorkflow(config, self.store)
         self._releases: tuple[dict[str, str], list[ReleaseRow]] | None = None
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from reef.errors import BadRequest, Conflict, NotFound
 from reef.store import ExperienceStore, new_id
+from reef.store.database import Database
 
 STATES = ("proposed", "evaluating", "released", "rejected", "held")
 OPEN_STATES = ("proposed", "evaluating", "held")
@@ -38,6 +37,7 @@ class Candidate:
     release_id: str | None = None
     consumed_record_ids: list[str] = field(default_factory=list)
     evaluating_pid: int | None = None  # the process running its gate, while it is evaluating
+    evaluating_host: str | None = None  # the machine that process runs on
     # What the recipe measured while building it (a training run's loss per step, ...).
     metrics: dict[str, Any] | None = None
     # Rejected without a judgement of its merits (the gate could not run or finish, publishing
@@ -67,12 +67,15 @@ class CandidateStore:
         for name in _JSON_FIELDS:
             row[name] = json.dumps(row[name])
 
-        def insert(db: sqlite_utils.Database) -> None:
-            db.table("candidates").insert(row)
+        def insert(db: Database) -> None:
+            db.insert("candidates", row)
             # Which records it consumed, queryable: they are never trained on again.
-            db.table("candidate_records").insert_all(
-                {"candidate_id": candidate.id, "record_id": r}
-                for r in dict.fromkeys(candidate.consumed_record_ids)
+            db.insert_all(
+                "candidate_records",
+                (
+                    {"candidate_id": candidate.id, "record_id": r}
+                    for r in dict.fromkeys(candidate.consumed_record_ids)
+                ),
             )
 
         self.store.write(insert).result()
@@ -83,7 +86,7 @@ class CandidateStore:
         holds: open ones, released ones, and rejected ones whose records were not returned.
         Each recipe of a scenario consumes records for itself: what one learned from, another
         may still learn from."""
-        where, params = "c.scenario = ? AND NOT c.records_returned", [scenario]
+        where, params = "c.scenario = ? AND c.records_returned = 0", [scenario]
         if source is not None:
             where, params = f"{where} AND c.source = ?", [scenario, source]
         rows = self.store.query(
@@ -144,7 +147,7 @@ class CandidateStore:
     ) -> Candidate:
         """Change a candidate's state if it is in one of `allowed_from` (atomically)."""
 
-        def transition(db: sqlite_utils.Database) -> None:
+        def transition(db: Database) -> None:
             row = db.execute("SELECT state FROM candidates WHERE id = ?", [candidate_id]).fetchone()
             if row is None:
                 raise NotFound(f"no candidate {candidate_id!r}", code="unknown_candidate")
@@ -157,16 +160,12 @@ class CandidateStore:
             values = {
                 name: json.dumps(v) if name in _JSON_FIELDS else v for name, v in fields.items()
             }
-            db.table("candidates").update(
-                _pk(db, candidate_id), {**values, "state": to, "updated_at": time.time()}
+            db.update(
+                "candidates", "id", candidate_id, {**values, "state": to, "updated_at": time.time()}
             )
 
         self.store.write(transition).result()
         return self.get(candidate_id)
-
-
-def _pk(db: sqlite_utils.Database, candidate_id: str) -> int:
-    return int(db.execute("SELECT seq FROM candidates WHERE id = ?", [candidate_id]).fetchone()[0])
 
 
 def _decode(row: dict[str, Any]) -> Candidate:

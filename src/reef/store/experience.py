@@ -1,11 +1,12 @@
 """The experience store: every served call as a record, every piece of feedback as a report.
 
-One SQLite file in WAL mode. All writes go through one writer (`reef.store.writer`) that commits in
-groups: each caller waits until the transaction holding its row has committed, so a receipt handed
-out is a row on disk, and many concurrent callers share one commit (and one fsync). A record may be
-handed over as a function that builds it, so that building, hashing and serialising run on the
-writer thread rather than on the caller's event loop (except for a caller `alone`, whose record
-an idle writer lets it commit on its own thread).
+One SQLite file in WAL mode by default, or a PostgreSQL database (`reef.store.database`). All
+writes go through one writer (`reef.store.writer`) that commits in groups: each caller waits
+until the transaction holding its row has committed, so a receipt handed out is a row on disk,
+and many concurrent callers share one commit (and one fsync). A record may be handed over as a
+function that builds it, so that building, hashing and serialising run on the writer thread
+rather than on the caller's event loop (except for a caller `alone`, whose record an idle SQLite
+writer lets it commit on its own thread).
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import asyncio
 import hashlib
 import json
 import math
-import random
 import secrets
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,11 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import sqlite_utils
-
-from reef.errors import ReefError
+from reef.store.database import Database, StoreUnavailable, connect, is_postgres
 from reef.store.migrations import apply_migrations
 from reef.store.writer import GroupCommitWriter
+from reef.urls import without_password
 
 T = TypeVar("T")
 
@@ -46,13 +44,6 @@ JSON_COLUMNS = (
 
 class StoreError(Exception):
     """Base class for errors a caller can act on."""
-
-
-class StoreUnavailable(ReefError):
-    """The experience store could not be opened; the message says why and what to do."""
-
-    status = 503
-    code = "store_unavailable"
 
 
 class UnknownRecords(StoreError):
@@ -194,100 +185,114 @@ class Report:
         )
 
 
-def _connect(path: Path, synchronous: str, busy_timeout_s: float) -> sqlite_utils.Database:
-    # The timeout is SQLite's busy timeout, set before any statement runs.
-    conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
-    )
-    try:
-        # Switching to WAL takes an exclusive lock that the busy timeout does not wait for; a
-        # file already in WAL mode (every time but the first) needs no switch.
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        conn.execute("PRAGMA foreign_keys=ON")
-    except BaseException:
-        conn.close()
-        raise
-    return sqlite_utils.Database(conn)
-
-
-def _is_locked(error: sqlite3.OperationalError) -> bool:
-    text = str(error)
-    return "database is locked" in text or "database table is locked" in text
-
-
-def _retry_while_locked(operation: Callable[[], T], deadline: float) -> T:
-    """Run `operation` again, after a growing random pause, while another process holds the
-    lock SQLite would not wait for, until `deadline` (a time.monotonic() value)."""
-    pause = 0.01
-    while True:
-        try:
-            return operation()
-        except sqlite3.OperationalError as error:
-            if not _is_locked(error) or time.monotonic() + pause > deadline:
-                raise
-        time.sleep(random.uniform(pause / 2, pause))
-        pause = min(pause * 2, 0.5)
-
-
 class ExperienceStore:
-    """Records and reports in `.reef/experience.db`; safe to open from several processes."""
+    """Records and reports in `.reef/experience.db` or a PostgreSQL database; safe to open from
+    several processes."""
 
     def __init__(
         self,
-        path: Path,
+        location: Path | str,
         synchronous: Literal["normal", "full"] = "full",
         busy_timeout_s: float = 30.0,
     ) -> None:
-        """Open (or create) the store. `busy_timeout_s`: how long to wait for another process
-        that holds the database's lock, here and on every later statement."""
-        self.path = Path(path)
+        """Open (or create) the store: a SQLite file's path, or a `postgresql://` URL.
+        `busy_timeout_s`: how long to wait for another process that holds a lock, here and on
+        every later statement."""
+        self.location = location
+        self.path = None if is_postgres(location) else Path(location)
         self._write_db, self._read_db = self._open(synchronous, busy_timeout_s)
+        self.name = self._write_db.name  # where it is, for messages: never a password
         self._read_lock = threading.Lock()
         self._writer = GroupCommitWriter(self._write_db)
         self._writer.start()
 
-    def _open(
-        self, synchronous: str, busy_timeout_s: float
-    ) -> tuple[sqlite_utils.Database, sqlite_utils.Database]:
-        """The writer's connection, migrated, and the readers' connection."""
-        deadline = time.monotonic() + 2 * busy_timeout_s
-        opened: list[sqlite_utils.Database] = []
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return self._write_db.dialect
 
-        def connect() -> sqlite_utils.Database:
-            db = _retry_while_locked(
-                lambda: _connect(self.path, synchronous, busy_timeout_s), deadline
-            )
-            opened.append(db)
-            return db
+    @property
+    def notifies(self) -> bool:
+        """Whether `notify` reaches other processes (PostgreSQL); else they must poll."""
+        return self._write_db.notifies
+
+    def notify(self, channel: str, payload: str) -> None:
+        """Tell every process listening on `channel` (`listen`), on PostgreSQL."""
+        if self.notifies:
+            self._writer.submit(lambda db: db.notify(channel, payload)).result()
+
+    def listen(
+        self,
+        channel: str,
+        on_message: Callable[[str], None],
+        stop: threading.Event,
+        on_connected: Callable[[], None] | None = None,
+    ) -> None:
+        """Call `on_message(payload)` for each notification on `channel` until `stop` (blocks:
+        run it on a thread of its own); on a store that does not notify, return at once."""
+        if self.notifies:
+            from reef.store.postgres import listen
+
+            listen(str(self.location), channel, on_message, stop, on_connected)
+
+    def now(self) -> str:
+        """SQL for the database's clock (seconds since the epoch), shared by all its users."""
+        return self._read_db.now()
+
+    def json_number(self, column: str, key: str) -> str:
+        """SQL, in this store's database, for the number at `key` of a JSON column."""
+        return self._read_db.json_number(column, key)
+
+    def json_length(self, column: str, key: str) -> str:
+        """SQL, in this store's database, for the length of a JSON column's array at `key`."""
+        return self._read_db.json_length(column, key)
+
+    def _open(self, synchronous: str, busy_timeout_s: float) -> tuple[Database, Database]:
+        """The writer's connection, migrated, and the readers' connection."""
+        opened: list[Database] = []
+
+        def connected() -> Database:
+            opened.append(connect(self.location, synchronous, busy_timeout_s))
+            return opened[-1]
 
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_db = connect()
-            _retry_while_locked(lambda: apply_migrations(write_db), deadline)
-            return write_db, connect()
-        except (sqlite3.Error, OSError) as error:
+            write_db = connected()
+            write_db.retrying(lambda: apply_migrations(write_db), 2 * busy_timeout_s)
+            return write_db, connected()
+        except Exception as error:
             for db in opened:
-                db.conn.close()
+                db.close()
             raise self._unavailable(error) from None
 
     def _unavailable(self, error: BaseException) -> StoreUnavailable:
-        if isinstance(error, sqlite3.OperationalError) and _is_locked(error):
+        if is_postgres(self.location):
+            if isinstance(error, ModuleNotFoundError):
+                return StoreUnavailable(
+                    f"the experience store is a PostgreSQL database and {error}: install "
+                    "Reef with its PostgreSQL driver, pip install 'reef[postgres]'"
+                )
             return StoreUnavailable(
-                f"the experience store {self.path} is locked by another process (a server, a "
-                "learning worker or a reef command) and stayed locked: try again once it is "
+                f"cannot open the experience store {without_password(str(self.location))}: "
+                f"{error}. Check that the PostgreSQL server is running and reachable, that the "
+                "database exists, and that the password is in PGPASSWORD or ~/.pgpass"
+            )
+        from reef.store.sqlite import is_locked
+
+        if is_locked(error):
+            return StoreUnavailable(
+                f"the experience store {self.location} is locked by another process (a server, "
+                "a learning worker or a reef command) and stayed locked: try again once it is "
                 "done, or stop the process that holds it"
             )
         return StoreUnavailable(
-            f"cannot open the experience store {self.path}: {error}. Check that its folder is "
-            "writable and that the file is a Reef experience.db (move a damaged one away)"
+            f"cannot open the experience store {self.location}: {error}. Check that its folder "
+            "is writable and that the file is a Reef experience.db (move a damaged one away)"
         )
 
     def close(self) -> None:
         self._writer.stop()
-        self._write_db.conn.close()
-        self._read_db.conn.close()
+        self._write_db.close()
+        self._read_db.close()
 
     def __enter__(self) -> ExperienceStore:
         return self
@@ -321,7 +326,7 @@ class ExperienceStore:
     async def add_report_async(self, report: Report) -> tuple[dict[str, Any], bool]:
         return await asyncio.wrap_future(self.add_report(report))
 
-    def write(self, work: Callable[[sqlite_utils.Database], T]) -> Future[T]:
+    def write(self, work: Callable[[Database], T]) -> Future[T]:
         """Run `work` in the writer's next transaction (for stores built on this database)."""
         return self._writer.submit(work)
 
@@ -333,9 +338,10 @@ class ExperienceStore:
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         with self._read_lock:
-            cursor = self._read_db.execute(sql, list(params))
-            columns = [c[0] for c in cursor.description]
-            return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+            try:
+                return self._read_db.rows(sql, list(params))
+            except Exception as error:
+                raise self._read_db.unavailable(error) from error
 
     def get_record(self, record_id: str) -> dict[str, Any] | None:
         rows = self._query("SELECT * FROM records WHERE id = ?", [record_id])
@@ -409,16 +415,13 @@ class ExperienceStore:
             scenarios.setdefault(row["scenario"], {"records": 0, "reports": 0})["reports"] = row[
                 "n"
             ]
-        size = sum(
-            p.stat().st_size
-            for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"))
-            if p.exists()
-        )
-        return {"path": str(self.path), "size_bytes": size, "scenarios": scenarios}
+        with self._read_lock:
+            size = self._read_db.size_bytes()
+        return {"path": self.name, "size_bytes": size, "scenarios": scenarios}
 
 
-def _inserting(record: Record | Callable[[], Record]) -> Callable[[sqlite_utils.Database], str]:
-    def insert(db: sqlite_utils.Database) -> str:
+def _inserting(record: Record | Callable[[], Record]) -> Callable[[Database], str]:
+    def insert(db: Database) -> str:
         built = record if isinstance(record, Record) else record()
         db.execute(_INSERT_RECORD, built.to_row())
         return built.id
@@ -426,7 +429,7 @@ def _inserting(record: Record | Callable[[], Record]) -> Callable[[sqlite_utils.
     return insert
 
 
-def _insert_report(db: sqlite_utils.Database, report: Report) -> tuple[dict[str, Any], bool]:
+def _insert_report(db: Database, report: Report) -> tuple[dict[str, Any], bool]:
     existing = db.execute("SELECT content_hash FROM reports WHERE id = ?", [report.id]).fetchone()
     if existing is not None:
         if existing[0] != report.content_hash:
@@ -443,7 +446,8 @@ def _insert_report(db: sqlite_utils.Database, report: Report) -> tuple[dict[str,
     missing = [ref for ref in report.references if ref not in found]
     if missing:
         raise UnknownRecords(missing, report.scenario)
-    db.table("reports").insert(
+    db.insert(
+        "reports",
         {
             "id": report.id,
             "scenario": report.scenario,
@@ -452,22 +456,24 @@ def _insert_report(db: sqlite_utils.Database, report: Report) -> tuple[dict[str,
             "feedback": None if report.feedback is None else json.dumps(report.feedback),
             "metadata": None if report.metadata is None else json.dumps(report.metadata),
             "content_hash": report.content_hash,
-        }
+        },
     )
-    db.table("report_references").insert_all(
-        {"report_id": report.id, "record_id": ref} for ref in dict.fromkeys(report.references)
+    db.insert_all(
+        "report_references",
+        (
+            {"report_id": report.id, "record_id": ref, "position": position}
+            for position, ref in enumerate(dict.fromkeys(report.references))
+        ),
     )
     return _read_report(db, report.id), True
 
 
-def _read_report(db: sqlite_utils.Database, report_id: str) -> dict[str, Any]:
-    cursor = db.execute("SELECT * FROM reports WHERE id = ?", [report_id])
-    columns = [c[0] for c in cursor.description]
-    report = _decode_report(dict(zip(columns, cursor.fetchone(), strict=True)))
+def _read_report(db: Database, report_id: str) -> dict[str, Any]:
+    report = _decode_report(db.rows("SELECT * FROM reports WHERE id = ?", [report_id])[0])
     report["references"] = [
         row[0]
         for row in db.execute(
-            "SELECT record_id FROM report_references WHERE report_id = ? ORDER BY rowid",
+            "SELECT record_id FROM report_references WHERE report_id = ? ORDER BY position",
             [report_id],
         ).fetchall()
     ]

@@ -3,13 +3,17 @@
 Never edit a migration that has shipped: add a new one at the bottom. Each runs once, in order,
 inside one transaction together with the row that records its name in `_reef_migrations`, so a
 crash mid-migration leaves the database as it was before it.
+
+Migrations are written in SQLite's words, in the SQL both databases share; PostgreSQL reads them
+with its own types (`Database.schema`). A migration that needs other words in one database has
+them in `IN_OTHER_WORDS`.
 """
 
 from __future__ import annotations
 
 import time
 
-import sqlite_utils
+from reef.store.database import Database
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -188,39 +192,76 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE records ADD COLUMN sampling TEXT;
         """,
     ),
+    (
+        "0011_report_references_position",
+        # A report's references in the order it gave them, in any database (SQLite's rowid
+        # kept that order; PostgreSQL has none).
+        """
+        ALTER TABLE report_references ADD COLUMN position INTEGER;
+        UPDATE report_references SET position = rowid;
+        """,
+    ),
+    (
+        "0012_leases",
+        # Who does a job that exactly one process may do at a time, across replicas (the
+        # learner of a scenario), until when: a holder that stops renewing loses it at expiry.
+        """
+        CREATE TABLE leases (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        );
+        """,
+    ),
+    (
+        "0013_candidates_evaluating_host",
+        # The host of the process evaluating a candidate: a pid means something only there, so
+        # a replica on another machine never takes a running evaluation for an interrupted one.
+        """
+        ALTER TABLE candidates ADD COLUMN evaluating_host TEXT;
+        """,
+    ),
 ]
 
+# (migration, dialect) -> that migration in the dialect's words.
+IN_OTHER_WORDS: dict[tuple[str, str], str] = {
+    # A new PostgreSQL database has no references to number.
+    ("0011_report_references_position", "postgresql"): (
+        "ALTER TABLE report_references ADD COLUMN position INTEGER"
+    ),
+}
 
-def apply_migrations(db: sqlite_utils.Database) -> list[str]:
+
+def apply_migrations(db: Database) -> list[str]:
     """Apply every migration not yet recorded; return the names applied now.
 
-    The connection must be in autocommit mode (`isolation_level=None`) so that the explicit
-    BEGIN/COMMIT here are the only transaction boundaries.
+    The connection must be in autocommit mode so that the explicit transactions here are the
+    only transaction boundaries.
     """
-    db.execute(
-        "CREATE TABLE IF NOT EXISTS _reef_migrations (name TEXT PRIMARY KEY, applied_at REAL)"
-    )
-    done = {row[0] for row in db.execute("SELECT name FROM _reef_migrations").fetchall()}
-    applied = []
-    for name, sql in MIGRATIONS:
-        if name in done:
-            continue
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            # A second process may have applied it while we waited for the write lock.
-            if db.execute("SELECT 1 FROM _reef_migrations WHERE name = ?", [name]).fetchone():
-                db.execute("ROLLBACK")
-                continue
-            for statement in _statements(sql):
-                db.execute(statement)
-            db.execute("INSERT INTO _reef_migrations VALUES (?, ?)", [name, time.time()])
-            db.execute("COMMIT")
-        except BaseException:
-            if db.conn.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        applied.append(name)
-    return applied
+    with db.migrating():
+        done_table = "_reef_migrations (name TEXT PRIMARY KEY, applied_at REAL)"
+        db.execute(db.schema(f"CREATE TABLE IF NOT EXISTS {done_table}"))
+        done = {row[0] for row in db.execute("SELECT name FROM _reef_migrations").fetchall()}
+        return [name for name, sql in MIGRATIONS if name not in done and _apply(db, name, sql)]
+
+
+def _apply(db: Database, name: str, sql: str) -> bool:
+    """Apply one migration in a transaction of its own; False if another process just did."""
+    db.begin_write()
+    try:
+        # A second process may have applied it while we waited for the write lock.
+        if db.execute("SELECT 1 FROM _reef_migrations WHERE name = ?", [name]).fetchone():
+            db.execute("ROLLBACK")
+            return False
+        for statement in _statements(IN_OTHER_WORDS.get((name, db.dialect)) or db.schema(sql)):
+            db.execute(statement)
+        db.execute("INSERT INTO _reef_migrations VALUES (?, ?)", [name, time.time()])
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return True
 
 
 def _statements(sql: str) -> list[str]:

@@ -7,12 +7,16 @@ from typing import Any
 
 from reef.store.experience import ExperienceStore
 
-CANDIDATE_COLUMNS = (
-    "id, scenario, kind, state, source, reason, decision, base_release_id, release_id, "
-    "created_at, json_extract(evaluation, '$.current_mean') AS current_mean, "
-    "json_extract(evaluation, '$.candidate_mean') AS candidate_mean, "
-    "COALESCE(json_array_length(evaluation, '$.lost'), 0) AS lost"
-)
+
+def candidate_columns(store: ExperienceStore) -> str:
+    """A candidate's columns as the review's tables show them, in the store's SQL."""
+    json_number, json_length = store.json_number, store.json_length
+    return (
+        "id, scenario, kind, state, source, reason, decision, base_release_id, release_id, "
+        f"created_at, {json_number('evaluation', 'current_mean')} AS current_mean, "
+        f"{json_number('evaluation', 'candidate_mean')} AS candidate_mean, "
+        f"COALESCE({json_length('evaluation', 'lost')}, 0) AS lost"
+    )
 
 
 def recent_scores(store: ExperienceStore, scenario: str, limit: int) -> list[dict[str, Any]]:
@@ -28,7 +32,7 @@ def recent_scores(store: ExperienceStore, scenario: str, limit: int) -> list[dic
 def recent_mean(store: ExperienceStore, scenario: str, limit: int) -> float | None:
     (row,) = store.query(
         "SELECT AVG(score) AS mean FROM (SELECT score FROM reports "
-        "WHERE scenario = ? AND score IS NOT NULL ORDER BY seq DESC LIMIT ?)",
+        "WHERE scenario = ? AND score IS NOT NULL ORDER BY seq DESC LIMIT ?) AS recent",
         [scenario, limit],
     )
     return None if row["mean"] is None else float(row["mean"])
@@ -49,14 +53,16 @@ def candidate_rows(
     """Held candidates first, then the others; newest first within each."""
     where, params = _where(scenario=scenario, state=state)
     return store.query(
-        f"SELECT {CANDIDATE_COLUMNS} FROM candidates {where} "
+        f"SELECT {candidate_columns(store)} FROM candidates {where} "
         "ORDER BY state = 'held' DESC, seq DESC LIMIT ?",
         [*params, limit],
     )
 
 
 def candidate_row(store: ExperienceStore, candidate_id: str) -> dict[str, Any]:
-    (row,) = store.query(f"SELECT {CANDIDATE_COLUMNS} FROM candidates WHERE id = ?", [candidate_id])
+    (row,) = store.query(
+        f"SELECT {candidate_columns(store)} FROM candidates WHERE id = ?", [candidate_id]
+    )
     return row
 
 

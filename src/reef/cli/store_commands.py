@@ -1,0 +1,89 @@
+"""`reef store info|migrate`: where the project's experience lives, and moving it elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from reef.cli.output import console, fail
+from reef.config import ConfigError, ReefConfig, load_config
+from reef.errors import ReefError
+from reef.store import ExperienceStore
+from reef.store.database import is_postgres
+from reef.store.transfer import copy_store, row_counts
+
+app = typer.Typer(
+    help="The experience store: where it is, and moving it (SQLite <-> PostgreSQL).",
+    no_args_is_help=True,
+)
+ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
+
+
+def _config(path: Path | None) -> ReefConfig:
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        fail(str(error), code=2)
+
+
+def _open(location: Path | str, config: ReefConfig) -> ExperienceStore:
+    try:
+        return ExperienceStore(location, config.store.synchronous)
+    except ReefError as error:
+        fail(error.message)
+
+
+@app.command("info")
+def info(config: ConfigOption = None) -> None:
+    """Where the experience store is, and how many rows each table holds."""
+    resolved = _config(config)
+    with _open(resolved.experience_store, resolved) as store:
+        table = Table(title=f"{store.dialect}: {store.name}")
+        table.add_column("table")
+        table.add_column("rows", justify="right")
+        for name, rows in row_counts(store).items():
+            table.add_row(name, str(rows))
+        console.print(table)
+
+
+@app.command("migrate")
+def migrate(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The new store: a postgresql:// URL (its password in PGPASSWORD or ~/.pgpass) "
+            "or a SQLite file's path. It must hold no experience yet.",
+        ),
+    ],
+    config: ConfigOption = None,
+) -> None:
+    """Copy all experience (records, reports, candidates, learning state) into another store.
+
+    Stop `reef serve` first: what it stores during the copy would not be copied. Then set
+    `store.url` to the new store in reef.yaml (or REEF_STORE_URL)."""
+    resolved = _config(config)
+    target_location: Path | str = to if is_postgres(to) else Path(to).expanduser()
+    with _open(resolved.experience_store, resolved) as source:
+        totals = row_counts(source)
+        with _open(target_location, resolved) as target:
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+            with Progress(*columns, console=console, transient=True) as bars:
+                tasks = {name: bars.add_task(name, total=n) for name, n in totals.items()}
+                try:
+                    copied = copy_store(
+                        source, target, lambda name, n: bars.advance(tasks[name], n)
+                    )
+                except ReefError as error:
+                    fail(error.message)
+            console.print(
+                f"Copied {sum(copied.values())} rows from {source.name} to {target.name}: "
+                + ", ".join(f"{n} {name}" for name, n in copied.items() if n),
+                highlight=False,
+                soft_wrap=True,
+            )
+    console.print(f"Next: set store.url to {target.name} in reef.yaml, or REEF_STORE_URL.")

@@ -1,0 +1,78 @@
+"""Moving a project's whole experience from one store to another (`reef store migrate`).
+
+A laptop's SQLite file moves to the team's PostgreSQL server (or back): every table but the
+migrations' own, row for row, with the same sequence numbers, so that receipts, reports,
+candidates and the learning worker's bookkeeping read the same in the new store. The copy is one
+transaction in the target: it lands whole or not at all. A target that already holds experience
+is refused, so that nothing is mixed or overwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reef.errors import Conflict
+from reef.store.database import Database
+from reef.store.experience import ExperienceStore
+
+# In the order rows may be written (references after what they reference), each with the
+# columns that order its rows.
+TABLES: tuple[tuple[str, str], ...] = (
+    ("records", "seq"),
+    ("reports", "seq"),
+    ("report_references", "report_id, position"),
+    ("candidates", "seq"),
+    ("candidate_records", "candidate_id, record_id"),
+    ("learning_steps", "seq"),
+    ("learning_status", "scenario"),
+    ("train_requests", "seq"),
+    ("record_annotations", "seq"),
+)
+PAGE = 500
+
+Progress = Callable[[str, int], None]  # (table, rows copied now)
+
+
+def row_counts(store: ExperienceStore) -> dict[str, int]:
+    """Each table's rows."""
+    return {
+        table: int(store.query(f"SELECT COUNT(*) AS n FROM {table}")[0]["n"]) for table, _ in TABLES
+    }
+
+
+def copy_store(
+    source: ExperienceStore, target: ExperienceStore, progress: Progress | None = None
+) -> dict[str, int]:
+    """Copy every row of `source` into the empty `target`; the rows copied, per table."""
+    held = {table: n for table, n in row_counts(target).items() if n}
+    if held:
+        raise Conflict(
+            f"the store {target.name} already holds experience "
+            f"({', '.join(f'{n} {table}' for table, n in held.items())}): migrate into a new, "
+            "empty database, or move that one's rows away first",
+            code="store_not_empty",
+        )
+
+    def copy_all(db: Database) -> dict[str, int]:
+        return {table: _copy_table(source, db, table, order, progress) for table, order in TABLES}
+
+    return target.write(copy_all).result()
+
+
+def _copy_table(
+    source: ExperienceStore, db: Database, table: str, order: str, progress: Progress | None
+) -> int:
+    copied = 0
+    while True:
+        rows = source.query(
+            f"SELECT * FROM {table} ORDER BY {order} LIMIT ? OFFSET ?", [PAGE, copied]
+        )
+        db.insert_all(table, rows)
+        copied += len(rows)
+        if progress is not None and rows:
+            progress(table, len(rows))
+        if len(rows) < PAGE:
+            break
+    if order == "seq":
+        db.continue_sequence(table)
+    return copied
