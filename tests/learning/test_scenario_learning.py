@@ -233,3 +233,49 @@ def test_status_names_each_scenarios_mode_and_recipes_and_reef_status_lists_them
         ("default", "auto", "sft", "3", "error: RecipeError: no weights"),
         ("support", "auto", "harness_evolve", "0", "-"),
     ]  # "old" learned once and learns no more: not listed
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_one_worker_learns_on_a_scenario_and_another_takes_over_when_it_dies(
+    tmp_path: Path, engine: LlamaCppEngine, database: str, request: pytest.FixtureRequest
+) -> None:
+    """Two workers share one store, as two replicas' would: only the lease's holder steps the
+    scenario. The holder dies without a word (its lease is not given up, as after kill -9); the
+    other takes the lease once it expires and learns on."""
+    scenarios = f"  fast:\n    learning:\n      recipe: {tmp_path}/recipes.py:Fast\n"
+    config = project(tmp_path, scenarios, learning="  lease_s: 1.0\n")
+    location = (
+        request.getfixturevalue("postgres_url")
+        if database == "postgresql"
+        else config.experience_db
+    )
+    stores = [ExperienceStore(location), ExperienceStore(location)]
+    workers = [LearningWorker(config, store, LocalModel(engine)) for store in stores]
+    chain = workers[0].workflow.chain
+
+    async def learn() -> tuple[list[set[str]], float]:
+        stops = [asyncio.Event(), asyncio.Event()]
+        runs = [asyncio.create_task(w.run(stop)) for w, stop in zip(workers, stops, strict=True)]
+        deadline = time.monotonic() + 60
+        while (head := chain.head("fast")) is None or head.number < 2:
+            assert time.monotonic() < deadline, "nobody learned"
+            await asyncio.sleep(0.05)
+        leading = [set(worker.leading) for worker in workers]
+        leader = workers[0] if leading[0] else workers[1]
+        leader._give_up_leases = lambda: None  # type: ignore[method-assign]  # as if killed
+        runs[workers.index(leader)].cancel()
+        died, released_then = time.monotonic(), head.number
+        while (head := chain.head("fast")) is None or head.number <= released_then:
+            assert time.monotonic() < deadline, "nobody took over"
+            await asyncio.sleep(0.05)
+        took_over_s = time.monotonic() - died
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*runs, return_exceptions=True)
+        return leading, took_over_s
+
+    leading, took_over_s = asyncio.run(learn())
+    assert sorted(map(sorted, leading)) == [[], ["fast"]]  # exactly one learned
+    assert took_over_s < 10, f"the lease (1 s) was taken over only after {took_over_s:.1f} s"
+    for store in stores:
+        store.close()

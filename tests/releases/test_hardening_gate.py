@@ -7,6 +7,7 @@ import asyncio
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -78,6 +79,23 @@ def test_recovery_leaves_a_live_evaluation_alone_and_ends_a_killed_one(tmp_path:
         if publisher.poll() is None:
             publisher.kill()
             publisher.wait()
+
+
+def test_recovery_leaves_an_evaluation_on_another_replicas_machine_alone(tmp_path: Path) -> None:
+    """A pid means something only on its own machine: a replica elsewhere sharing the store
+    never ends an evaluation there as interrupted, even when no such pid runs here."""
+    config = load_config(project(tmp_path), env={})
+    with ExperienceStore(config.experience_db) as store:
+        workflow = ReleaseWorkflow(config, store)
+        here = workflow.propose("default", "harness", {"AGENTS.md": b"Be brief.\n"})
+        there = workflow.propose("default", "harness", {"AGENTS.md": b"Be kind.\n"})
+        gone = 2**22 + 17  # above the kernel's pid limit: no process has it
+        for candidate, host in ((here, socket.gethostname()), (there, "another-replica")):
+            workflow.candidates.move(
+                candidate.id, ("proposed",), "evaluating", evaluating_pid=gone, evaluating_host=host
+            )
+        assert [c.id for c in workflow.recover_interrupted()] == [here.id]
+        assert workflow.candidates.get(there.id).state == "evaluating"
 
 
 def test_a_cancelled_gate_rejects_the_candidate_and_cancels(tmp_path: Path) -> None:

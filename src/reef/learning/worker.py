@@ -16,6 +16,10 @@ server.
 Modes (per scenario): `auto` steps whenever a recipe says a batch is ready; `manual` steps only
 for instructions queued with `reef train` (`POST /reef/train`), each taken by the recipe whose
 turn it is; `hybrid` does both.
+
+Several workers may share one store (replicas of `reef serve`, a `reef learn`): the loop steps a
+scenario only while it holds the scenario's lease (`reef.store.leases`), so exactly one learns
+on each; a worker that dies loses its leases within `learning.lease_s`, and another takes over.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from reef.store.learning import (
     save_step,
     take_instruction,
 )
+from reef.store.leases import give_up_lease, new_holder, take_lease
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
@@ -121,6 +126,8 @@ class LearningWorker:
         chosen = load_plans(config) if plans is None else plans
         self.lanes = {plan.scenario: _lane(plan) for plan in chosen}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.holder = new_holder()  # this worker, as the holder of scenarios' leases
+        self.leading: set[str] = set()  # the scenarios whose lease it holds
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -282,13 +289,48 @@ class LearningWorker:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step every scenario's recipes until `stop`, each scenario in its own lane."""
-        await asyncio.gather(*(self._run_lane(lane, stop) for lane in self.lanes.values()))
+        """Step every scenario's recipes until `stop`, each scenario in its own lane, while
+        this worker holds the scenario's lease."""
+        lanes = [self._run_lane(lane, stop) for lane in self.lanes.values()]
+        try:
+            await asyncio.gather(self._keep_leases(stop), *lanes)
+        finally:
+            await asyncio.shield(asyncio.to_thread(self._give_up_leases))
+
+    async def _keep_leases(self, stop: asyncio.Event) -> None:
+        """Take or renew each scenario's lease every third of its period."""
+        period = self.config.learning.lease_s
+        while not stop.is_set():
+            for scenario in self.lanes:
+                await self._hold_lease(scenario, period)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=period / 3)
+
+    async def _hold_lease(self, scenario: str, period: float) -> None:
+        name = f"learner:{scenario}"
+        try:
+            held = await asyncio.to_thread(take_lease, self.store, name, self.holder, period)
+        except Exception as error:  # the store is unreachable: whoever can reach it leads
+            log.warning("could not renew the lease of %s: %s", scenario, error)
+            held = False
+        if held and scenario not in self.leading:
+            log.info("%s: this worker learns (it holds the lease, %s)", scenario, self.holder)
+            self.leading.add(scenario)
+        elif not held and scenario in self.leading:
+            log.warning("%s: another worker holds the lease now; this one stops learning", scenario)
+            self.leading.discard(scenario)
+
+    def _give_up_leases(self) -> None:
+        """On a clean stop: another worker need not wait for the leases to expire."""
+        for scenario in list(self.leading):
+            with contextlib.suppress(Exception):
+                give_up_lease(self.store, f"learner:{scenario}", self.holder)
+        self.leading.clear()
 
     async def _run_lane(self, lane: Lane, stop: asyncio.Event) -> None:
         interval = self.config.learning.interval_s
         while not stop.is_set():
-            for _ in lane.learners:
+            for _ in lane.learners if lane.scenario in self.leading else ():
                 learner = lane.next_learner()
                 if stop.is_set() or time.monotonic() < learner.retry_at:
                     continue

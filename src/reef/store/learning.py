@@ -10,9 +10,9 @@ import json
 import time
 from typing import Any
 
-import sqlite_utils
-
+from reef.store.database import Database
 from reef.store.experience import ExperienceStore, new_id
+from reef.store.leases import lease_holders
 
 
 def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -> str:
@@ -24,14 +24,14 @@ def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -
         "instruction": instruction,
         "created_at": time.time(),
     }
-    store.write(lambda db: db.table("train_requests").insert(row)).result()
+    store.write(lambda db: db.insert("train_requests", row)).result()
     return request_id
 
 
 def take_instruction(store: ExperienceStore, scenario: str) -> str | None:
     """The oldest instruction not yet taken for `scenario`, marked taken."""
 
-    def take(db: sqlite_utils.Database) -> str | None:
+    def take(db: Database) -> str | None:
         row = db.execute(
             "SELECT seq, instruction FROM train_requests "
             "WHERE scenario = ? AND taken_at IS NULL ORDER BY seq LIMIT 1",
@@ -55,13 +55,13 @@ def save_counts(
         "stale_skipped": stale_skipped,
         "updated_at": time.time(),
     }
-    store.write(lambda db: db.table("learning_status").upsert(row, pk="scenario")).result()
+    store.write(lambda db: db.upsert("learning_status", row, key="scenario")).result()
 
 
 def save_step(store: ExperienceStore, row: dict[str, Any]) -> None:
     """One learning step: scenario, recipe, started_at, finished_at, outcome, error,
     candidate_id, instruction."""
-    store.write(lambda db: db.table("learning_steps").insert(row)).result()
+    store.write(lambda db: db.insert("learning_steps", row)).result()
 
 
 def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
@@ -77,7 +77,8 @@ def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
 
 def learning_status(store: ExperienceStore) -> dict[str, Any]:
     """Per scenario: records waiting, consumed, stale skipped, batches built, the last step,
-    and per recipe (`recipes`) its step count and last step."""
+    per recipe (`recipes`) its step count and last step, and the worker that learns on it now
+    (`learner`: host, pid and a random part)."""
     status: dict[str, Any] = {}
     for row in store.query("SELECT * FROM learning_status"):
         status[row["scenario"]] = {k: row[k] for k in ("waiting", "consumed", "stale_skipped")}
@@ -91,6 +92,10 @@ def learning_status(store: ExperienceStore) -> dict[str, Any]:
         if row["recipe"]:
             recipes = status.setdefault(row["scenario"], {}).setdefault("recipes", {})
             recipes[row["recipe"]] = {"steps": row["steps"], "last_step": _step(row)}
+    for name, lease in lease_holders(store).items():
+        kind, _, scenario = name.partition(":")
+        if kind == "learner":  # which worker learns on it, of all sharing the store
+            status.setdefault(scenario, {})["learner"] = lease["holder"]
     return status
 
 
@@ -129,7 +134,7 @@ def save_annotation(
         "created_at": time.time(),
         "data": json.dumps(data),
     }
-    store.write(lambda db: db.table("record_annotations").insert(row)).result()
+    store.write(lambda db: db.insert("record_annotations", row)).result()
 
 
 def with_annotations(store: ExperienceStore, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
