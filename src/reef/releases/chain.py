@@ -9,10 +9,15 @@ target release.
 
 Weight files (`*.gguf`, `*.safetensors`, `*.bin`, `*.pt`) are stored through Git LFS: the git
 objects hold LFS pointers, the bytes live in the repository's LFS store and come back on read.
+
+With a remote (`releases.remote`, `reef.releases.remote`), the repository is this process's copy
+of the chain that replicas share: a publish fetches first and lands only once the remote has
+taken it, by the same compare-and-swap rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import functools
@@ -36,6 +41,7 @@ from git.objects import Commit
 
 from reef.artifacts import KIND_PARTS, parts_of
 from reef.errors import Conflict, NotFound, ReefError
+from reef.releases.remote import PushRefused, ReleaseRemote, RemoteUnreachable
 from reef.scenario import SCENARIO_NAME, check_scenario
 
 ArtifactKind = Literal["harness", "lora", "agent", "checkpoint"]
@@ -219,7 +225,14 @@ class ReleaseChain:
     and between processes (the head only moves by compare-and-swap).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        remote: str | None = None,
+        on_published: Callable[[Release], None] | None = None,
+    ) -> None:
+        """The chain in the bare repository at `path`, a copy of `remote`'s when given.
+        `on_published(release)` runs after each publish (to tell other replicas)."""
         self._lock = threading.RLock()
         self.path = Path(path)
         if not (self.path / "HEAD").exists():
@@ -228,6 +241,8 @@ class ReleaseChain:
             self.repo = git.Repo(self.path)
         except git.GitError as error:
             raise ReefError(f"cannot open the release chain {self.path}: {error}") from None
+        self.remote = ReleaseRemote(str(self.path), remote) if remote else None
+        self.on_published = on_published
 
     def _create(self) -> None:
         """Create the bare repository beside its place and rename it in whole, so that another
@@ -298,6 +313,17 @@ class ReleaseChain:
             if len(sha) == 40:
                 heads[loose.parent.name] = sha
         return heads
+
+    @_locked
+    def catch_up(self) -> bool:
+        """Bring this copy up to date with the remote, if any head there differs from here;
+        whether it fetched. Raises `RemoteUnreachable` (this copy is left as it was)."""
+        if self.remote is None or self.remote.heads() == self.head_commits():
+            if self.remote is not None:
+                self.remote.state.reachable, self.remote.state.error = True, None
+            return False
+        self.remote.fetch()
+        return True
 
     def scenarios(self) -> list[str]:
         return sorted(self.head_commits())
@@ -409,6 +435,8 @@ class ReleaseChain:
             )
         for path in files:
             check_path(path)
+        if self.remote is not None:
+            self.remote.fetch()  # the head every replica sees, not only this copy's
         parent = self.head(scenario)
         parent_id = parent.release_id if parent else None
         if parent_id != expected_parent:
@@ -434,20 +462,45 @@ class ReleaseChain:
             ),
         )
         commit = self._commit(files, release, parent)
+        parent_commit = parent.commit if parent else _NO_COMMIT
         try:
-            self.repo.git.update_ref(
-                self.head_ref(scenario), commit.hexsha, parent.commit if parent else _NO_COMMIT
-            )
+            self.repo.git.update_ref(self.head_ref(scenario), commit.hexsha, parent_commit)
         except git.GitCommandError:
-            current = self.head(scenario)
-            raise ReleaseConflict(
-                scenario, expected_parent, current.release_id if current else None
-            ) from None
+            raise self._conflict(scenario, expected_parent) from None
+        if self.remote is not None:
+            self._push(release, commit.hexsha, parent_commit, expected_parent)
         # After the head moved: the compare-and-swap made this number ours alone. Were this
         # step lost, lookups of this release would walk the chain instead.
         self.repo.git.update_ref(self.release_ref(release.release_id), commit.hexsha)
         release.commit = commit.hexsha
+        if self.on_published is not None:
+            self.on_published(release)
         return release
+
+    def _conflict(self, scenario: str, expected_parent: str | None) -> ReleaseConflict:
+        current = self.head(scenario)
+        return ReleaseConflict(scenario, expected_parent, current.release_id if current else None)
+
+    def _push(
+        self, release: Release, commit: str, parent_commit: str, expected_parent: str | None
+    ) -> None:
+        """Land the release on the remote; if it refuses (another replica published first) or
+        cannot be reached, the local head goes back to its parent and nothing is published."""
+        assert self.remote is not None
+        head = self.head_ref(release.scenario)
+        try:
+            self.remote.push(commit, [head, self.release_ref(release.release_id)])
+        except (PushRefused, RemoteUnreachable) as error:
+            with contextlib.suppress(git.GitCommandError):  # a fetch may have moved it already
+                if parent_commit == _NO_COMMIT:
+                    self.repo.git.update_ref("-d", head, commit)
+                else:
+                    self.repo.git.update_ref(head, parent_commit, commit)
+            if isinstance(error, RemoteUnreachable):
+                raise
+            with contextlib.suppress(RemoteUnreachable):
+                self.remote.fetch()
+            raise self._conflict(release.scenario, expected_parent) from None
 
     @_locked
     def rollback(

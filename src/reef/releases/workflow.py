@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,20 @@ INTERRUPTED = "evaluation was interrupted (the process running it stopped)"
 UNFINISHED_PROPOSAL_S = 3600.0
 
 
+# Where a publish tells the other replicas sharing the store (PostgreSQL's NOTIFY) that a head
+# moved; the payload is the scenario.
+RELEASES_CHANNEL = "reef_releases"
+
+
+def tell_replicas(store: ExperienceStore, release: Release) -> None:
+    """Tell the replicas listening on the store that `release` heads its scenario now. They also
+    poll, so a notification that cannot be sent loses nothing but time."""
+    try:
+        store.notify(RELEASES_CHANNEL, release.scenario)
+    except Exception as error:
+        log.warning("could not tell the replicas about %s: %s", release.release_id, error)
+
+
 class CandidateRefused(ReefError):
     """The artifact could not serve; it is recorded as a rejected candidate saying why."""
 
@@ -58,7 +73,11 @@ class CandidateRefused(ReefError):
 class ReleaseWorkflow:
     def __init__(self, config: ReefConfig, store: ExperienceStore) -> None:
         self.config = config
-        self.chain = ReleaseChain(config.releases_git)
+        self.chain = ReleaseChain(
+            config.releases_git,
+            config.releases.remote,
+            on_published=lambda release: tell_replicas(store, release),
+        )
         self.candidates = CandidateStore(store)
         self.checkouts = config.state_dir / "checkouts"
         self.candidate_folders = config.state_dir / "candidates"
@@ -144,7 +163,13 @@ class ReleaseWorkflow:
         """Evaluate against the current release on the scenario's eval tasks (plus `extra_tasks`)
         and decide. Any error of the evaluation or of publishing rejects, saying why (fail
         closed); a cancellation rejects too, then goes on."""
-        self.candidates.move(candidate.id, ("proposed",), "evaluating", evaluating_pid=os.getpid())
+        self.candidates.move(
+            candidate.id,
+            ("proposed",),
+            "evaluating",
+            evaluating_pid=os.getpid(),
+            evaluating_host=socket.gethostname(),
+        )
         try:
             return await self._evaluate_and_decide(candidate, generate, on_task, extra_tasks or [])
         finally:
@@ -426,10 +451,13 @@ def _mark_used(folder: Path) -> None:
 
 def _evaluator_running(candidate: Candidate) -> bool:
     """Whether the process that moved `candidate` to evaluating still runs. A pid is reused
-    once its process is gone, so a process started after the evaluation began is another one."""
+    once its process is gone, so a process started after the evaluation began is another one;
+    a pid of another machine (a replica elsewhere) cannot be checked, so it counts as running."""
     pid = candidate.evaluating_pid
     if pid is None:  # evaluated by a Reef that did not record pids
         return False
+    if candidate.evaluating_host not in (None, socket.gethostname()):
+        return True  # another replica's machine: its pid cannot be checked from here
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -20,6 +20,7 @@ from reef.learning.process import start_worker, stop_worker
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
 from reef.server.follower import HeadFollower
+from reef.server.remote_follower import RemoteFollower
 from reef.server.state import ServerState
 
 
@@ -34,20 +35,25 @@ def check_bind(host: str, has_tokens: bool) -> None:
 
 async def serve(state: ServerState) -> None:
     """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close."""
-    follower = None
+    followers: list[asyncio.Task[None]] = []
     try:
         await state.engine.start()
         await asyncio.to_thread(state.workflow.recover_interrupted)
+        if state.workflow.chain.remote is not None:
+            remote = RemoteFollower(state)
+            await asyncio.to_thread(remote.catch_up)  # serve the shared heads from the start
+            followers.append(asyncio.create_task(remote.follow()))
         heads = HeadFollower(state)
         await asyncio.to_thread(heads.load_heads)
-        follower = asyncio.create_task(heads.follow())
+        followers.append(asyncio.create_task(heads.follow()))
         try:
             await _ReefServer(state).serve()
         finally:
             await state.engine.close()
     finally:
-        if follower is not None:
+        for follower in followers:
             follower.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
         state.store.close()
 
 

@@ -131,7 +131,8 @@ async def status(request: Request) -> Response:
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
             "release_errors": dict(sorted(state.release_errors.items())),
-            "store": store,
+            "releases": _releases_status(state),
+            "store": {**store, "dialect": state.store.dialect},
             "learning": {
                 "recipe": state.config.learning.recipe,
                 "mode": state.config.learning.mode,
@@ -139,6 +140,13 @@ async def status(request: Request) -> Response:
             },
         }
     )
+
+
+def _releases_status(state: ServerState) -> dict[str, Any]:
+    """Where the release chain lives, and, with a shared remote, whether this replica reaches
+    it (a replica that cannot keeps serving what it has)."""
+    remote = state.workflow.chain.remote
+    return {"remote": None if remote is None else remote.state.to_json()}
 
 
 def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
