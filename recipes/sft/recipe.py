@@ -231,6 +231,7 @@ class SFT(Recipe):
             target_modules=self.settings.target_modules,
             seed=self.settings.seed,
             max_length=training_length(self.settings, base),
+            processes=self.settings.processes,
         )
         on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
         return train_lora(base, examples, settings, on_step=on_step, resume_from=resume_from)

@@ -59,6 +59,10 @@ class LoraRecipeSettings(RecipeSettings):
     # Torch threads for training. One keeps a step fast on a CPU the server also uses: with two
     # cores shared, torch's threads spin-wait on each other and a step runs about 5x slower.
     threads: int = Field(1, ge=1)
+    # Training processes, data parallel (`torch.distributed`, gloo on a CPU): the same update as
+    # one process, each computing a share of every batch (docs/training.md). Under torchrun, the
+    # launcher's WORLD_SIZE.
+    processes: int = Field(1, ge=1)
 
 
 def require_weights(context: StepContext, recipe: str) -> None:

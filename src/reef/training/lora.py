@@ -42,6 +42,7 @@ __all__ = [
 
 Backend = Literal["peft", "unsloth"]
 OnStep = Callable[[int, float], None]
+Synchronise = Callable[[list[torch.nn.Parameter], torch.Tensor], torch.Tensor]
 
 
 class LoraSettings(BaseModel):
@@ -61,6 +62,9 @@ class LoraSettings(BaseModel):
     max_length: int = Field(512, ge=2)  # tokens per example, prompt cut from the left
     seed: int = 0
     weight_decay: float = Field(0.0, ge=0.0)
+    # Processes to train on, data-parallel on the CPU with gloo (`distributed.py`): the same
+    # update as one process. 1: this process alone (on the GPU, through Unsloth where installed).
+    processes: int = Field(1, ge=1)
 
 
 @dataclass
@@ -121,6 +125,10 @@ def train_lora(
     settings = settings or LoraSettings()
     if not examples:
         raise BadRequest("no training examples: nothing to train on")
+    if settings.processes > 1:
+        from reef.training.distributed import train_lora_parallel
+
+        return train_lora_parallel(base, examples, settings, on_step, resume_from)
     backend = choose_backend()
     seed_everything(settings.seed)
     if backend == "unsloth":
@@ -146,10 +154,12 @@ def optimise(
     next_loss: Callable[[], torch.Tensor],
     on_step: OnStep | None,
     backend: Backend,
+    synchronise: Synchronise | None = None,
 ) -> TrainedAdapter:
     """`settings.steps` AdamW steps on the adapter's parameters, each on a loss from
     `next_loss()`; the model ends in eval mode. `on_step(step, loss)` gets each loss, before its
-    update."""
+    update. With several ranks, `synchronise(parameters, loss)` runs after each backward: it
+    combines the ranks' gradients in place and returns the whole batch's loss."""
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay
@@ -160,6 +170,8 @@ def optimise(
     for step in range(1, settings.steps + 1):
         loss = next_loss()
         loss.backward()
+        if synchronise is not None:
+            loss = synchronise(trainable, loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))

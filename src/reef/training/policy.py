@@ -185,6 +185,19 @@ def policy_loss(
     settings: PolicySettings,
 ) -> torch.Tensor:
     """The batch loss: each example's mean over its trained tokens, then the mean over examples."""
+    per_example, trained = example_policy_losses(new, old, base, batch, settings)
+    return (per_example * trained).sum() / trained.sum().clamp(min=1.0)
+
+
+def example_policy_losses(
+    new: torch.Tensor,
+    old: torch.Tensor,
+    base: torch.Tensor,
+    batch: PolicyBatch,
+    settings: PolicySettings,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each example's mean loss over its trained tokens, and 1 for each example that has any
+    (0 for one masked out entirely), both shape (examples,)."""
     weights = importance_weights(old, batch, settings.tis_cap)
     per_token = weights * clipped_objective(
         new, old, batch.advantages, settings.clip_low, settings.clip_high
@@ -192,7 +205,7 @@ def policy_loss(
     tokens = batch.mask.sum(dim=1)
     per_example = (per_token * batch.mask).sum(dim=1) / tokens.clamp(min=1.0)
     trained = (tokens > 0).float()
-    return (per_example * trained).sum() / trained.sum().clamp(min=1.0)
+    return per_example, trained
 
 
 def train_policy(
@@ -207,6 +220,10 @@ def train_policy(
     settings = settings or PolicySettings()
     if not examples:
         raise BadRequest("no policy examples: nothing to train on")
+    if settings.processes > 1:
+        from reef.training.distributed import train_policy_parallel
+
+        return train_policy_parallel(base, examples, settings, on_step, resume_from)
     seed_everything(settings.seed)
     model = load_lora(base, resume_from) if resume_from is not None else new_lora(base, settings)
     device = next(model.parameters()).device
