@@ -78,6 +78,18 @@ class VLLMConfig(_Section):
     port: int = Field(8901, ge=1, le=65535)
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout_s: float = Field(900.0, gt=0)
+    # Past one GPU, as vLLM does it: the model split over GPUs (tensor), over stages (pipeline),
+    # on vLLM's own processes (`mp`) or a Ray cluster (`ray`, multi-node, as vLLM documents).
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    distributed_executor: Literal["mp", "ray"] | None = None
+    # LoRA adapters vLLM holds at once, and the highest rank it accepts (vLLM's defaults: 1, 16).
+    max_loras: int | None = Field(None, ge=1)
+    max_lora_rank: int | None = Field(None, ge=1)
+    # A folder every vLLM node reads (a shared filesystem): each release's adapter is copied
+    # there before vLLM loads it, so that workers on other nodes find it. None: vLLM reads it
+    # from the release checkout, on this machine.
+    adapter_dir: Path | None = None
 
 
 class LlamaCppConfig(_Section):

@@ -146,3 +146,68 @@ def test_child_that_dies_while_starting_is_reported_with_its_log(tmp_path: Path)
         asyncio.run(engine.start())
     assert "no kernel image" in str(error.value)
     assert engine._session is None and engine._client is None  # its HTTP clients were closed
+
+
+def test_parallelism_and_multi_lora_settings_become_the_childs_flags(tmp_path: Path) -> None:
+    """As vLLM documents its flags; real vLLM did not run here (no GPU)."""
+    from reef.config import EngineConfig
+    from reef.engines import build_engine
+    from reef.errors import ConfigurationRefused
+
+    settings = {
+        "model": "org/model",
+        "tensor_parallel_size": 4,
+        "pipeline_parallel_size": 2,
+        "distributed_executor": "ray",
+        "max_loras": 8,
+        "max_lora_rank": 64,
+        "extra_args": ["--max-model-len", "4096"],
+    }
+    config = EngineConfig.model_validate({"kind": "vllm", "vllm": settings})
+    command = build_engine(config, 8, tmp_path).command()
+    flags = dict(zip(command[4::2], command[5::2], strict=False))  # after serve MODEL --enable-lora
+    assert flags["--tensor-parallel-size"] == "4" and flags["--pipeline-parallel-size"] == "2"
+    assert flags["--distributed-executor-backend"] == "ray"
+    assert flags["--max-loras"] == "8" and flags["--max-lora-rank"] == "64"
+    assert command[-2:] == ["--max-model-len", "4096"]  # the user's own flags come last
+    plain = EngineConfig.model_validate({"kind": "vllm", "vllm": {"model": "org/model"}})
+    assert not {"--tensor-parallel-size", "--max-loras"} & set(
+        build_engine(plain, 8, tmp_path).command()
+    )  # vLLM's own defaults where nothing is set
+    settings["extra_args"] = ["--tensor-parallel-size", "2"]
+    clash = EngineConfig.model_validate({"kind": "vllm", "vllm": settings})
+    with pytest.raises(ConfigurationRefused, match="take --tensor-parallel-size out of extra"):
+        build_engine(clash, 8, tmp_path)
+
+
+def test_an_adapter_is_copied_where_every_vllm_node_reads_it_before_it_is_loaded(
+    tmp_path: Path,
+) -> None:
+    """With `adapter_dir` (a shared filesystem), vLLM is asked to load the adapter from there,
+    where workers on other nodes find it; against the stand-in, not real vLLM."""
+    script, _ = stand_in(tmp_path, SERVES)
+    port = free_port()
+    shared = tmp_path / "shared-adapters"
+    engine = VLLMEngine(
+        model="org/model",
+        executable=str(script),
+        port=port,
+        has_cuda=lambda: True,
+        adapter_dir=shared,
+    )
+    adapter = tmp_path / "release" / "peft"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+
+    async def scenario() -> dict:
+        await engine.start()
+        try:
+            request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]})
+            await engine.complete(request, adapter=adapter.parent)
+            return httpx.get(f"http://127.0.0.1:{port}/peer/adapters").json()
+        finally:
+            await engine.close()
+
+    (loaded,) = asyncio.run(scenario()).values()
+    assert Path(loaded).parent == shared  # not the release checkout on this machine
+    assert (Path(loaded) / "adapter_config.json").read_text() == '{"r": 8}'

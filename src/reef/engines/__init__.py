@@ -83,7 +83,7 @@ def build_engine(
             api_key=upstream.api_key.get_secret_value() if upstream.api_key else None,
             timeout_s=upstream.timeout_s,
         )
-    from reef.engines.vllm import VLLMEngine
+    from reef.engines.vllm import VLLMEngine, parallel_args
 
     vllm = config.vllm
     model = vllm.model or config.llamacpp.model
@@ -96,7 +96,8 @@ def build_engine(
         model=model,
         executable=vllm.executable,
         port=vllm.port,
-        extra_args=vllm.extra_args,
+        extra_args=[*parallel_args(vllm), *vllm.extra_args],
         startup_timeout_s=vllm.startup_timeout_s,
         log_path=state_dir / "vllm.log" if state_dir else None,
+        adapter_dir=vllm.adapter_dir,
     )

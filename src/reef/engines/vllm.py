@@ -5,6 +5,11 @@ The child is started on loopback, polled on `/health` until ready, and terminate
 It runs with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` (without it `/v1/load_lora_adapter` does not
 exist) and a fresh API key in `VLLM_API_KEY` (vLLM's environment form of `--api-key`, which keeps
 the key out of the process list), and writes its log to `vllm.log` in the state folder.
+
+Past one GPU, the settings vLLM documents are Reef settings (`engine.vllm.tensor_parallel_size`,
+`pipeline_parallel_size`, `distributed_executor`, `max_loras`, `max_lora_rank`), passed to the
+child as its flags (`parallel_args`). With workers on several nodes, `adapter_dir` names a folder
+they all read: a release's adapter is copied there before vLLM is asked to load it.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from reef.engines.base import Capabilities
 from reef.engines.upstream import UpstreamEngine
-from reef.errors import EngineUnavailable
+from reef.errors import ConfigurationRefused, EngineUnavailable
+
+if TYPE_CHECKING:
+    from reef.config import VLLMConfig
 
 
 def cuda_available() -> bool:
@@ -47,6 +56,33 @@ def peft_folder(adapter: Path) -> Path:
     return nested if (nested / "adapter_config.json").is_file() else adapter
 
 
+# Reef setting -> the `vllm serve` flag it becomes.
+PARALLEL_FLAGS = {
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "pipeline_parallel_size": "--pipeline-parallel-size",
+    "distributed_executor": "--distributed-executor-backend",
+    "max_loras": "--max-loras",
+    "max_lora_rank": "--max-lora-rank",
+}
+
+
+def parallel_args(config: VLLMConfig) -> list[str]:
+    """The `vllm serve` flags of the parallelism and multi-LoRA settings that differ from vLLM's
+    defaults; a flag also given in `extra_args` is refused (which would win is unclear)."""
+    args: list[str] = []
+    for setting, flag in PARALLEL_FLAGS.items():
+        value = getattr(config, setting)
+        if value is None or (setting.endswith("_parallel_size") and value == 1):
+            continue
+        if flag in config.extra_args:
+            raise ConfigurationRefused(
+                f"engine.vllm.extra_args has {flag} and engine.vllm.{setting} is set: keep "
+                f"engine.vllm.{setting} and take {flag} out of extra_args"
+            )
+        args += [flag, str(value)]
+    return args
+
+
 class VLLMEngine(UpstreamEngine):
     name = "vllm"
     # Responses are relayed as vLLM sends them; token ids and logprobs are not captured.
@@ -61,6 +97,7 @@ class VLLMEngine(UpstreamEngine):
         startup_timeout_s: float = 900.0,
         has_cuda: Callable[[], bool] = cuda_available,
         log_path: Path | None = None,
+        adapter_dir: Path | None = None,
     ) -> None:
         api_key = secrets.token_urlsafe(32)
         super().__init__(base_url=f"http://127.0.0.1:{port}/v1", model=model, api_key=api_key)
@@ -73,6 +110,7 @@ class VLLMEngine(UpstreamEngine):
         self._process: subprocess.Popen[bytes] | None = None
         self._log = log_path or Path(tempfile.gettempdir()) / f"reef-vllm-{port}.log"
         self._adapters: set[str] = set()
+        self.adapter_dir = adapter_dir  # read by every vLLM node, when they are several
         self._adapter_lock = asyncio.Lock()  # two first requests for one adapter load it once
 
     def command(self) -> list[str]:
@@ -155,7 +193,10 @@ class VLLMEngine(UpstreamEngine):
 
     async def _load_adapter(self, name: str, adapter: Path) -> None:
         url = f"http://127.0.0.1:{self.port}/v1/load_lora_adapter"
-        body = {"lora_name": name, "lora_path": str(peft_folder(adapter))}
+        path = peft_folder(adapter)
+        if self.adapter_dir is not None:
+            path = await asyncio.to_thread(_shared_copy, path, self.adapter_dir / name)
+        body = {"lora_name": name, "lora_path": str(path)}
         response = await self._http.post(url, json=body)
         if response.status_code >= 400:
             raise EngineUnavailable(
@@ -181,3 +222,20 @@ class VLLMEngine(UpstreamEngine):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)
+
+
+def _shared_copy(folder: Path, destination: Path) -> Path:
+    """`folder` copied to `destination` (whole or not at all: copied beside it, then renamed);
+    an existing copy is kept, since its name is the adapter's."""
+    if not destination.is_dir():
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}-"))
+        try:
+            shutil.copytree(folder, staging, dirs_exist_ok=True)
+            staging.rename(destination)
+        except OSError:
+            if not destination.is_dir():
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return destination
