@@ -143,6 +143,17 @@ class StoreConfig(_Section):
     # REEF_STORE_URL sets it.
     url: str | None = None
 
+    @field_validator("url")
+    @classmethod
+    def _a_path_or_postgresql(cls, url: str | None) -> str | None:
+        if url is not None and "://" in url and not is_postgres(url):
+            scheme = url.split("://", 1)[0]
+            raise ValueError(
+                f"a {scheme}:// URL is neither a SQLite file's path nor a PostgreSQL database: "
+                "write a path (.reef/experience.db) or postgresql://user@host/database"
+            )
+        return url
+
 
 class ReleasesConfig(_Section):
     # The git remote that replicas share the release chain through: any URL git speaks
@@ -502,7 +513,7 @@ def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
     if (
         isinstance(store, dict)
         and isinstance(store.get("url"), str)
-        and not is_postgres(store["url"])
+        and "://" not in store["url"]  # a URL is no path: the schema checks it
     ):
         given = Path(store["url"]).expanduser()
         store["url"] = str(given if given.is_absolute() else folder / given)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reef.urls import without_password
+
 
 class ReefError(Exception):
     status = 500
@@ -108,7 +110,10 @@ def describe_validation_error(error: Any) -> str:
         elif item["type"] == "missing":
             lines.append(f"{where}: required")
         else:
-            got = repr(item.get("input"))
+            given = item.get("input")
+            if isinstance(given, str) and "://" in given:  # a URL may carry a password
+                given = without_password(given)
+            got = repr(given)
             got = got if len(got) <= 80 else got[:77] + "..."
             lines.append(f"{where}: {item['msg']} (got {got})")
     return "; ".join(lines)

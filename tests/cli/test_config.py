@@ -152,3 +152,29 @@ def test_a_recipe_file_is_found_relative_to_the_config_file(tmp_path: Path) -> N
     assert config.learning.recipe == f"{project / 'recipes/mine.py'}:Mine"
     (project / "reef.yaml").write_text("learning:\n  recipe: harness_evolve\n")
     assert load_config(project / "reef.yaml", env={}).learning.recipe == "harness_evolve"
+
+
+def test_the_store_is_a_path_beside_the_config_or_a_postgresql_url(tmp_path: Path) -> None:
+    (tmp_path / "reef.yaml").write_text("store:\n  url: data/experience.db\n")
+    assert load_config(tmp_path / "reef.yaml", env={}).experience_store == (
+        tmp_path / "data/experience.db"
+    )
+    url = "postgresql://reef@db.internal/reef"
+    env = {"REEF_STORE_URL": url, "REEF_RELEASES_REMOTE": "ssh://git@git.internal/r.git"}
+    config = load_config(tmp_path / "reef.yaml", env=env)
+    assert config.experience_store == url
+    assert config.releases.remote == "ssh://git@git.internal/r.git"
+
+
+def test_passwords_in_the_store_and_remote_urls_never_show(tmp_path: Path) -> None:
+    (tmp_path / "reef.yaml").write_text(
+        "store:\n  url: postgresql://reef:s3cret@db/reef\n"
+        "releases:\n  remote: https://ci-token-42@git.example.com/releases.git\n"
+    )
+    shown = load_config(tmp_path / "reef.yaml", env={}).redacted()
+    assert shown["store"]["url"] == "postgresql://reef:***@db/reef"
+    assert shown["releases"]["remote"] == "https://***@git.example.com/releases.git"
+    (tmp_path / "reef.yaml").write_text("store:\n  url: postgresql+psycopg://reef:s3cret@db/x\n")
+    with pytest.raises(ConfigError, match="neither a SQLite file's path") as refused:
+        load_config(tmp_path / "reef.yaml", env={})
+    assert "s3cret" not in str(refused.value)

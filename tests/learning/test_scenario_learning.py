@@ -279,3 +279,28 @@ def test_one_worker_learns_on_a_scenario_and_another_takes_over_when_it_dies(
     assert took_over_s < 10, f"the lease (1 s) was taken over only after {took_over_s:.1f} s"
     for store in stores:
         store.close()
+
+
+def test_a_worker_whose_renewal_hangs_stops_learning_before_its_lease_runs_out(
+    tmp_path: Path, engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal that never returns (a connection the network dropped, a lock another process
+    holds) must not leave the worker learning after the lease expired and another took it."""
+    import reef.learning.worker as worker_module
+
+    scenarios = f"  fast:\n    learning:\n      recipe: {tmp_path}/recipes.py:Fast\n"
+    config = project(tmp_path, scenarios, learning="  lease_s: 0.5\n")
+    with ExperienceStore(config.experience_db) as store:
+        worker = LearningWorker(config, store, LocalModel(engine))
+
+        async def hang_on_renewal() -> list[bool]:
+            await worker._hold_lease("fast", 0.5)
+            seen = [worker.leads("fast")]
+            monkeypatch.setattr(worker_module, "take_lease", lambda *_: time.sleep(2) or True)
+            renewing = asyncio.create_task(worker._hold_lease("fast", 0.5))
+            await asyncio.sleep(0.5)
+            seen.append(worker.leads("fast"))
+            await renewing
+            return seen
+
+        assert asyncio.run(hang_on_renewal()) == [True, False]

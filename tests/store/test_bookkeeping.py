@@ -105,6 +105,7 @@ def test_annotations_and_the_reviews_record_queries(store: ExperienceStore) -> N
     store.add_report(Report("default", [first], score=1.0)).result()
     # % and _ are searched for as they are, not as LIKE's wildcards.
     assert [r["id"] for r in review.newest_records(store, "default", "50% off_", 10)] == [first]
+    assert [r["id"] for r in review.newest_records(store, "default", "50% OFF", 10)] == [first]
     assert [r["id"] for r in review.newest_records(store, None, "", 10)] == [second, first]
     assert [r["score"] for r in review.reports_of(store, [first])] == [0.5, 1.0]
     assert review.recent_mean(store, "default", 10) == 0.75

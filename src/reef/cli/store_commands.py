@@ -86,4 +86,7 @@ def migrate(
                 highlight=False,
                 soft_wrap=True,
             )
-    console.print(f"Next: set store.url to {target.name} in reef.yaml, or REEF_STORE_URL.")
+    console.print(
+        "Next: set store.url in reef.yaml (or REEF_STORE_URL) to the store you migrated to, "
+        "its password in PGPASSWORD or ~/.pgpass."
+    )

@@ -127,7 +127,10 @@ class LearningWorker:
         self.lanes = {plan.scenario: _lane(plan) for plan in chosen}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.holder = new_holder()  # this worker, as the holder of scenarios' leases
-        self.leading: set[str] = set()  # the scenarios whose lease it holds
+        # Scenario -> until when (time.monotonic()) this worker surely holds its lease: the
+        # moment it asked, plus most of a period. A renewal that hangs (a lost connection, a
+        # lock held by another process) lets it run out here before it runs out in the store.
+        self.lead_until: dict[str, float] = {}
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -308,29 +311,43 @@ class LearningWorker:
 
     async def _hold_lease(self, scenario: str, period: float) -> None:
         name = f"learner:{scenario}"
+        asked = time.monotonic()
         try:
             held = await asyncio.to_thread(take_lease, self.store, name, self.holder, period)
         except Exception as error:  # the store is unreachable: whoever can reach it leads
             log.warning("could not renew the lease of %s: %s", scenario, error)
             held = False
-        if held and scenario not in self.leading:
+        if held and not self.leads(scenario):
             log.info("%s: this worker learns (it holds the lease, %s)", scenario, self.holder)
-            self.leading.add(scenario)
-        elif not held and scenario in self.leading:
-            log.warning("%s: another worker holds the lease now; this one stops learning", scenario)
-            self.leading.discard(scenario)
+        elif not held and scenario in self.lead_until:
+            log.warning("%s: this worker no longer holds the lease; it stops learning", scenario)
+        if held:
+            self.lead_until[scenario] = asked + 0.8 * period
+        else:
+            self.lead_until.pop(scenario, None)
+
+    def leads(self, scenario: str) -> bool:
+        """Whether this worker holds the scenario's lease now (for sure)."""
+        return time.monotonic() < self.lead_until.get(scenario, 0.0)
+
+    @property
+    def leading(self) -> set[str]:
+        """The scenarios this worker learns on now."""
+        return {scenario for scenario in self.lanes if self.leads(scenario)}
 
     def _give_up_leases(self) -> None:
         """On a clean stop: another worker need not wait for the leases to expire."""
-        for scenario in list(self.leading):
+        for scenario in list(self.lead_until):
             with contextlib.suppress(Exception):
                 give_up_lease(self.store, f"learner:{scenario}", self.holder)
-        self.leading.clear()
+        self.lead_until.clear()
 
     async def _run_lane(self, lane: Lane, stop: asyncio.Event) -> None:
         interval = self.config.learning.interval_s
         while not stop.is_set():
-            for _ in lane.learners if lane.scenario in self.leading else ():
+            for _ in lane.learners:
+                if not self.leads(lane.scenario):
+                    break  # another worker learns on it
                 learner = lane.next_learner()
                 if stop.is_set() or time.monotonic() < learner.retry_at:
                     continue

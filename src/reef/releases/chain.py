@@ -241,7 +241,7 @@ class ReleaseChain:
             self.repo = git.Repo(self.path)
         except git.GitError as error:
             raise ReefError(f"cannot open the release chain {self.path}: {error}") from None
-        self.remote = ReleaseRemote(str(self.path), remote) if remote else None
+        self.remote = ReleaseRemote(self.path, remote) if remote else None
         self.on_published = on_published
 
     def _create(self) -> None:
@@ -314,16 +314,11 @@ class ReleaseChain:
                 heads[loose.parent.name] = sha
         return heads
 
-    @_locked
     def catch_up(self) -> bool:
-        """Bring this copy up to date with the remote, if any head there differs from here;
-        whether it fetched. Raises `RemoteUnreachable` (this copy is left as it was)."""
-        if self.remote is None or self.remote.heads() == self.head_commits():
-            if self.remote is not None:
-                self.remote.state.reachable, self.remote.state.error = True, None
-            return False
-        self.remote.fetch()
-        return True
+        """Bring this copy up to date with the remote, if any head there differs from here (or
+        a fetch left LFS objects behind); whether it fetched. Raises `RemoteUnreachable` (this
+        copy is left as it was). Git runs outside the chain's lock: reads go on meanwhile."""
+        return self.remote is not None and self.remote.catch_up(self.head_commits())
 
     def scenarios(self) -> list[str]:
         return sorted(self.head_commits())
@@ -463,12 +458,14 @@ class ReleaseChain:
         )
         commit = self._commit(files, release, parent)
         parent_commit = parent.commit if parent else _NO_COMMIT
+        if self.remote is not None:
+            self._push(release, commit.hexsha, expected_parent)
         try:
             self.repo.git.update_ref(self.head_ref(scenario), commit.hexsha, parent_commit)
         except git.GitCommandError:
-            raise self._conflict(scenario, expected_parent) from None
-        if self.remote is not None:
-            self._push(release, commit.hexsha, parent_commit, expected_parent)
+            if self.remote is None:
+                raise self._conflict(scenario, expected_parent) from None
+            # On the remote already: a fetch by another process sharing this copy moved it.
         # After the head moved: the compare-and-swap made this number ours alone. Were this
         # step lost, lookups of this release would walk the chain instead.
         self.repo.git.update_ref(self.release_ref(release.release_id), commit.hexsha)
@@ -481,23 +478,14 @@ class ReleaseChain:
         current = self.head(scenario)
         return ReleaseConflict(scenario, expected_parent, current.release_id if current else None)
 
-    def _push(
-        self, release: Release, commit: str, parent_commit: str, expected_parent: str | None
-    ) -> None:
-        """Land the release on the remote; if it refuses (another replica published first) or
-        cannot be reached, the local head goes back to its parent and nothing is published."""
+    def _push(self, release: Release, commit: str, expected_parent: str | None) -> None:
+        """Land the release on the remote before anything moves here: the remote's refusal
+        (another replica published first; not a fast-forward) is the compare-and-swap."""
         assert self.remote is not None
-        head = self.head_ref(release.scenario)
+        refs = [self.head_ref(release.scenario), self.release_ref(release.release_id)]
         try:
-            self.remote.push(commit, [head, self.release_ref(release.release_id)])
-        except (PushRefused, RemoteUnreachable) as error:
-            with contextlib.suppress(git.GitCommandError):  # a fetch may have moved it already
-                if parent_commit == _NO_COMMIT:
-                    self.repo.git.update_ref("-d", head, commit)
-                else:
-                    self.repo.git.update_ref(head, parent_commit, commit)
-            if isinstance(error, RemoteUnreachable):
-                raise
+            self.remote.push(commit, refs)
+        except PushRefused:
             with contextlib.suppress(RemoteUnreachable):
                 self.remote.fetch()
             raise self._conflict(release.scenario, expected_parent) from None

@@ -4,28 +4,45 @@
 `https://` in production), with Git LFS for weight files. Each process keeps its own bare
 repository (`.reef/releases.git`) as a copy of the remote:
 
-- publishing fetches the remote's heads first, appends locally (the local compare-and-swap), then
-  pushes the release's LFS objects and, atomically, its head and release refs. The chain is
-  append-only, so a publisher that started from a stale head makes a push that is not a
-  fast-forward: the remote refuses it, the local head goes back, and the publisher gets the same
-  `ReleaseConflict` as on one machine, naming the head it missed;
-- following fetches the remote's refs (and the LFS objects of their heads) into the local copy,
-  where the server's head follower finds them and switches what it serves. A replica that cannot
-  reach the remote keeps serving what it has and says so (`RemoteState`).
+- publishing fetches the remote's heads first, commits the release, pushes its LFS objects and
+  then, atomically, its head and release refs; only once the remote took them do the local refs
+  move. The chain is append-only, so a publisher that started from a stale head makes a push
+  that is not a fast-forward: the remote refuses it and the publisher gets the same
+  `ReleaseConflict` as on one machine, naming the head it missed; nothing local moved;
+- following fetches the remote's refs into `refs/reef-remote/` and moves each local head only
+  forward, to a descendant of what it was (with the LFS objects of the new heads). A local head
+  the remote does not descend from (a chain made before the remote was set) is never replaced:
+  status names it (`diverged`) until its releases are pushed. A replica that cannot reach the
+  remote keeps serving what it has and says so (`RemoteState`).
+
+The URL reaches git through its environment (`GIT_CONFIG_*`, as remote `reef-shared`), never
+its command line, where other users of the machine could read a token in it. The processes
+sharing one local copy (a server, its learning worker, a `reef` command) take turns with a file
+lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from reef.errors import ReefError
 from reef.urls import without_password
 
+REMOTE = "reef-shared"  # the remote's name for git, defined in the environment of each call
 HEADS = "refs/reef/*/head"
-TIMEOUT_S = 60.0
+MIRROR = "refs/reef-remote"  # where the remote's refs land before local heads move forward
+LOOK_TIMEOUT_S = 30.0  # ls-remote, ref updates
+TRANSFER_TIMEOUT_S = 1800.0  # a push or fetch of LFS objects may be gigabytes
 
 
 class RemoteUnreachable(ReefError):
@@ -41,73 +58,187 @@ class PushRefused(Exception):
 
 @dataclass
 class RemoteState:
-    """What a process knows of its remote, for `/reef/status`."""
+    """What a process knows of its remote, for `/reef/status` (never the URL's password)."""
 
-    url: str
+    shown_url: str
     reachable: bool | None = None  # None: not tried yet
     last_fetch_at: float | None = None
     error: str | None = None
+    diverged: list[str] = field(default_factory=list)  # scenarios whose local head stays
 
     def to_json(self) -> dict[str, object]:
         return {
-            "url": without_password(self.url),
+            "url": self.shown_url,
             "reachable": self.reachable,
             "last_fetch_at": self.last_fetch_at,
             "error": self.error,
+            "diverged": self.diverged,
         }
 
 
 class ReleaseRemote:
     """The git remote of one local bare repository (`repository`)."""
 
-    def __init__(self, repository: str, url: str) -> None:
-        self.repository = repository
-        self.url = url
-        self.shown = without_password(url)  # for messages and status: never a password
-        self.state = RemoteState(url)
+    def __init__(self, repository: Path, url: str) -> None:
+        self.repository = Path(repository)
+        self._url = url
+        self.shown = without_password(url)  # for messages and status
+        self.state = RemoteState(self.shown)
+        self._environment = {
+            **os.environ,
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": f"remote.{REMOTE}.url",
+            "GIT_CONFIG_VALUE_0": url,
+            "GIT_TERMINAL_PROMPT": "0",  # a missing credential is an error, not a prompt
+        }
+        self._lfs_fetched: set[str] = set()  # heads whose LFS objects are here
+        self._lfs_missing: set[str] = set()  # heads whose LFS objects could not be fetched yet
+        self._turn = threading.RLock()
+        self._depth = 0
+        self._lock_file: int | None = None
+
+    @property
+    def behind(self) -> bool:
+        """Whether the last fetch left something to fetch again (LFS objects of a head)."""
+        return bool(self._lfs_missing)
 
     def heads(self) -> dict[str, str]:
         """The remote's scenario heads (scenario -> commit), with one `git ls-remote`."""
-        output = self._git("ls-remote", self.url, HEADS)
+        output = self._git(LOOK_TIMEOUT_S, "ls-remote", REMOTE, HEADS)
         heads = {}
         for line in output.splitlines():
             sha, _, ref = line.partition("\t")
-            heads[ref.split("/")[2]] = sha
+            parts = ref.split("/")
+            if len(parts) == 4:
+                heads[parts[2]] = sha
         return heads
 
-    def fetch(self) -> None:
-        """Make the local copy's refs the remote's (the remote is the authority: a local head
-        it does not have goes away), with the LFS objects of each head."""
+    def catch_up(self, local_heads: dict[str, str]) -> bool:
+        """Fetch if any remote head differs from `local_heads` (or a fetch left LFS objects
+        behind); whether it fetched."""
         try:
-            self._git("fetch", "--quiet", "--prune", self.url, "+refs/reef/*:refs/reef/*")
-            for ref in self._local_heads() if _has_lfs() else ():
-                self._git("lfs", "fetch", self.url, ref)
+            if self.heads() == local_heads and not self.behind:
+                self.state.reachable, self.state.error = True, None
+                return False
         except RemoteUnreachable as error:
             self.state.reachable, self.state.error = False, error.message
             raise
+        self.fetch()
+        return True
+
+    def fetch(self) -> None:
+        """Fetch the remote's refs and move each local head forward to the remote's, with the
+        LFS objects of the heads (a local head the remote does not descend from stays)."""
+        with self.turn():
+            try:
+                self._git(
+                    TRANSFER_TIMEOUT_S, "fetch", "--quiet", "--prune", REMOTE,
+                    f"+refs/reef/*:{MIRROR}/*",
+                )  # fmt: skip
+                self.state.diverged = self._move_forward()
+                self._fetch_lfs()
+            except RemoteUnreachable as error:
+                self.state.reachable, self.state.error = False, error.message
+                raise
         self.state.reachable, self.state.error = True, None
         self.state.last_fetch_at = time.time()
 
     def push(self, commit: str, refs: list[str]) -> None:
         """Push `commit`'s LFS objects, then `refs` (all pointing at it) in one atomic push;
         `PushRefused` when the remote's head moved meanwhile (not a fast-forward)."""
-        if _has_lfs():  # without it, no commit of this chain has LFS objects
-            self._git("lfs", "push", self.url, commit)
-        result = self._run(
-            "push", "--quiet", "--atomic", self.url, *(f"{commit}:{r}" for r in refs)
+        with self.turn():
+            if _has_lfs():  # without it, no commit of this chain has LFS objects
+                self._push_lfs(commit)
+            pushed = [f"{commit}:{ref}" for ref in refs]
+            result = self._run(TRANSFER_TIMEOUT_S, "push", "--quiet", "--atomic", REMOTE, *pushed)
+            if result.returncode != 0:
+                text = self._said(result)
+                if "rejected" in text or "non-fast-forward" in text or "fetch first" in text:
+                    raise PushRefused(text)
+                raise RemoteUnreachable(f"cannot push to the release remote {self.shown}: {text}")
+            for ref in refs:  # the mirror knows what the remote has now
+                self._git(LOOK_TIMEOUT_S, "update-ref", ref.replace("refs/reef", MIRROR, 1), commit)
+
+    def _push_lfs(self, commit: str) -> None:
+        """The LFS objects of `commit` and its ancestors the remote lacks. git-lfs reads the
+        local refs, and a new copy may have none yet (nothing moves here before the push):
+        a ref of its own names the commit meanwhile."""
+        pending = f"refs/reef-pending/{commit}"
+        self._git(LOOK_TIMEOUT_S, "update-ref", pending, commit)
+        try:
+            self._git(TRANSFER_TIMEOUT_S, "lfs", "push", REMOTE, commit)
+        finally:
+            self._run(LOOK_TIMEOUT_S, "update-ref", "-d", pending)
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Held while refs of the local copy change for the remote: by one thread of one
+        process at a time, across the processes sharing the copy."""
+        with self._turn:
+            if self._depth == 0:
+                self._lock_file = os.open(
+                    self.repository / "reef-remote.lock", os.O_CREAT | os.O_RDWR
+                )
+                fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._lock_file is not None:
+                    os.close(self._lock_file)  # closing releases the lock
+                    self._lock_file = None
+
+    # -- moving the local copy forward ----------------------------------------------------------
+
+    def _move_forward(self) -> list[str]:
+        """Each local head moved to the remote's where that is a step forward (or new); each
+        release ref the remote has and this copy lacks, added. The scenarios left behind."""
+        local = self._refs("refs/reef")
+        remote = self._refs(MIRROR)
+        diverged = []
+        for ref, sha in sorted(remote.items()):
+            mine = local.get(ref)
+            if mine == sha:
+                continue
+            if ref.endswith("/head"):
+                if mine is not None and not self._descends(sha, mine):
+                    diverged.append(ref.split("/")[2])
+                    continue
+                self._git(LOOK_TIMEOUT_S, "update-ref", ref, sha, mine or "0" * 40)
+            elif mine is None:
+                self._git(LOOK_TIMEOUT_S, "update-ref", ref, sha, "0" * 40)
+        return diverged
+
+    def _fetch_lfs(self) -> None:
+        if not _has_lfs():
+            return
+        heads = {sha for ref, sha in self._refs("refs/reef").items() if ref.endswith("/head")}
+        self._lfs_missing |= heads - self._lfs_fetched
+        for sha in sorted(self._lfs_missing):
+            self._git(TRANSFER_TIMEOUT_S, "lfs", "fetch", REMOTE, sha)
+            self._lfs_missing.discard(sha)
+            self._lfs_fetched.add(sha)
+
+    def _descends(self, commit: str, ancestor: str) -> bool:
+        result = self._run(LOOK_TIMEOUT_S, "merge-base", "--is-ancestor", ancestor, commit)
+        return result.returncode == 0
+
+    def _refs(self, prefix: str) -> dict[str, str]:
+        """Refs under `prefix`, named as under refs/reef (ref -> sha)."""
+        output = self._git(
+            LOOK_TIMEOUT_S, "for-each-ref", "--format=%(refname) %(objectname)", prefix
         )
-        if result.returncode != 0:
-            text = self._said(result)
-            if "rejected" in text or "non-fast-forward" in text or "fetch first" in text:
-                raise PushRefused(text)
-            raise RemoteUnreachable(f"cannot push to the release remote {self.shown}: {text}")
+        refs = {}
+        for line in output.splitlines():
+            ref, _, sha = line.partition(" ")
+            refs["refs/reef" + ref[len(prefix) :]] = sha
+        return refs
 
-    def _local_heads(self) -> list[str]:
-        output = self._git("for-each-ref", "--format=%(refname)", HEADS)
-        return output.split()
+    # -- running git --------------------------------------------------------------------------
 
-    def _git(self, *args: str) -> str:
-        result = self._run(*args)
+    def _git(self, timeout: float, *args: str) -> str:
+        result = self._run(timeout, *args)
         if result.returncode != 0:
             raise RemoteUnreachable(
                 f"the release remote {self.shown} could not be reached (git {args[0]}: "
@@ -117,20 +248,28 @@ class ReleaseRemote:
 
     def _said(self, result: subprocess.CompletedProcess[str]) -> str:
         """What git said, without the URL's password."""
-        return result.stderr.strip().replace(self.url, self.shown)
+        return result.stderr.strip().replace(self._url, self.shown)
 
-    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def _run(self, timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
+        """git `args` in the local copy; on a timeout, git and its helpers (ssh, git-lfs,
+        git-remote-https) are stopped together."""
+        process = subprocess.Popen(
+            ["git", *args],
+            cwd=self.repository,
+            env=self._environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            return subprocess.run(
-                ["git", *args],
-                cwd=self.repository,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT_S,
-                check=False,
-            )
+            out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(args, 1, "", f"no answer within {TIMEOUT_S:.0f} s")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            return subprocess.CompletedProcess(args, 1, "", f"no answer within {timeout:.0f} s")
+        return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
 def _has_lfs() -> bool:

@@ -41,6 +41,8 @@ class RemoteFollower:
             if not self._told_unreachable:
                 log.error("%s", error.message)
                 self._told_unreachable = True
+        except Exception:  # never the end of following: the next look may do better
+            log.exception("could not catch up with the release remote")
 
     async def follow(self) -> None:
         """Catch up whenever told, and every poll period, until cancelled."""

@@ -104,6 +104,10 @@ class Database(ABC):
     def continue_sequence(self, table: str) -> None:
         """After rows were written with their own `seq`, make new rows number on after them."""
 
+    def like(self) -> str:
+        """The operator that matches a LIKE pattern ignoring case (SQLite's LIKE does)."""
+        return "LIKE"
+
     @abstractmethod
     def size_bytes(self) -> int:
         """What the database takes on disk."""

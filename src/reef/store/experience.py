@@ -247,6 +247,10 @@ class ExperienceStore:
         """SQL, in this store's database, for the length of a JSON column's array at `key`."""
         return self._read_db.json_length(column, key)
 
+    def like(self) -> str:
+        """SQL's operator for a pattern matched ignoring case, in this store's database."""
+        return self._read_db.like()
+
     def _open(self, synchronous: str, busy_timeout_s: float) -> tuple[Database, Database]:
         """The writer's connection, migrated, and the readers' connection."""
         opened: list[Database] = []
@@ -416,7 +420,10 @@ class ExperienceStore:
                 "n"
             ]
         with self._read_lock:
-            size = self._read_db.size_bytes()
+            try:
+                size = self._read_db.size_bytes()
+            except Exception as error:
+                raise self._read_db.unavailable(error) from error
         return {"path": self.name, "size_bytes": size, "scenarios": scenarios}
 
 

@@ -14,6 +14,7 @@ them), not in the URL; a URL's password never appears in a message.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,6 +25,7 @@ from reef.store.database import Cursor, Database, StoreUnavailable
 from reef.urls import without_password
 
 T = TypeVar("T")
+log = logging.getLogger("reef.store")
 
 # Held while migrations run, by any process of any Reef on this database: "reef" in ASCII.
 MIGRATION_LOCK = 0x72656566
@@ -58,19 +60,19 @@ class PostgresDatabase(Database):
         self._once_more_if_lost(lambda: self.conn.execute("BEGIN"))
 
     def rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict]:
-        # Reads run one statement at a time, outside any transaction: safe to run again.
         return self._once_more_if_lost(lambda: super(PostgresDatabase, self).rows(sql, params))
 
     def _once_more_if_lost(self, operation: Callable[[], T]) -> T:
         """`operation`, run again on a new connection if the server lost this one (it
-        restarted, the network broke). Only for what begins a transaction or runs outside
-        one, so that no statement of a transaction ever runs outside it."""
-        if self.conn.broken:
+        restarted, the network broke), but only when no transaction was open: a statement of
+        a transaction never runs outside it (the transaction fails instead)."""
+        idle = not self.in_transaction
+        if idle and self.conn.broken:
             self.conn = _connection(self.url, self._busy_timeout_s)
         try:
             return operation()
         except Exception:
-            if not self.conn.broken:
+            if not (idle and self.conn.broken):
                 raise
         self.conn = _connection(self.url, self._busy_timeout_s)
         return operation()
@@ -112,6 +114,9 @@ class PostgresDatabase(Database):
     def json_length(self, column: str, key: str) -> str:
         return f"jsonb_array_length(CAST({column} AS jsonb) -> '{key}')"
 
+    def like(self) -> str:
+        return "ILIKE"
+
     def continue_sequence(self, table: str) -> None:
         self.conn.execute(
             f"SELECT setval(pg_get_serial_sequence('{table}', 'seq'), "
@@ -143,7 +148,18 @@ class PostgresDatabase(Database):
 def _connection(url: str, busy_timeout_s: float) -> Any:
     import psycopg
 
-    conn = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(busy_timeout_s)))
+    conn = psycopg.connect(
+        url,
+        autocommit=True,
+        connect_timeout=max(1, int(busy_timeout_s)),
+        # A server the network lost without a word is noticed within half a minute: the call
+        # fails (503) rather than hanging.
+        keepalives=1,
+        keepalives_idle=10,
+        keepalives_interval=5,
+        keepalives_count=3,
+        tcp_user_timeout=30_000,
+    )
     # A receipt only for a durable record, whatever the server's default; a write waits for
     # another's row lock as long as SQLite's busy timeout would.
     conn.execute("SET synchronous_commit = on")
@@ -200,6 +216,7 @@ def listen(
                 while not stop.is_set():
                     for note in conn.notifies(timeout=0.5):
                         on_message(note.payload)
-        except psycopg.Error:
+        except Exception as error:  # the server is away: listen again once it is back
+            log.debug("listening on %s: %s", channel, error)
             stop.wait(pause)
             pause = min(pause * 2, 10.0)

@@ -81,7 +81,8 @@ def newest_records(
         clauses.append("scenario = ?")
         params.append(scenario)
     if search:
-        clauses.append("(request LIKE ? ESCAPE '\\' OR response LIKE ? ESCAPE '\\')")
+        like = store.like()  # ignoring case in both databases
+        clauses.append(f"(request {like} ? ESCAPE '\\' OR response {like} ? ESCAPE '\\')")
         pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         params += [pattern, pattern]
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""

@@ -4,7 +4,8 @@ A laptop's SQLite file moves to the team's PostgreSQL server (or back): every ta
 migrations' own, row for row, with the same sequence numbers, so that receipts, reports,
 candidates and the learning worker's bookkeeping read the same in the new store. The copy is one
 transaction in the target: it lands whole or not at all. A target that already holds experience
-is refused, so that nothing is mixed or overwritten.
+is refused, so that nothing is mixed or overwritten. Stop the servers writing to the source
+first: what they store during the copy is not copied.
 """
 
 from __future__ import annotations
@@ -44,31 +45,46 @@ def copy_store(
     source: ExperienceStore, target: ExperienceStore, progress: Progress | None = None
 ) -> dict[str, int]:
     """Copy every row of `source` into the empty `target`; the rows copied, per table."""
-    held = {table: n for table, n in row_counts(target).items() if n}
-    if held:
-        raise Conflict(
-            f"the store {target.name} already holds experience "
-            f"({', '.join(f'{n} {table}' for table, n in held.items())}): migrate into a new, "
-            "empty database, or move that one's rows away first",
-            code="store_not_empty",
-        )
 
     def copy_all(db: Database) -> dict[str, int]:
+        _refuse_if_holding(db, target.name)  # in the copy's transaction: nobody slips in
         return {table: _copy_table(source, db, table, order, progress) for table, order in TABLES}
 
     return target.write(copy_all).result()
 
 
+def _refuse_if_holding(db: Database, name: str) -> None:
+    held = {
+        table: n
+        for table, _ in TABLES
+        if (n := int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]))
+    }
+    if held:
+        raise Conflict(
+            f"the store {name} already holds experience "
+            f"({', '.join(f'{n} {table}' for table, n in held.items())}): migrate into a new, "
+            "empty database, or move that one's rows away first",
+            code="store_not_empty",
+        )
+
+
 def _copy_table(
     source: ExperienceStore, db: Database, table: str, order: str, progress: Progress | None
 ) -> int:
-    copied = 0
+    """The table's rows, a page at a time: after the last `seq` copied where it has one (each
+    page an index seek), else by position."""
+    copied, last = 0, -1
     while True:
-        rows = source.query(
-            f"SELECT * FROM {table} ORDER BY {order} LIMIT ? OFFSET ?", [PAGE, copied]
-        )
+        if order == "seq":
+            query = f"SELECT * FROM {table} WHERE seq > ? ORDER BY seq LIMIT ?"
+            rows = source.query(query, [last, PAGE])
+        else:
+            query = f"SELECT * FROM {table} ORDER BY {order} LIMIT ? OFFSET ?"
+            rows = source.query(query, [PAGE, copied])
         db.insert_all(table, rows)
         copied += len(rows)
+        if rows and order == "seq":
+            last = rows[-1]["seq"]
         if progress is not None and rows:
             progress(table, len(rows))
         if len(rows) < PAGE:
