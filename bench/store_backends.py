@@ -59,8 +59,9 @@ def main() -> None:
             project.mkdir()
             env = {"REEF_TOKEN": key, **({"REEF_STORE_URL": url} if name == POSTGRES else {})}
             proxy = ("--engine", "upstream", "--upstream-url", f"{upstream.url}/v1")
-            server = stack.enter_context(reef_serve(project, free_port(), *proxy, env=env).start())
+            server = reef_serve(project, free_port(), *proxy, env=env)
             started(server)
+            stack.enter_context(server)
             target_headers = {**headers, "x-reef-scenario": SCENARIO}
             chat = f"{server.url}/v1/chat/completions"
             warm = Target(name, chat, {**headers, "x-reef-scenario": "warmup"})
