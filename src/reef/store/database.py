@@ -73,6 +73,10 @@ class Database(ABC):
     @abstractmethod
     def in_transaction(self) -> bool: ...
 
+    def commit(self) -> None:
+        """Commit the transaction begun with `begin_write`."""
+        self.execute("COMMIT")
+
     @abstractmethod
     def schema(self, sql: str) -> str:
         """A migration's portable DDL in this database's words."""

@@ -77,6 +77,14 @@ class PostgresDatabase(Database):
         self.conn = _connection(self.url, self._busy_timeout_s)
         return operation()
 
+    def commit(self) -> None:
+        from psycopg.pq import TransactionStatus
+
+        # PostgreSQL answers COMMIT in a failed transaction by rolling back, without an error.
+        if self.conn.info.transaction_status == TransactionStatus.INERROR:
+            raise RuntimeError("the transaction failed before its commit: nothing of it is stored")
+        self.conn.execute("COMMIT")
+
     def begin_write_now(self) -> bool:
         # A commit here is a round trip and an fsync on the server: never on a caller's thread
         # (the event loop); the writer thread takes every job.
@@ -141,7 +149,7 @@ class PostgresDatabase(Database):
             return error
         return StoreUnavailable(
             f"the experience store {self.name} cannot be reached ({str(error).strip()}), so "
-            "nothing was stored: try again once the PostgreSQL server is back"
+            "this write was not confirmed: try again once the PostgreSQL server is back"
         )
 
 

@@ -159,7 +159,7 @@ class GroupCommitWriter(threading.Thread):
         try:
             for job in live:
                 outcomes.append(self._in_savepoint(job))
-            self._db.execute("COMMIT")
+            self._db.commit()
         except BaseException as error:  # the transaction failed: no row of this group is durable
             self._roll_back()
             for job in live:
