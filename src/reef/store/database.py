@@ -92,23 +92,23 @@ class Database(ABC):
         yield
 
     @abstractmethod
-    def now(self) -> str:
+    def sql_now(self) -> str:
         """SQL for the database's clock, in seconds since the epoch: one clock for every
         process that shares the database."""
 
     @abstractmethod
-    def json_number(self, column: str, key: str) -> str:
+    def sql_json_number(self, column: str, key: str) -> str:
         """SQL for the number at `key` of the JSON object in `column`."""
 
     @abstractmethod
-    def json_length(self, column: str, key: str) -> str:
+    def sql_json_length(self, column: str, key: str) -> str:
         """SQL for the length of the JSON array at `key` of `column` (NULL when absent)."""
 
     @abstractmethod
     def continue_sequence(self, table: str) -> None:
         """After rows were written with their own `seq`, make new rows number on after them."""
 
-    def like(self) -> str:
+    def sql_like(self) -> str:
         """The operator that matches a LIKE pattern ignoring case (SQLite's LIKE does)."""
         return "LIKE"
 

@@ -235,21 +235,21 @@ class ExperienceStore:
 
             listen(str(self.location), channel, on_message, stop, on_connected)
 
-    def now(self) -> str:
+    def sql_now(self) -> str:
         """SQL for the database's clock (seconds since the epoch), shared by all its users."""
-        return self._read_db.now()
+        return self._read_db.sql_now()
 
-    def json_number(self, column: str, key: str) -> str:
+    def sql_json_number(self, column: str, key: str) -> str:
         """SQL, in this store's database, for the number at `key` of a JSON column."""
-        return self._read_db.json_number(column, key)
+        return self._read_db.sql_json_number(column, key)
 
-    def json_length(self, column: str, key: str) -> str:
+    def sql_json_length(self, column: str, key: str) -> str:
         """SQL, in this store's database, for the length of a JSON column's array at `key`."""
-        return self._read_db.json_length(column, key)
+        return self._read_db.sql_json_length(column, key)
 
-    def like(self) -> str:
+    def sql_like(self) -> str:
         """SQL's operator for a pattern matched ignoring case, in this store's database."""
-        return self._read_db.like()
+        return self._read_db.sql_like()
 
     def _open(self, synchronous: str, busy_timeout_s: float) -> tuple[Database, Database]:
         """The writer's connection, migrated, and the readers' connection."""

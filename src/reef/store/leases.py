@@ -28,7 +28,7 @@ def take_lease(store: ExperienceStore, name: str, holder: str, period_s: float) 
     whether `holder` holds it now (False: another holder's lease has not expired)."""
 
     def take(db: Database) -> bool:
-        now = db.now()
+        now = db.sql_now()
         db.execute(
             "INSERT INTO leases (name, holder, expires_at) "
             f"VALUES (:name, :holder, {now} + :period) "
@@ -53,7 +53,7 @@ def give_up_lease(store: ExperienceStore, name: str, holder: str) -> None:
 def lease_holders(store: ExperienceStore) -> dict[str, dict[str, float | str]]:
     """Every lease not yet expired: its holder, and the seconds it has left."""
     rows = store.query(
-        f"SELECT name, holder, expires_at - {store.now()} AS left_s FROM leases "
-        f"WHERE expires_at >= {store.now()}"
+        f"SELECT name, holder, expires_at - {store.sql_now()} AS left_s FROM leases "
+        f"WHERE expires_at >= {store.sql_now()}"
     )
     return {row["name"]: {"holder": row["holder"], "left_s": row["left_s"]} for row in rows}

@@ -6,7 +6,7 @@ crash mid-migration leaves the database as it was before it.
 
 Migrations are written in SQLite's words, in the SQL both databases share; PostgreSQL reads them
 with its own types (`Database.schema`). A migration that needs other words in one database has
-them in `IN_OTHER_WORDS`.
+them in `DIALECT_SQL`.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ MIGRATIONS: list[tuple[str, str]] = [
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.
-IN_OTHER_WORDS: dict[tuple[str, str], str] = {
+DIALECT_SQL: dict[tuple[str, str], str] = {
     # A new PostgreSQL database has no references to number.
     ("0011_report_references_position", "postgresql"): (
         "ALTER TABLE report_references ADD COLUMN position INTEGER"
@@ -253,7 +253,7 @@ def _apply(db: Database, name: str, sql: str) -> bool:
         if db.execute("SELECT 1 FROM _reef_migrations WHERE name = ?", [name]).fetchone():
             db.execute("ROLLBACK")
             return False
-        for statement in _statements(IN_OTHER_WORDS.get((name, db.dialect)) or db.schema(sql)):
+        for statement in _statements(DIALECT_SQL.get((name, db.dialect)) or db.schema(sql)):
             db.execute(statement)
         db.execute("INSERT INTO _reef_migrations VALUES (?, ?)", [name, time.time()])
         db.execute("COMMIT")

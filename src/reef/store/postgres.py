@@ -113,16 +113,16 @@ class PostgresDatabase(Database):
         finally:
             self.conn.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK])
 
-    def now(self) -> str:
+    def sql_now(self) -> str:
         return "EXTRACT(EPOCH FROM clock_timestamp())"
 
-    def json_number(self, column: str, key: str) -> str:
+    def sql_json_number(self, column: str, key: str) -> str:
         return f"CAST(CAST({column} AS jsonb) ->> '{key}' AS double precision)"
 
-    def json_length(self, column: str, key: str) -> str:
+    def sql_json_length(self, column: str, key: str) -> str:
         return f"jsonb_array_length(CAST({column} AS jsonb) -> '{key}')"
 
-    def like(self) -> str:
+    def sql_like(self) -> str:
         return "ILIKE"
 
     def continue_sequence(self, table: str) -> None:

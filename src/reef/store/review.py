@@ -10,7 +10,7 @@ from reef.store.experience import ExperienceStore
 
 def candidate_columns(store: ExperienceStore) -> str:
     """A candidate's columns as the review's tables show them, in the store's SQL."""
-    json_number, json_length = store.json_number, store.json_length
+    json_number, json_length = store.sql_json_number, store.sql_json_length
     return (
         "id, scenario, kind, state, source, reason, decision, base_release_id, release_id, "
         f"created_at, {json_number('evaluation', 'current_mean')} AS current_mean, "
@@ -81,7 +81,7 @@ def newest_records(
         clauses.append("scenario = ?")
         params.append(scenario)
     if search:
-        like = store.like()  # ignoring case in both databases
+        like = store.sql_like()  # ignoring case in both databases
         clauses.append(f"(request {like} ? ESCAPE '\\' OR response {like} ? ESCAPE '\\')")
         pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         params += [pattern, pattern]

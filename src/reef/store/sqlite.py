@@ -82,13 +82,13 @@ class SqliteDatabase(Database):
     def retrying(self, operation: Callable[[], T], timeout_s: float) -> T:
         return retry_while_locked(operation, time.monotonic() + timeout_s)
 
-    def now(self) -> str:
+    def sql_now(self) -> str:
         return "((julianday('now') - 2440587.5) * 86400.0)"
 
-    def json_number(self, column: str, key: str) -> str:
+    def sql_json_number(self, column: str, key: str) -> str:
         return f"json_extract({column}, '$.{key}')"
 
-    def json_length(self, column: str, key: str) -> str:
+    def sql_json_length(self, column: str, key: str) -> str:
         return f"json_array_length({column}, '$.{key}')"
 
     def continue_sequence(self, table: str) -> None:
