@@ -166,6 +166,13 @@ class ReleasesConfig(_Section):
     poll_s: float = Field(1.0, gt=0)
 
 
+class TrainingConfig(_Section):
+    # Processes every weight recipe trains on, data parallel with torch.distributed (gloo on a
+    # CPU): the same update as one process (docs/training.md). A recipe's own `processes`
+    # setting wins. Under torchrun, the launcher's WORLD_SIZE must equal it.
+    processes: int = Field(1, ge=1)
+
+
 class GroupRule(_Section):
     """What the gate asks of one group of eval tasks (see GateConfig.groups)."""
 
@@ -350,6 +357,7 @@ class ReefConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     releases: ReleasesConfig = Field(default_factory=ReleasesConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     learning: LearningConfig = Field(default_factory=LearningConfig)

@@ -304,3 +304,18 @@ def test_a_worker_whose_renewal_hangs_stops_learning_before_its_lease_runs_out(
             return seen
 
         assert asyncio.run(hang_on_renewal()) == [True, False]
+
+
+def test_training_processes_reach_every_weight_recipe_unless_it_sets_its_own() -> None:
+    config = ReefConfig.model_validate(
+        {
+            "training": {"processes": 2},
+            "learning": {"recipes": [{"recipe": "sft"}, {"recipe": "harness_evolve"}]},
+            "scenarios": {"solo": {"learning": {"recipe": "sft", "processes": 1}}},
+        }
+    )
+    plans = {plan.scenario: plan for plan in load_plans(config)}
+    sft, harness = plans["default"].recipes
+    assert sft.settings.processes == 2  # type: ignore[attr-defined]
+    assert not hasattr(harness.settings, "processes")  # a harness recipe trains nothing
+    assert plans["solo"].recipes[0].settings.processes == 1  # type: ignore[attr-defined]

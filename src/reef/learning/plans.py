@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from reef.config import LearningPlan, ReefConfig
 from reef.engines import resolve_kind
-from reef.learning.recipe import Recipe, RecipeError, load_recipe
+from reef.learning.recipe import Recipe, RecipeError, load_recipe, recipe_class
 
 
 @dataclass
@@ -27,18 +27,22 @@ def load_plans(config: ReefConfig) -> list[LoadedPlan]:
     """Every learning scenario with its recipes loaded (RecipeError naming the key if one is
     bad). Two scenarios never share a recipe instance: each keeps its own state."""
     engine, _ = resolve_kind(config.engine)
+    processes = config.training.processes
     return [
-        LoadedPlan(plan.scenario, plan.mode, _recipes(plan, engine))
+        LoadedPlan(plan.scenario, plan.mode, _recipes(plan, engine, processes))
         for plan in config.learning_plans()
     ]
 
 
-def _recipes(plan: LearningPlan, engine: str) -> list[Recipe]:
+def _recipes(plan: LearningPlan, engine: str, processes: int) -> list[Recipe]:
     loaded = []
     for index, choice in enumerate(plan.recipes):
         where = f"{plan.key}.recipes[{index}]" if len(plan.recipes) > 1 else plan.key
         try:
-            recipe = load_recipe(choice.recipe, choice.settings())
+            settings = choice.settings()
+            if "processes" in recipe_class(choice.recipe).Settings.model_fields:
+                settings.setdefault("processes", processes)  # `training.processes`, unless set
+            recipe = load_recipe(choice.recipe, settings)
         except RecipeError as error:
             raise RecipeError(f"{where} (scenario {plan.scenario}): {error.message}") from None
         if recipe.trains_weights and engine == "upstream":
