@@ -222,7 +222,10 @@ def test_status_names_each_scenarios_mode_and_recipes_and_reef_status_lists_them
         }
     )
     last = {"outcome": "error", "error": "RecipeError: no weights"}
-    steps = {"default": {"recipes": {"sft": {"steps": 3, "last_step": last}}}, "old": {}}
+    steps = {
+        "default": {"recipes": {"sft": {"steps": 3, "last_step": last}}, "learner": "a:7:f00"},
+        "old": {},
+    }
     status = _with_plans(config, steps)
     assert status["default"]["mode"] == "auto"
     assert status["default"]["plan"] == [{"recipe": "sft", "name": "sft"}]
@@ -230,9 +233,19 @@ def test_status_names_each_scenarios_mode_and_recipes_and_reef_status_lists_them
     table = _learning_table(status)
     rows = list(zip(*(column.cells for column in table.columns), strict=True))
     assert rows == [
-        ("default", "auto", "sft", "3", "error: RecipeError: no weights"),
-        ("support", "auto", "harness_evolve", "0", "-"),
+        ("default", "auto", "a:7:f00", "sft", "3", "error: RecipeError: no weights"),
+        ("support", "auto", "-", "harness_evolve", "0", "-"),
     ]  # "old" learned once and learns no more: not listed
+    from reef.cli.client_commands import _remote_line
+
+    gone = {
+        "url": "https://***@git/r.git",
+        "reachable": False,
+        "error": "timeout",
+        "diverged": ["a"],
+    }
+    assert "unreachable (timeout): serving what it has" in _remote_line(gone)
+    assert "local chain not on the remote: a" in _remote_line(gone)
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from reef.cli.output import add_id_column, console, fail
@@ -72,6 +73,9 @@ def status(
         f"({data['store']['size_bytes'] / 1e6:.1f} MB)",
         highlight=False,
     )
+    remote = (data.get("releases") or {}).get("remote")
+    if remote:
+        console.print(_remote_line(remote), highlight=False, markup=True)
     table = Table("scenario", "serving", "records", "reports")
     serving = data.get("serving", {})
     for name in sorted(set(data["store"]["scenarios"]) | set(serving)):
@@ -86,8 +90,9 @@ def status(
 
 
 def _learning_table(scenarios: dict[str, Any]) -> Table:
-    """Each learning scenario's mode, and each of its recipes with its steps and last one."""
-    table = Table("learning", "mode", "recipe", "steps", "last step")
+    """Each learning scenario's mode and learner (the worker holding its lease), and each of
+    its recipes with its steps and last one."""
+    table = Table("learning", "mode", "learner", "recipe", "steps", "last step")
     for name, found in sorted(scenarios.items()):
         if "plan" not in found:
             continue  # it learned once, and learns no more
@@ -99,8 +104,23 @@ def _learning_table(scenarios: dict[str, Any]) -> Table:
             if last.get("error"):
                 outcome += f": {last['error']}"
             steps = str(step.get("steps", 0))
-            table.add_row(name, found.get("mode", ""), configured["recipe"], steps, outcome)
+            learner = str(found.get("learner") or "-")
+            row = (name, found.get("mode", ""), learner, configured["recipe"], steps, outcome)
+            table.add_row(*row)
     return table
+
+
+def _remote_line(remote: dict[str, Any]) -> str:
+    """Where the replicas' release chain is, and whether this server reaches it."""
+    if remote["reachable"] is None:
+        state = "not reached yet"
+    elif remote["reachable"]:
+        state = "reachable"
+    else:
+        state = f"unreachable ({escape(str(remote['error']))}): serving what it has"
+    diverged = remote.get("diverged") or []
+    behind = f" · local chain not on the remote: {', '.join(diverged)}" if diverged else ""
+    return f"[bold]releases[/] from {escape(remote['url'])} · {state}{escape(behind)}"
 
 
 def records(
