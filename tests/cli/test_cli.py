@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -94,6 +95,19 @@ def test_missing_model_file_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "absent.gguf does not exist" in result.stderr
+
+
+def test_an_unreachable_database_at_start_is_a_clear_error_without_its_password(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("psycopg")
+    database = f"postgresql://reef:s3cret-pw@127.0.0.1:{free_port()}/reef"
+    env = {**os.environ, "REEF_STORE_URL": database}
+    upstream = ("--engine", "upstream", "--upstream-url", "http://127.0.0.1:9/v1")
+    result = run_reef(tmp_path, "serve", *upstream, "--port", str(free_port()), env=env)
+    assert result.returncode == 1
+    assert "cannot open the experience store postgresql://reef:***@127.0.0.1" in result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout
 
 
 # -- client commands against the running server ----------------------------------------------

@@ -69,6 +69,7 @@ def test_a_chain_made_before_the_remote_is_never_wiped_by_it(
     shared.catch_up()
     assert shared.files("default@1") == HARNESS  # its own chain stays: no descendant of it
     assert shared.remote.state.diverged == ["default"]  # type: ignore[union-attr]
+    assert not shared.catch_up()  # nothing moved on the remote: no fetch at every look
     assert shared.head("support").release_id == "support@1"  # type: ignore[union-attr]
     with pytest.raises(ReleaseConflict):  # and it cannot push over the remote's
         shared.publish("default", "harness", {"AGENTS.md": b"Mine.\n"}, "default@1")

@@ -91,6 +91,7 @@ class ReleaseRemote:
             "GIT_CONFIG_VALUE_0": url,
             "GIT_TERMINAL_PROMPT": "0",  # a missing credential is an error, not a prompt
         }
+        self._fetched_heads: dict[str, str] | None = None  # the remote's, at the last catch-up
         self._lfs_fetched: set[str] = set()  # heads whose LFS objects are here
         self._lfs_missing: set[str] = set()  # heads whose LFS objects could not be fetched yet
         self._turn = threading.RLock()
@@ -114,16 +115,20 @@ class ReleaseRemote:
         return heads
 
     def catch_up(self, local_heads: dict[str, str]) -> bool:
-        """Fetch if any remote head differs from `local_heads` (or a fetch left LFS objects
-        behind); whether it fetched."""
+        """Fetch if a remote head differs from `local_heads` and has moved since the last fetch
+        (a diverged local head is not fetched for again and again), or a fetch left LFS objects
+        behind; whether it fetched."""
         try:
-            if self.heads() == local_heads and not self.behind:
-                self.state.reachable, self.state.error = True, None
-                return False
+            remote_heads = self.heads()
         except RemoteUnreachable as error:
             self.state.reachable, self.state.error = False, error.message
             raise
+        differ = any(local_heads.get(name) != sha for name, sha in remote_heads.items())
+        if not self.behind and (not differ or remote_heads == self._fetched_heads):
+            self.state.reachable, self.state.error = True, None
+            return False
         self.fetch()
+        self._fetched_heads = remote_heads
         return True
 
     def fetch(self) -> None:
