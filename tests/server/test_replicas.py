@@ -203,3 +203,47 @@ def parent_of(pid: int) -> int | None:
         if line.startswith("PPid:"):
             return int(line.split()[1])
     return None
+
+
+def test_a_replica_that_loses_the_remote_keeps_serving_and_says_so(
+    tmp_path: Path, peer: ServerProcess
+) -> None:
+    """The remote goes away under a running replica (here: its bare repository moves): the
+    replica keeps serving its last release, and `/reef/status` says the remote is unreachable;
+    once it is back, the replica catches up."""
+    bare_url = remote(tmp_path)
+    bare = Path(bare_url.removeprefix("file://"))
+    env = {"REEF_TOKEN": TOKEN, "REEF_RELEASES_REMOTE": bare_url}
+    project = replica_folder(tmp_path, "replica")
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    (harness / "AGENTS.md").write_text("Answer in one short sentence.\n")
+    publish = ("release", "publish", str(harness), "--kind", "harness", "--approve")
+    published = run_reef(project, *publish, env={**os.environ, **env})
+    assert published.returncode == 0, published.stdout + published.stderr
+    (replica,) = start_replicas([project], peer, env)
+    try:
+        assert seconds_until_all_serve([replica], "default@1") < PROPAGATION_S
+        bare.rename(tmp_path / "away.git")
+        deadline = time.monotonic() + PROPAGATION_S
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{replica.url}/reef/status", headers=HEADERS).json()
+            if status["releases"]["remote"]["reachable"] is False:
+                break
+            time.sleep(0.1)
+        assert status["releases"]["remote"]["reachable"] is False, status["releases"]
+        assert "could not be reached" in status["releases"]["remote"]["error"]
+        assert status["serving"]["default"] == "default@1"
+        body = {"messages": [{"role": "user", "content": "still there?"}]}
+        answer = httpx.post(f"{replica.url}/v1/chat/completions", json=body, headers=HEADERS)
+        assert answer.status_code == 200 and answer.headers["x-reef-release-id"] == "default@1"
+        (tmp_path / "away.git").rename(bare)
+        deadline = time.monotonic() + PROPAGATION_S
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{replica.url}/reef/status", headers=HEADERS).json()
+            if status["releases"]["remote"]["reachable"]:
+                break
+            time.sleep(0.1)
+        assert status["releases"]["remote"]["reachable"] is True
+    finally:
+        replica.stop()
