@@ -32,12 +32,17 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 from proxy_servers import fake_upstream
 
 from reef.releases.chain import ReleaseChain
 from reef.testing.postgres import PostgresServer, postgres_available
-from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from reef.testing.processes import (
+    ServerProcess,
+    free_port,
+    reef_serve,
+    run_reef,
+    serving_everywhere,
+)
 
 OUT = Path(__file__).resolve().parent / "out" / "replicas.json"
 TOKEN = "bench-replicas-token"
@@ -119,20 +124,8 @@ def measure(
 
 def until_all_serve(replicas: list[ServerProcess], release_id: str, published_at: float) -> float:
     """Seconds from `published_at` (time.time()) until every replica serves `release_id`."""
-    started = time.monotonic()
-    waiting = list(replicas)
-    headers = {"authorization": f"Bearer {TOKEN}"}
-    while waiting and time.monotonic() - started < 60:
-        waiting = [
-            replica
-            for replica in waiting
-            if httpx.get(f"{replica.url}/reef/status", headers=headers)
-            .json()["serving"]
-            .get("default")
-            != release_id
-        ]
-        if waiting:
-            time.sleep(0.02)
+    if not serving_everywhere(replicas, release_id, TOKEN):
+        sys.exit(f"{release_id} did not serve on every replica within 60 s")
     return time.time() - published_at
 
 

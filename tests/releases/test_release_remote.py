@@ -88,11 +88,20 @@ def test_an_unreachable_remote_leaves_the_copy_serving_what_it_has(
 
 
 def test_a_token_in_the_remote_url_stays_out_of_messages_and_git_command_lines(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = "https://reef:s3cret-token@127.0.0.1:9/releases.git"
     chain = replica(tmp_path, "a", url)
+    command_lines: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(args: list[str], **kwargs: object) -> subprocess.Popen[str]:
+        command_lines.append(list(args))
+        return real_popen(args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr("reef.releases.remote.subprocess.Popen", popen)
     with pytest.raises(RemoteUnreachable) as refused:
         chain.catch_up()
+    assert command_lines and all("s3cret-token" not in " ".join(c) for c in command_lines)
     assert "s3cret-token" not in refused.value.message
     assert "s3cret-token" not in str(chain.remote.state.to_json())  # type: ignore[union-attr]

@@ -11,13 +11,20 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from reef.testing.processes import (
+    ServerProcess,
+    free_port,
+    reef_serve,
+    run_reef,
+    serving_everywhere,
+)
 from tests.conftest import TOKEN
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -125,18 +132,10 @@ def traffic_with_a_kill(replicas: list[ServerProcess]) -> list[tuple[str, str, s
 
 
 def seconds_until_all_serve(replicas: list[ServerProcess], release_id: str) -> float:
+    """Seconds until every replica serves `release_id` (over PROPAGATION_S: they did not)."""
     started = time.monotonic()
-    waiting = list(replicas)
-    while waiting and time.monotonic() - started < PROPAGATION_S + 1:
-        waiting = [
-            replica
-            for replica in waiting
-            if httpx.get(f"{replica.url}/reef/status", headers=HEADERS)
-            .json()["serving"]
-            .get("default")
-            != release_id
-        ]
-        time.sleep(0.05)
+    if not serving_everywhere(replicas, release_id, TOKEN, timeout=PROPAGATION_S + 1):
+        return PROPAGATION_S + 1
     return time.monotonic() - started
 
 
@@ -225,12 +224,7 @@ def test_a_replica_that_loses_the_remote_keeps_serving_and_says_so(
     try:
         assert seconds_until_all_serve([replica], "default@1") < PROPAGATION_S
         bare.rename(tmp_path / "away.git")
-        deadline = time.monotonic() + PROPAGATION_S
-        while time.monotonic() < deadline:
-            status = httpx.get(f"{replica.url}/reef/status", headers=HEADERS).json()
-            if status["releases"]["remote"]["reachable"] is False:
-                break
-            time.sleep(0.1)
+        status = status_once(replica, lambda remote: remote["reachable"] is False)
         assert status["releases"]["remote"]["reachable"] is False, status["releases"]
         assert "could not be reached" in status["releases"]["remote"]["error"]
         assert status["serving"]["default"] == "default@1"
@@ -238,12 +232,18 @@ def test_a_replica_that_loses_the_remote_keeps_serving_and_says_so(
         answer = httpx.post(f"{replica.url}/v1/chat/completions", json=body, headers=HEADERS)
         assert answer.status_code == 200 and answer.headers["x-reef-release-id"] == "default@1"
         (tmp_path / "away.git").rename(bare)
-        deadline = time.monotonic() + PROPAGATION_S
-        while time.monotonic() < deadline:
-            status = httpx.get(f"{replica.url}/reef/status", headers=HEADERS).json()
-            if status["releases"]["remote"]["reachable"]:
-                break
-            time.sleep(0.1)
+        status = status_once(replica, lambda remote: remote["reachable"] is True)
         assert status["releases"]["remote"]["reachable"] is True
     finally:
         replica.stop()
+
+
+def status_once(replica: ServerProcess, holds: Callable[[dict], bool]) -> dict:
+    """The replica's `/reef/status` once its release remote's state `holds` (or after
+    PROPAGATION_S, as it is then)."""
+    deadline = time.monotonic() + PROPAGATION_S
+    while True:
+        status = httpx.get(f"{replica.url}/reef/status", headers=HEADERS).json()
+        if holds(status["releases"]["remote"]) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)

@@ -11,6 +11,7 @@ first: what they store during the copy is not copied.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from reef.errors import Conflict
 from reef.store.database import Database
@@ -36,9 +37,12 @@ Progress = Callable[[str, int], None]  # (table, rows copied now)
 
 def row_counts(store: ExperienceStore) -> dict[str, int]:
     """Each table's rows."""
-    return {
-        table: int(store.query(f"SELECT COUNT(*) AS n FROM {table}")[0]["n"]) for table, _ in TABLES
-    }
+    return _counts(store.query)
+
+
+def _counts(rows: Callable[[str], list[dict[str, Any]]]) -> dict[str, int]:
+    """Each table's rows, read by `rows(sql)`: a store's reads, or a transaction's."""
+    return {table: int(rows(f"SELECT COUNT(*) AS n FROM {table}")[0]["n"]) for table, _ in TABLES}
 
 
 def copy_store(
@@ -54,11 +58,7 @@ def copy_store(
 
 
 def _refuse_if_holding(db: Database, name: str) -> None:
-    held = {
-        table: n
-        for table, _ in TABLES
-        if (n := int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]))
-    }
+    held = {table: n for table, n in _counts(db.rows).items() if n}
     if held:
         raise Conflict(
             f"the store {name} already holds experience "

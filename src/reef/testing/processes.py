@@ -115,3 +115,29 @@ def reef_serve(
     """`reef serve` in `cwd` on `port` (not started yet)."""
     args = [sys.executable, "-m", "reef", "serve", "--port", str(port), *extra]
     return ServerProcess(args, port, cwd, env=env, log_name=f"reef-{port}.log")
+
+
+def serving_everywhere(
+    servers: list[ServerProcess],
+    release_id: str,
+    token: str,
+    scenario: str = "default",
+    timeout: float = 60.0,
+) -> bool:
+    """Poll each server's `/reef/status` until all of them serve `release_id` for `scenario`;
+    whether they did within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    headers = {"authorization": f"Bearer {token}"}
+    waiting = list(servers)
+    while waiting and time.monotonic() < deadline:
+        waiting = [
+            server
+            for server in waiting
+            if httpx.get(f"{server.url}/reef/status", headers=headers)
+            .json()["serving"]
+            .get(scenario)
+            != release_id
+        ]
+        if waiting:
+            time.sleep(0.02)
+    return not waiting
