@@ -44,6 +44,7 @@ from reef.sdk import (
     Turn,
     current_adapter,
     policy_update,
+    proposal_kind,
     rendered_prompt,
     reporter,
     require_weights,
@@ -161,12 +162,14 @@ class OpenClawRL(Recipe):
             )
         examples, opd_turns = self._examples(judged, context)
         files, trained = train_on_current(
-            context, lambda resume_from: self._train(examples, context, resume_from)
+            context,
+            lambda resume_from: self._train(examples, context, resume_from),
+            merge_into=self._base.get(context) if self.settings.checkpoint else None,
         )
         scores = [j.score for _, j in judged]
         losses = trained.losses
         return Proposal(
-            kind="lora",
+            kind=proposal_kind(self.settings),
             files=files,
             reason=(
                 f"binary RL on {len(judged)} judged turn(s) (mean score "

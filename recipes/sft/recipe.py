@@ -48,6 +48,7 @@ from reef.sdk import (
     Turn,
     demonstrations,
     hints,
+    proposal_kind,
     relabel,
     reporter,
     require_weights,
@@ -142,12 +143,14 @@ class SFT(Recipe):
         learned = len(examples)
         examples += self._replayed(context, {tuple(map(str, t.messages)) for t in turns})
         files, trained = train_on_current(
-            context, lambda resume_from: self._train(base, examples, context, resume_from)
+            context,
+            lambda resume_from: self._train(base, examples, context, resume_from),
+            merge_into=base if self.settings.checkpoint else None,
         )
         losses = trained.losses
         failing = [turn for turn in turns if self.failing_with_hint(turn)]
         return Proposal(
-            kind="lora",
+            kind=proposal_kind(self.settings),
             files=files,
             reason=(
                 f"LoRA r{self.settings.rank} on {learned} example(s) from {len(turns)} "

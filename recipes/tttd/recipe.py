@@ -45,6 +45,7 @@ from reef.sdk import (
     Trajectory,
     answer_text,
     policy_update,
+    proposal_kind,
     reporter,
     require_weights,
     train_on_current,
@@ -112,11 +113,13 @@ class TTTDiscover(Recipe):
         if not examples:
             raise ProposalRefused(f"all {skipped} group(s) had equal rewards: nothing to learn")
         files, trained = train_on_current(
-            context, lambda resume_from: self._train(examples, context, resume_from)
+            context,
+            lambda resume_from: self._train(examples, context, resume_from),
+            merge_into=self._base.get(context) if self.settings.checkpoint else None,
         )
         best = archive.best
         return Proposal(
-            kind="lora",
+            kind=proposal_kind(self.settings),
             files=files,
             reason=(
                 f"entropic policy update on {len(examples)} rollout(s) from {len(starts)} "

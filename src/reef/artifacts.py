@@ -5,33 +5,41 @@ A release carries the whole agent, or a part of it:
 - the **harness**: `AGENTS.md`, `rules/`, `skills/` (with a skill's assets), `examples.jsonl`,
   `settings.json`;
 - the **adapter**: a LoRA, as a llama.cpp GGUF (`*.gguf`) and/or a PEFT folder (`peft/`, or
-  `adapter_config.json` with its weights at the top).
+  `adapter_config.json` with its weights at the top);
+- the **checkpoint**: full weights under `checkpoint/`, a whole-model GGUF (`checkpoint/*.gguf`,
+  llama.cpp) and/or a Hugging Face model folder (`checkpoint/config.json` with its safetensors,
+  vLLM). They replace the served model's weights; an adapter beside them applies to them.
 
 Any other file (a README, a PEFT run's `training_args.bin`) belongs to neither part: it travels
 with the release, and a proposal keeps the serving release's unless it brings its own.
 
-Its kind says which parts it has: `harness`, `lora` (an adapter alone) or `agent` (both). A recipe
-that changes one part proposes a release that keeps the other as it serves now
-(`keep_serving_parts`), so that a harness that made the model better and a LoRA that made it better
-serve together.
+Its kind says which parts it has: `harness`, `lora` (an adapter alone), `agent` (both), or
+`checkpoint` (full weights, with a harness and an adapter or without). A recipe that changes one
+part proposes a release that keeps the others as they serve now (`keep_serving_parts`), so that a
+harness that made the model better and a LoRA that made it better serve together. A checkpoint
+proposal keeps the serving harness and drops the serving adapter: a recipe that makes full weights
+trains on the serving release's, adapter included, and merges it in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 HARNESS = "harness"
 ADAPTER = "adapter"
-OTHER = "other"  # a file of neither part
+CHECKPOINT = "checkpoint"
+OTHER = "other"  # a file of none of the parts
+PARTS = (HARNESS, ADAPTER, CHECKPOINT)
+CHECKPOINT_FOLDER = "checkpoint"
 _HARNESS_FILES = ("AGENTS.md", "examples.jsonl", "settings.json")
 _HARNESS_FOLDERS = ("rules", "skills")
-# Kind -> the parts a release of that kind serves ("checkpoint" is not served yet).
+# Kind -> the parts a release of that kind may serve.
 KIND_PARTS: dict[str, tuple[str, ...]] = {
     "harness": (HARNESS,),
     "lora": (ADAPTER,),
     "agent": (HARNESS, ADAPTER),
-    "checkpoint": (),
+    "checkpoint": (HARNESS, ADAPTER, CHECKPOINT),
 }
 _ADAPTER_NAMES = (
     "adapter_config.json",
@@ -41,8 +49,10 @@ _ADAPTER_NAMES = (
 
 
 def part_of(path: str) -> str:
-    """`harness`, `adapter`, or `other` for a file of neither."""
+    """`harness`, `adapter`, `checkpoint`, or `other` for a file of none of them."""
     parts = PurePosixPath(path).parts
+    if len(parts) > 1 and parts[0] == CHECKPOINT_FOLDER:
+        return CHECKPOINT
     if path.endswith(".gguf") or parts[0] == "peft" or parts[-1] in _ADAPTER_NAMES:
         return ADAPTER
     if path in _HARNESS_FILES or (len(parts) > 1 and parts[0] in _HARNESS_FOLDERS):
@@ -51,17 +61,26 @@ def part_of(path: str) -> str:
 
 
 def parts_of(paths: Iterable[str]) -> list[str]:
-    """The parts the files make up, in the order harness, adapter."""
+    """The parts the files make up, in the order harness, adapter, checkpoint."""
     found = {part_of(path) for path in paths}
-    return [part for part in (HARNESS, ADAPTER) if part in found]
+    return [part for part in PARTS if part in found]
 
 
 def kind_of(parts: Iterable[str]) -> str:
-    """The kind of a release holding `parts`: harness, lora, or agent for both."""
+    """The kind of a release holding `parts`: checkpoint when it holds full weights, else
+    harness, lora, or agent for both."""
     present = set(parts)
+    if CHECKPOINT in present:
+        return "checkpoint"
     if present == {HARNESS, ADAPTER}:
         return "agent"
     return "lora" if present == {ADAPTER} else "harness"
+
+
+def folder_files(folder: Path, part: str) -> list[Path]:
+    """The files of one part in an artifact folder (a candidate or a release checkout), sorted."""
+    found = (path for path in folder.rglob("*") if path.is_file())
+    return sorted(path for path in found if part_of(path.relative_to(folder).as_posix()) == part)
 
 
 def files_of(files: Mapping[str, bytes], part: str) -> dict[str, bytes]:
@@ -69,17 +88,26 @@ def files_of(files: Mapping[str, bytes], part: str) -> dict[str, bytes]:
     return {path: data for path, data in files.items() if part_of(path) == part}
 
 
+# A proposal of this kind -> the serving parts it replaces (and so never keeps).
+_REPLACES = {
+    "harness": (HARNESS,),
+    "lora": (ADAPTER,),
+    "agent": (HARNESS, ADAPTER),  # the agent on the weights that serve
+    "checkpoint": (ADAPTER, CHECKPOINT),  # the serving adapter is merged into the new weights
+}
+
+
 def keep_serving_parts(
     kind: str, files: Mapping[str, bytes], serving: Mapping[str, bytes]
 ) -> tuple[str, dict[str, bytes]]:
-    """A proposal of one part (`harness` or `lora`) as the release it would make: its own part
-    and files of neither from `files`, the other part (and files of neither it does not bring)
-    as the serving release has them. (kind, files). A proposal of the whole agent (`agent`), or
-    of another kind, stands as it is."""
-    if kind not in ("harness", "lora"):
+    """A proposal (`harness`, `lora`, `agent`, `checkpoint`) as the release it would make: its
+    own files, and the serving release's files of the parts it does not replace (and files of
+    none it does not bring). (kind, files). A proposal of an unknown kind stands as it is."""
+    replaced = _REPLACES.get(kind)
+    if replaced is None:
         return kind, dict(files)
-    (part,) = KIND_PARTS[kind]
-    kept = {path: data for path, data in serving.items() if part_of(path) != part}
-    own = {path: data for path, data in files.items() if part_of(path) in (part, OTHER)}
+    kept = {path: data for path, data in serving.items() if part_of(path) not in replaced}
+    own_parts = (*KIND_PARTS[kind], OTHER)
+    own = {path: data for path, data in files.items() if part_of(path) in own_parts}
     merged = {**kept, **own}
     return kind_of(parts_of(merged)), merged

@@ -10,11 +10,12 @@ The built-in recipes (reef.recipes) and the one `reef recipe new` writes import 
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `relabel` (an answer that
   meets the feedback and still answers the question), `with_hint`;
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
-  `rendered_prompt`, `training_length`, `current_adapter`, `train_on_current`, `policy_update`,
-  `reporter`;
+  `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
+  `proposal_kind`, `policy_update`, `reporter`;
 - messages: `message_text`, `answer_text`, `Completion`;
-- artifacts: `HARNESS` and `ADAPTER`, the parts a release carries (`StepContext.files_of(part)`
-  gives the current release's files of one), `files_of` for any artifact's files;
+- artifacts: `HARNESS`, `ADAPTER` and `CHECKPOINT`, the parts a release carries
+  (`StepContext.files_of(part)` gives the current release's files of one), `files_of` for any
+  artifact's files;
 - training (torch, the `train` extra): `TrainingExample`, `PolicyExample`, `LoraSettings`,
   `train_lora`, `load_lora`, `completion_logprobs`, `encode_completion`, `fit` (an example cut to
   a length as training cuts it), imported on first use,
@@ -26,7 +27,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from reef.artifacts import ADAPTER, HARNESS, files_of
+from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, files_of
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.inference.model import answer_text
 from reef.learning.hindsight import Generate, Relabelled, demonstrations, hints, relabel, with_hint
@@ -45,12 +46,14 @@ from reef.learning.weights import (
     LoraRecipeSettings,
     current_adapter,
     policy_update,
+    proposal_kind,
     rendered_prompt,
     reporter,
     require_weights,
     served_prompt,
     train_on_current,
     training_length,
+    training_source,
 )
 from reef.protocol import Completion, message_text
 
@@ -86,6 +89,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ADAPTER",
+    "CHECKPOINT",
     "FEEDBACK_GROUP",
     "HARNESS",
     "BaseWeights",
@@ -119,6 +123,7 @@ __all__ = [
     "load_lora",
     "message_text",
     "policy_update",
+    "proposal_kind",
     "relabel",
     "rendered_prompt",
     "reporter",
@@ -127,5 +132,6 @@ __all__ = [
     "train_lora",
     "train_on_current",
     "training_length",
+    "training_source",
     "with_hint",
 ]

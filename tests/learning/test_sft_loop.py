@@ -1,5 +1,7 @@
 """Model-side learning through the whole loop, on the embedded model: serve, feedback, train a LoRA
-in the learning worker, gate it on the serving engine, release it, hot-swap it.
+in the learning worker, gate it on the serving engine, release it, hot-swap it; and the same with
+`checkpoint: true`, where the trained LoRA is merged into full weights (a `checkpoint` release that
+llama.cpp loads beside the model it serves).
 
 A scripted user wants answers that start with "Sure!" and writes out, for each training prompt,
 the answer it wanted (a demonstration). The `sft` recipe fine-tunes a LoRA on those examples, the
@@ -47,8 +49,10 @@ def record(url: str, response: httpx.Response) -> dict:
 
 
 @pytest.mark.slow
-def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path) -> None:
-    (tmp_path / "reef.yaml").write_text(CONFIG)
+@pytest.mark.parametrize("kind", ["lora", "checkpoint"])
+def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path, kind: str) -> None:
+    merged = "  checkpoint: true\n" if kind == "checkpoint" else ""
+    (tmp_path / "reef.yaml").write_text(CONFIG + merged)
     (tmp_path / "evals").mkdir()
     (tmp_path / "evals/default.jsonl").write_text(
         scripted_user.eval_tasks(scripted_user.EVALS, PATTERN)
@@ -84,7 +88,7 @@ def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path) -> None
         candidates = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
         served = ask(server.url, held_out)
         adapted = record(server.url, served)
-    assert release["kind"] == "lora"
+    assert release["kind"] == kind
     released = next(c for c in candidates if c["state"] == "released")
     assert released["metrics"]["examples"] == len(scripted_user.TRAINING)  # one a demonstration
     losses = released["metrics"]["loss"]
@@ -94,7 +98,7 @@ def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path) -> None
     # model's log-probabilities (the first token's, whatever token it is).
     assert served.headers["x-reef-release-id"] == release["release_id"] == adapted["release_id"]
     assert base["release_id"] == "base"
-    assert base["prompt_token_ids"] == adapted["prompt_token_ids"]  # a LoRA adds no prompt
+    assert base["prompt_token_ids"] == adapted["prompt_token_ids"]  # the weights add no prompt
     if adapted["completion_token_ids"][0] == base["completion_token_ids"][0]:
         change = abs(adapted["completion_logprobs"][0] - base["completion_logprobs"][0])
         assert change > 1e-4, (base["completion_logprobs"][:3], adapted["completion_logprobs"][:3])

@@ -33,10 +33,15 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-    async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion: ...
+    async def complete(
+        self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
+    ) -> Completion:
+        """The whole completion. `adapter`: a LoRA adapter to serve with; `checkpoint`: a
+        checkpoint release's full weights to serve on instead of the engine's model."""
+        ...
 
     def stream(
-        self, request: ChatRequest, adapter: Path | None = None
+        self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
     ) -> AsyncIterator[StreamItem]:
-        """Chunks, then the assembled Completion. `adapter`: a LoRA adapter to serve with."""
+        """Chunks, then the assembled Completion; `adapter` and `checkpoint` as for complete."""
         ...

@@ -12,11 +12,13 @@ upstream that cannot be reached is a 502. The API key is sent upstream and never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,16 @@ class UpstreamEngine:
             )
         return None
 
+    def _weights(self, checkpoint: Path | None) -> AbstractAsyncContextManager[None]:
+        """Hold the weights a request runs on while it runs; engines that reload full weights
+        (a checkpoint release) override this."""
+        if checkpoint is not None:
+            raise Unsupported(
+                f"the {self.name} engine cannot serve checkpoint releases (its weights are "
+                "remote); use llamacpp or vllm"
+            )
+        return contextlib.nullcontext()
+
     @property
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -106,22 +118,31 @@ class UpstreamEngine:
             raise UpstreamFailure("the upstream engine is not started", status=503)
         return self._session
 
-    async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
-        model = await self._model_for(adapter)
-        payload = self._payload(request, False, model)
-        data, content = await self._post_json("/chat/completions", payload)
+    async def complete(
+        self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
+    ) -> Completion:
+        async with self._weights(checkpoint):
+            model = await self._model_for(adapter)
+            payload = self._payload(request, False, model)
+            data, content = await self._post_json("/chat/completions", payload)
         # A whole response has no first token to time: the record's latency_ms says it all.
         return Completion(
             response=data, model=data.get("model") or self.model, raw_response=content
         )
 
     async def forward_json(
-        self, path: str, body: dict[str, Any], adapter: Path | None = None
+        self,
+        path: str,
+        body: dict[str, Any],
+        adapter: Path | None = None,
+        checkpoint: Path | None = None,
     ) -> dict[str, Any]:
         """POST `body` to another OpenAI route of the upstream (`/completions`, `/embeddings`)
         and return its JSON answer; `model` is replaced as for chat requests."""
-        model = await self._model_for(adapter) or self._model
-        data, _ = await self._post_json(path, dumps({**body, "model": model} if model else body))
+        async with self._weights(checkpoint):
+            model = await self._model_for(adapter) or self._model
+            payload = dumps({**body, "model": model} if model else body)
+            data, _ = await self._post_json(path, payload)
         return data
 
     async def _post_json(self, path: str, payload: bytes) -> tuple[dict[str, Any], bytes]:
@@ -144,7 +165,14 @@ class UpstreamEngine:
         return data, content
 
     async def stream(
-        self, request: ChatRequest, adapter: Path | None = None
+        self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
+    ) -> AsyncIterator[StreamItem]:
+        async with self._weights(checkpoint):
+            async for item in self._stream(request, adapter):
+                yield item
+
+    async def _stream(
+        self, request: ChatRequest, adapter: Path | None
     ) -> AsyncIterator[StreamItem]:
         model = await self._model_for(adapter)
         url = f"{self.base_url}/chat/completions"

@@ -10,11 +10,21 @@ Past one GPU, the settings vLLM documents are Reef settings (`engine.vllm.tensor
 `pipeline_parallel_size`, `distributed_executor`, `max_loras`, `max_lora_rank`), passed to the
 child as its flags (`parallel_args`). With workers on several nodes, `adapter_dir` names a folder
 they all read: a release's adapter is copied there before vLLM is asked to load it.
+
+A checkpoint release (full weights, a Hugging Face folder under `checkpoint/`) serves through
+vLLM's weight reload, which its server exposes with `VLLM_SERVER_DEV_MODE=1` (set for the child,
+which listens on loopback only): `POST /collective_rpc` with `update_config` (the model path) and
+then `reload_weights`, then `POST /reset_prefix_cache` so no prompt cached under the old weights
+is reused. A vLLM process holds one set of weights: the switch waits for the requests running
+on the old ones to finish and holds new requests until it is done, so no answer mixes two sets.
+Scenarios serving different checkpoints on one vLLM therefore take turns; give each its own vLLM
+(a replica) if they are busy at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import secrets
@@ -22,7 +32,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +40,7 @@ import httpx
 
 from reef.engines.base import Capabilities
 from reef.engines.upstream import UpstreamEngine
-from reef.errors import ConfigurationRefused, EngineUnavailable
+from reef.errors import ConfigurationRefused, EngineUnavailable, Unsupported
 
 if TYPE_CHECKING:
     from reef.config import VLLMConfig
@@ -112,6 +122,12 @@ class VLLMEngine(UpstreamEngine):
         self._adapters: set[str] = set()
         self.adapter_dir = adapter_dir  # read by every vLLM node, when they are several
         self._adapter_lock = asyncio.Lock()  # two first requests for one adapter load it once
+        # The full weights the child serves (None: the model it started with), the requests
+        # running on them, and the weights a switch waits to load (see `_weights`).
+        self._loaded_weights: Path | None = None
+        self._running = 0
+        self._switching_to: Path | bool | None = False  # False: no switch waiting
+        self._weights_changed = asyncio.Condition()
 
     def command(self) -> list[str]:
         return [
@@ -141,6 +157,7 @@ class VLLMEngine(UpstreamEngine):
         environment = {
             **os.environ,
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc: weight reload for checkpoints
             "VLLM_API_KEY": self._child_api_key,
         }
         with self._log.open("wb") as log:
@@ -205,6 +222,56 @@ class VLLMEngine(UpstreamEngine):
             )
         self._adapters.add(name)
 
+    @contextlib.asynccontextmanager
+    async def _weights(self, checkpoint: Path | None) -> AsyncIterator[None]:
+        """Run a request on `checkpoint`'s weights (None: the model vLLM started with),
+        switching once the requests on the other weights have finished."""
+        wanted = hugging_face_checkpoint(checkpoint) if checkpoint is not None else None
+        async with self._weights_changed:
+            while self._loaded_weights != wanted or self._switching_to is not False:
+                if self._switching_to is False:
+                    self._switching_to = wanted
+                if self._switching_to == wanted and self._running == 0:
+                    try:
+                        await self._reload(wanted)
+                    finally:
+                        self._switching_to = False
+                        self._weights_changed.notify_all()
+                    continue
+                await self._weights_changed.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            async with self._weights_changed:
+                self._running -= 1
+                self._weights_changed.notify_all()
+
+    async def _reload(self, weights: Path | None) -> None:
+        """vLLM's documented weight reload, from `weights` (None: the model it started with)."""
+        path = str(weights) if weights is not None else self.model
+        if weights is not None and self.adapter_dir is not None:
+            name = f"reef-weights-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+            path = str(await asyncio.to_thread(_shared_copy, weights, self.adapter_dir / name))
+        root = f"http://127.0.0.1:{self.port}"
+        steps = [
+            (
+                "/collective_rpc",
+                {"method": "update_config", "args": [{"model_config": {"model": path}}]},
+            ),
+            ("/collective_rpc", {"method": "reload_weights"}),
+            ("/reset_prefix_cache", None),
+        ]
+        for route, body in steps:
+            response = await self._http.post(f"{root}{route}", json=body)
+            if response.status_code >= 400:
+                raise EngineUnavailable(
+                    f"vllm could not load the weights {path} ({route}: HTTP "
+                    f"{response.status_code} {response.text[:300]}); it still serves "
+                    f"{self._loaded_weights or self.model}"
+                )
+        self._loaded_weights = weights
+
     def _log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
@@ -222,6 +289,16 @@ class VLLMEngine(UpstreamEngine):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)
+
+
+def hugging_face_checkpoint(checkpoint: Path) -> Path:
+    """The Hugging Face folder of a checkpoint release (`checkpoint/` with config.json)."""
+    if not (checkpoint / "config.json").is_file():
+        raise Unsupported(
+            f"checkpoint {checkpoint} has no Hugging Face model folder (config.json), which vLLM "
+            "needs (a whole-model GGUF serves on llama.cpp)"
+        )
+    return checkpoint
 
 
 def _shared_copy(folder: Path, destination: Path) -> Path:

@@ -11,6 +11,11 @@ A LoRA artifact holds a llama.cpp GGUF adapter (`*.gguf`) and/or a PEFT adapter
 (`adapter_config.json` and weights); its binding names the folder the engine loads it from. An
 `agent` artifact holds both, and its binding applies the harness and names the adapter: the
 whole agent serves as one release (`reef.artifacts`).
+
+A checkpoint artifact holds full weights under `checkpoint/`: its binding names that folder, and
+the engine serves the scenario's requests on those weights instead of the configured model's
+(llama.cpp loads its GGUF beside the model it serves; vLLM reloads its weights), with the
+artifact's harness and adapter, when it has them, applied as above.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.artifacts import ADAPTER, HARNESS, KIND_PARTS, parts_of
+from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, KIND_PARTS, folder_files, parts_of
 from reef.errors import ReefError, describe_validation_error
 from reef.protocol import ChatRequest
 
@@ -50,6 +55,7 @@ class Binding:
     settings: dict[str, Any] = field(default_factory=dict)
     examples: tuple[tuple[str, str], ...] = ()  # (user, assistant) exchanges shown before the call
     adapter: Path | None = None  # a LoRA artifact's folder, for the engine to load
+    checkpoint: Path | None = None  # a checkpoint artifact's `checkpoint/` folder: full weights
 
     def apply(self, request: ChatRequest) -> ChatRequest:
         """The request as the engine should see it under this release."""
@@ -183,7 +189,8 @@ def load_examples(folder: Path) -> tuple[tuple[str, str], ...]:
 
 def check_adapter_folder(folder: Path) -> Path:
     """A LoRA artifact needs a llama.cpp GGUF adapter or a PEFT folder (adapter_config.json)."""
-    if not any(folder.rglob("*.gguf")) and not (folder / "adapter_config.json").is_file():
+    adapter_ggufs = [path for path in folder_files(folder, ADAPTER) if path.suffix == ".gguf"]
+    if not adapter_ggufs and not (folder / "adapter_config.json").is_file():
         raise ReefError(
             f"LoRA artifact {folder} holds neither a .gguf adapter (llama.cpp) nor "
             "adapter_config.json (PEFT, for vLLM)",
@@ -203,14 +210,31 @@ def binding_for(release_id: str, kind: str, folder: Path, strict: bool = False) 
     if strict:
         check_parts(kind, folder)
     harness = HARNESS in parts
+    checkpoint = check_checkpoint_folder(folder) if CHECKPOINT in parts else None
+    # Beside full weights an adapter is optional; a lora or agent release has one.
+    adapter = ADAPTER in parts and (checkpoint is None or bool(folder_files(folder, ADAPTER)))
     return Binding(
         release_id=release_id,
         kind=kind,
         system_prompt=(compose_system_prompt(folder) or None) if harness else None,
         settings=load_settings(folder, strict) if harness else {},
         examples=load_examples(folder) if harness else (),
-        adapter=check_adapter_folder(folder) if ADAPTER in parts else None,
+        adapter=check_adapter_folder(folder) if adapter else None,
+        checkpoint=checkpoint,
     )
+
+
+def check_checkpoint_folder(folder: Path) -> Path:
+    """A checkpoint artifact needs full weights in `checkpoint/`: a whole-model GGUF (llama.cpp)
+    or a Hugging Face model folder (config.json and its weights, vLLM)."""
+    weights = folder / CHECKPOINT
+    if not any(weights.glob("*.gguf")) and not (weights / "config.json").is_file():
+        raise ReefError(
+            f"checkpoint artifact {folder} holds neither checkpoint/*.gguf (a whole model, for "
+            "llama.cpp) nor checkpoint/config.json (a Hugging Face model folder, for vLLM)",
+            status=400,
+        )
+    return weights
 
 
 def check_parts(kind: str, folder: Path) -> None:

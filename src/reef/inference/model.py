@@ -55,7 +55,9 @@ class LocalModel:
         self.name = f"{engine.name} in this process"
 
     async def complete(self, request: ChatRequest, binding: Binding = BASE_BINDING) -> Completion:
-        return await self.engine.complete(binding.apply(request), adapter=binding.adapter)
+        return await self.engine.complete(
+            binding.apply(request), adapter=binding.adapter, checkpoint=binding.checkpoint
+        )
 
     async def close(self) -> None:
         await self.engine.close()
@@ -78,6 +80,7 @@ class ServerModel:
         body = {
             "request": applied.model_dump(exclude_none=True),
             "adapter": str(binding.adapter) if binding.adapter else None,
+            "checkpoint": str(binding.checkpoint) if binding.checkpoint else None,
         }
         data = await self._post(body)
         return Completion(
@@ -126,19 +129,20 @@ def completion_json(completion: Completion) -> dict[str, Any]:
     }
 
 
-def adapter_inside(adapter: str | None, state_dir: Path) -> Path | None:
-    """An adapter folder named by an internal caller, which must lie inside the state folder
-    (candidates and release checkouts live there): the route never loads files from elsewhere."""
-    if adapter is None:
+def artifact_inside(path: str | None, state_dir: Path, what: str = "adapter") -> Path | None:
+    """An adapter or checkpoint folder named by an internal caller, which must lie inside the
+    state folder (candidates and release checkouts live there): the route never loads files
+    from elsewhere."""
+    if path is None:
         return None
-    path = Path(adapter).resolve()
-    if not path.is_relative_to(state_dir.resolve()):
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(state_dir.resolve()):
         raise ReefError(
-            f"adapter {adapter} is outside the state folder {state_dir}: internal requests "
+            f"{what} {path} is outside the state folder {state_dir}: internal requests "
             "load candidates and releases only",
             status=400,
         )
-    return path
+    return resolved
 
 
 def _seconds(value: str) -> float:

@@ -8,10 +8,12 @@
   the current release (its harness applied), asked of the engine once per key;
 - `training_length`: the tokens a training example may have (`max_length`, or the model's
   context);
-- `BaseWeights`: the training base, loaded on the first step and kept by the recipe;
+- `BaseWeights`: the training base, loaded on the first step and kept by the recipe: the served
+  model's weights, or the serving release's checkpoint when it has one;
 - `current_adapter`: the adapter the scenario serves now, written out to keep training it;
 - `train_on_current`: a training run continuing that adapter, exported (PEFT folder and llama.cpp
-  GGUF) as release files;
+  GGUF) as release files, or merged into the weights it trained on as a checkpoint's files when
+  the recipe's `checkpoint` setting asks for full weights (`proposal_kind` names the kind);
 - `policy_update`: the RL recipes' update, its settings taken from the recipe's own.
 
 Importing this module imports no torch: the server loads recipes too.
@@ -19,15 +21,19 @@ Importing this module imports no torch: the server loads recipes too.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from reef.artifacts import ADAPTER
+from reef.artifacts import ADAPTER, CHECKPOINT, CHECKPOINT_FOLDER
 from reef.learning.recipe import RecipeError, RecipeSettings, StepContext
 from reef.learning.view import Turn
 from reef.releases.chain import read_folder
@@ -63,6 +69,14 @@ class LoraRecipeSettings(RecipeSettings):
     # one process, each computing a share of every batch (docs/training.md). Under torchrun, the
     # launcher's WORLD_SIZE.
     processes: int = Field(1, ge=1)
+    # Propose full weights: the trained LoRA merged into the weights it trained on, a
+    # `checkpoint` release (docs/releases.md), instead of the LoRA itself.
+    checkpoint: bool = False
+
+
+def proposal_kind(settings: RecipeSettings) -> str:
+    """`checkpoint` for a recipe whose settings ask for full weights, else `lora`."""
+    return "checkpoint" if getattr(settings, "checkpoint", False) else "lora"
 
 
 def require_weights(context: StepContext, recipe: str) -> None:
@@ -106,8 +120,9 @@ def rendered_prompt(
 
 
 class BaseWeights:
-    """The base weights, loaded on the first step and kept: each load hashes the GGUF and checks
-    the tokenizer against llama.cpp."""
+    """The weights to train on, loaded on the first step and kept while they serve: the served
+    model's, or the serving release's checkpoint. Each load hashes a GGUF and checks the
+    tokenizer against llama.cpp."""
 
     def __init__(self) -> None:
         self._loaded: Base | None = None
@@ -115,12 +130,45 @@ class BaseWeights:
     def get(self, context: StepContext) -> Base:
         from reef.training import load_base
 
-        assert context.model_path is not None and context.work_dir is not None
-        if self._loaded is None or self._loaded.source != context.model_path:
-            self._loaded = load_base(
-                context.model_path, context.work_dir / "base", progress=log.info
-            )
+        assert context.work_dir is not None
+        source = training_source(context)
+        if self._loaded is None or self._loaded.source != source:
+            self._loaded = load_base(source, context.work_dir / "base", progress=log.info)
         return self._loaded
+
+
+def training_source(context: StepContext) -> Path:
+    """The weights the scenario serves on: the serving release's checkpoint (written once under
+    the work folder, named by its content), or the engine's model."""
+    assert context.model_path is not None and context.work_dir is not None
+    checkpoint = context.files_of(CHECKPOINT)
+    if not checkpoint:
+        return context.model_path
+    digest = hashlib.sha256()
+    for path in sorted(checkpoint):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(checkpoint[path]).digest())
+    folder = context.work_dir / "checkpoints" / digest.hexdigest()[:16]
+    if not folder.is_dir():
+        _write_folder(folder, checkpoint)
+    weights = folder / CHECKPOINT_FOLDER
+    ggufs = sorted(weights.glob("*.gguf"))
+    # llama.cpp serves (and the tokenizer is checked against) the GGUF; vLLM the folder.
+    return ggufs[0] if ggufs and context.model_path.suffix == ".gguf" else weights
+
+
+def _write_folder(folder: Path, files: dict[str, bytes]) -> None:
+    """`files` under `folder`, which appears whole or not at all."""
+    partial = folder.parent / f".{folder.name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        for path, data in files.items():
+            (partial / path).parent.mkdir(parents=True, exist_ok=True)
+            (partial / path).write_bytes(data)
+        os.replace(partial, folder)
+    except OSError:
+        if not folder.is_dir():  # another step wrote it first: theirs is the same
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def current_adapter(context: StepContext, folder: Path) -> Path | None:
@@ -136,14 +184,21 @@ def current_adapter(context: StepContext, folder: Path) -> Path | None:
 
 
 def train_on_current(
-    context: StepContext, train: Callable[[Path | None], TrainedAdapter]
+    context: StepContext,
+    train: Callable[[Path | None], TrainedAdapter],
+    merge_into: Base | None = None,
 ) -> tuple[dict[str, bytes], TrainedAdapter]:
-    """`train(resume_from)` run on the current adapter, the result exported as release files."""
-    from reef.training import export_adapter
+    """`train(resume_from)` run on the current adapter, the result exported as release files:
+    the adapter, or with `merge_into` (the base it trained on) the full weights with the adapter
+    merged in, a checkpoint's files."""
+    from reef.training import export_adapter, export_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="reef-train-") as scratch:
         trained = train(current_adapter(context, Path(scratch) / "current"))
-        export_adapter(trained, Path(scratch) / "adapter")
+        if merge_into is None:
+            export_adapter(trained, Path(scratch) / "adapter")
+        else:
+            export_checkpoint(trained, merge_into, Path(scratch) / "adapter")
         return read_folder(Path(scratch) / "adapter"), trained
 
 

@@ -6,6 +6,10 @@ that cannot serve (a broken commit, an artifact that fails to load) leaves its s
 it served before, without holding up the other scenarios or start-up; the problem shows in
 `/reef/status` under `release_errors`, is logged once each time it changes, and the head is
 tried again every few seconds (a missing git-lfs can be installed meanwhile).
+
+A head with full weights (a checkpoint release) has them loaded by the engine, beside what it
+serves, before its binding replaces the old one: requests keep going to the old weights while the
+new ones load, and those in flight finish on them (`LlamaCppEngine.load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import logging
 import time
 
+from reef.inference.binding import Binding
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.releases")
@@ -27,6 +32,11 @@ class HeadFollower:
         self.state = state
         self.serving_commits: dict[str, str] = {}  # scenario -> head commit it serves
         self.retry_at: dict[str, float] = {}  # scenario -> when to try a broken head again
+        # The event loop the engine runs on, for loading a checkpoint from the follower's thread.
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
 
     def load_heads(self) -> None:
         """Bring `state.bindings` up to date with the chain's heads (blocking: git and disk)."""
@@ -47,6 +57,7 @@ class HeadFollower:
         state = self.state
         try:
             binding = state.workflow.binding(state.workflow.chain.head(scenario))
+            self._load_weights(binding)
         except Exception as error:
             self.retry_at[scenario] = time.monotonic() + RETRY_BROKEN_SECONDS
             serving = state.bindings[scenario].release_id if scenario in state.bindings else "base"
@@ -61,6 +72,13 @@ class HeadFollower:
         self.retry_at.pop(scenario, None)
         self._clear(scenario)
         log.info("scenario %s now serves %s (%s)", scenario, binding.release_id, binding.kind)
+
+    def _load_weights(self, binding: Binding) -> None:
+        """Have the engine load a checkpoint's weights now, so no request waits for them."""
+        load = getattr(self.state.engine, "load_checkpoint", None)
+        if binding.checkpoint is None or load is None or self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(load(binding.checkpoint), self._loop).result()
 
     def _report(self, scenario: str, message: str) -> None:
         errors = self.state.release_errors

@@ -60,7 +60,10 @@ async def served_whole(
     `raw_body`, the bytes `body` was read from, is stored as they are."""
     started = time.perf_counter()
     completion = await until_disconnected(
-        request, state.engine.complete(chat, adapter=call.binding.adapter)
+        request,
+        state.engine.complete(
+            chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
+        ),
     )
     return completion, await stored(state, call, body, completion, started, record_id, raw_body)
 
@@ -158,7 +161,9 @@ async def streamed(
     """`raw_body`: the bytes `body` was read from, stored as they are."""
     shape = shape or ChatShape()
     started = time.perf_counter()
-    items = aiter(state.engine.stream(chat, adapter=call.binding.adapter))
+    items = aiter(
+        state.engine.stream(chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint)
+    )
     # Pull the first item before answering, so a request the engine refuses gets a real status.
     # Engines yield it as soon as the request is accepted, before it waits for its turn.
     try:

@@ -1,4 +1,5 @@
-"""Artifact folders for release tests: harness trees and a small random GGUF LoRA adapter."""
+"""Artifact folders for release tests: harness trees, a small random GGUF LoRA adapter, and a
+checkpoint of SmolLM2-135M with that adapter merged in."""
 
 from __future__ import annotations
 
@@ -37,23 +38,46 @@ def random_lora(
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "adapter.gguf"
-    rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_type("adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", float(rank))
-    for layer in range(layers):
-        for tensor in ("attn_q", "attn_output"):
-            name = f"blk.{layer}.{tensor}.weight"
-            writer.add_tensor(
-                f"{name}.lora_a", (rng.standard_normal((rank, n_embd)) * scale).astype(np.float32)
-            )
-            writer.add_tensor(
-                f"{name}.lora_b", (rng.standard_normal((n_embd, rank)) * scale).astype(np.float32)
-            )
+    for name, tensor in random_lora_tensors(rank, scale, seed, n_embd, layers).items():
+        writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     (folder / "adapter.json").write_text(json.dumps({"rank": rank, "seed": seed}))
     return folder
+
+
+def random_checkpoint(folder: Path, rank: int = 8, scale: float = 0.5, seed: int = 0) -> Path:
+    """A checkpoint artifact: the embedded SmolLM2-135M with `random_lora`'s adapter (the same
+    arguments give the same adapter) merged in, as `folder/checkpoint/model.gguf`."""
+    from reef.engines.llamacpp import embedded_model_path
+    from reef.training.checkpoint import CHECKPOINT_GGUF, merge_into_gguf
+    from reef.training.export import GgufLora
+
+    tensors = random_lora_tensors(rank, scale, seed)
+    (folder / CHECKPOINT_GGUF).parent.mkdir(parents=True, exist_ok=True)
+    merge_into_gguf(
+        embedded_model_path(), GgufLora("llama", float(rank), tensors), folder / CHECKPOINT_GGUF
+    )
+    return folder
+
+
+def random_lora_tensors(
+    rank: int = 8, scale: float = 0.5, seed: int = 0, n_embd: int = 576, layers: int = 4
+) -> dict[str, np.ndarray]:
+    """lora_a and lora_b of the first `layers` blocks' attn_q and attn_output, seeded."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for layer in range(layers):
+        for tensor in ("attn_q", "attn_output"):
+            name = f"blk.{layer}.{tensor}.weight"
+            a = (rng.standard_normal((rank, n_embd)) * scale).astype(np.float32)
+            tensors[f"{name}.lora_a"] = a
+            b = (rng.standard_normal((n_embd, rank)) * scale).astype(np.float32)
+            tensors[f"{name}.lora_b"] = b
+    return tensors

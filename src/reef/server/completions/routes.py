@@ -38,14 +38,17 @@ async def completions(request: Request) -> Response:
                 "stream false, or stream /v1/chat/completions"
             )
         answer = await until_disconnected(
-            request, forward("/completions", body, call.binding.adapter)
+            request, forward("/completions", body, call.binding.adapter, call.binding.checkpoint)
         )
         return await _answer(state, call, body, answer, started)
     chat = call.served(asked.as_chat()).continuing(asked.text())
     if asked.stream:
         return await streamed(state, call, body, chat, TextStreamShape(asked.text(), asked.echo))
     completion = await until_disconnected(
-        request, state.engine.complete(chat, adapter=call.binding.adapter)
+        request,
+        state.engine.complete(
+            chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
+        ),
     )
     completion = with_response(
         completion, text_completion(completion.response, asked.text(), asked.echo)

@@ -192,6 +192,8 @@ def _engine_status(state: ServerState) -> dict[str, Any]:
         "loops_stopped": getattr(engine, "loops_stopped", None),
         # Engines with a KV cache of their own (llama.cpp): its capacity and memory.
         "kv_cache": getattr(engine, "kv_cache", None),
+        # llama.cpp: the checkpoint releases' models loaded beside its own, by release.
+        "checkpoints": getattr(engine, "checkpoints_loaded", None),
     }
 
 
