@@ -2,10 +2,12 @@
 
 Starts `reef serve` (llama.cpp, the embedded model) in a temporary project, keeps a steady stream
 of requests going, and advances the `default` head again and again from this process, alternating
-two harness releases and then a harness and a LoRA adapter. For each switch it measures the time
-from the head advance (the `git update-ref` returning) to the first response stamped with the new
-release. It compares the latency of requests that were in flight during a switch with the
-latency of requests in a window without switches (the baseline, measured in the same run).
+two harness releases, then a harness and a LoRA adapter, then a harness and a checkpoint (full
+weights: SmolLM2-135M with a random LoRA merged in, loaded beside the served model). For each
+switch it measures the time from the head advance (the `git update-ref` returning) to the first
+response stamped with the new release. It compares the latency of requests that were in flight
+during a switch with the latency of requests in a window without switches (the baseline,
+measured in the same run).
 
     .venv/bin/python bench/release_swap.py [--swaps 6] [--concurrency 2]
 """
@@ -26,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reef.releases.chain import ReleaseChain
-from reef.testing.artifacts import random_lora
+from reef.testing.artifacts import random_checkpoint, random_lora
 from reef.testing.processes import free_port, reef_serve
 
 BODY = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0}
@@ -143,6 +145,7 @@ def main() -> None:
     harness_a = {"AGENTS.md": b"You are a helpful assistant.\n"}
     harness_b = {"AGENTS.md": b"You are a terse assistant. Answer in few words.\n"}
     lora = ("lora", files_of(random_lora(folder / "lora")))
+    checkpoint = ("checkpoint", files_of(random_checkpoint(folder / "checkpoint")))
     results = {}
     with reef_serve(folder, free_port()).start() as server:
         chain = ReleaseChain(folder / ".reef/releases.git")
@@ -152,6 +155,7 @@ def main() -> None:
             cases = {
                 "harness -> harness": [("harness", harness_a), ("harness", harness_b)],
                 "harness <-> LoRA": [lora, ("harness", harness_a)],
+                "harness <-> checkpoint": [checkpoint, ("harness", harness_a)],
             }
             for name, artifacts in cases.items():
                 times, windows = run_swaps(chain, traffic, artifacts, args.swaps)
@@ -198,10 +202,13 @@ def report(
             f"{statistics.median(flight) / base_p50:.2f}x",
         )
     console.print(table)
-    worst = max(max(f["switch_ms"]) for f in results.values())
+    # The 1 s target is for a harness or an adapter; full weights are checked out (through LFS)
+    # and loaded as a second model first, and are reported beside it.
+    worst = max(max(f["switch_ms"]) for name, f in results.items() if "checkpoint" not in name)
     verdict = "PASS" if worst <= 1000 else "MISS"
     console.print(
-        f"target: a running server switches within 1 s -> worst {worst:.0f} ms: {verdict}"
+        f"target: a running server switches a harness or LoRA within 1 s -> worst {worst:.0f} ms: "
+        f"{verdict}"
     )
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
