@@ -4,6 +4,7 @@ proposal keeps of the serving release, what its binding serves, and where traini
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from reef.engines.upstream import UpstreamEngine
 from reef.errors import ReefError, Unsupported
 from reef.inference.binding import binding_for
 from reef.learning.recipe import StepContext, load_recipe
-from reef.learning.weights import proposal_kind, training_source
+from reef.learning.weights import forget_other_checkpoints, proposal_kind, training_source
 from reef.protocol import ChatRequest
 from reef.testing.artifacts import harness, random_lora
 
@@ -89,6 +90,23 @@ def test_training_reads_the_serving_checkpoint_written_once_by_content(tmp_path:
     assert training_source(context) != source
     context.files = dict(HARNESS)
     assert training_source(context) == served  # no checkpoint: the engine's model
+
+
+def test_training_keeps_the_files_of_the_checkpoint_it_trains_on_only(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    context = StepContext(
+        "default", "default@1", {**WEIGHTS}, model_path=tmp_path / "m.gguf", work_dir=work
+    )
+    old = training_source(context)
+    context.files = {**NEW_WEIGHTS}
+    new = training_source(context)
+    # load_base's float32 copies, each naming the GGUF it came from.
+    for name, origin in (("old", old), ("new", new), ("served", tmp_path / "m.gguf")):
+        (work / "base" / name).mkdir(parents=True)
+        (work / "base" / name / "reef_source.json").write_text(json.dumps({"gguf": str(origin)}))
+    forget_other_checkpoints(work, new)
+    assert new.is_file() and not old.exists()
+    assert sorted(p.name for p in (work / "base").iterdir()) == ["new", "served"]
 
 
 def test_a_weight_recipe_proposes_a_checkpoint_when_its_settings_ask() -> None:

@@ -22,6 +22,7 @@ Importing this module imports no torch: the server loads recipes too.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -134,6 +135,7 @@ class BaseWeights:
         source = training_source(context)
         if self._loaded is None or self._loaded.source != source:
             self._loaded = load_base(source, context.work_dir / "base", progress=log.info)
+            forget_other_checkpoints(context.work_dir, source)
         return self._loaded
 
 
@@ -154,6 +156,27 @@ def training_source(context: StepContext) -> Path:
     ggufs = sorted(weights.glob("*.gguf"))
     # llama.cpp serves (and the tokenizer is checked against) the GGUF; vLLM the folder.
     return ggufs[0] if ggufs and context.model_path.suffix == ".gguf" else weights
+
+
+def forget_other_checkpoints(work_dir: Path, source: Path) -> None:
+    """Delete the checkpoints written for training other than `source`, and the float32 copies
+    of them `load_base` cached: each is the size of a model (a release's own stay in the chain).
+    The engine's model and its cache are kept."""
+    written = work_dir / "checkpoints"
+    for folder in _subfolders(written):
+        if not source.is_relative_to(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+    for cached in _subfolders(work_dir / "base"):
+        try:
+            origin = Path(json.loads((cached / "reef_source.json").read_text())["gguf"])
+        except (OSError, ValueError, KeyError):
+            continue
+        if origin.is_relative_to(written) and origin != source:
+            shutil.rmtree(cached, ignore_errors=True)
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    return [path for path in folder.iterdir() if path.is_dir()] if folder.is_dir() else []
 
 
 def _write_folder(folder: Path, files: dict[str, bytes]) -> None:
