@@ -82,7 +82,7 @@ def test_a_checkpoint_that_goes_finishes_its_request_in_flight_first(
     long = ChatRequest.model_validate(
         {
             "messages": [{"role": "user", "content": "Count to a hundred."}],
-            "max_tokens": 48,
+            "max_tokens": 200,
             "logit_bias": {str(EOS): -100},  # never ends early: runs to max_tokens
             "stream": True,
         }
@@ -96,6 +96,7 @@ def test_a_checkpoint_that_goes_finishes_its_request_in_flight_first(
             items = [await anext(stream), await anext(stream)]  # it is decoding now
             old = llama._checkpoints[first / "model.gguf"]
             await llama.load_checkpoint(second)  # the first one goes: it has a request running
+            assert old.in_flight == 1
             assert llama.checkpoints_loaded == ["second"]
             assert old._model is not None  # still loaded while its request runs
             items += [item async for item in stream]
@@ -111,7 +112,7 @@ def test_a_checkpoint_that_goes_finishes_its_request_in_flight_first(
             await llama.close()
 
     tokens, finish, unloaded = asyncio.run(scenario())
-    assert (tokens, finish) == (48, "length")  # the whole answer, on the old weights
+    assert (tokens, finish) == (200, "length")  # the whole answer, on the old weights
     assert unloaded  # and then it went
 
 
