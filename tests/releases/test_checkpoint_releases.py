@@ -115,8 +115,9 @@ def test_a_checkpoint_llama_cpp_cannot_load_never_serves(tmp_path: Path) -> None
     broken.mkdir(parents=True)
     (broken / "model.gguf").write_bytes(b"GGUF not really")
     with reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start() as server:
-        gated = publish(tmp_path, broken.parent, "checkpoint")
-        assert "rejected" in gated and "could not load the checkpoint" in gated
+        gated = run_reef(tmp_path, "release", "publish", str(broken.parent), "--kind", "checkpoint")
+        said = gated.stdout + gated.stderr
+        assert gated.returncode != 0 and "could not load the checkpoint" in said, said
         assert ask(server.url, HI).headers["x-reef-release-id"] == "base"
         # Forced past the gate, it heads the chain, and the server keeps serving what it served.
         publish(tmp_path, broken.parent, "checkpoint", "--approve")
