@@ -8,7 +8,9 @@ A release carries the whole agent, or a part of it:
   `adapter_config.json` with its weights at the top);
 - the **checkpoint**: full weights under `checkpoint/`, a whole-model GGUF (`checkpoint/*.gguf`,
   llama.cpp) and/or a Hugging Face model folder (`checkpoint/config.json` with its safetensors,
-  vLLM). They replace the served model's weights; an adapter beside them applies to them.
+  vLLM). They replace the served model's weights; an adapter beside them applies to them;
+- the **routing** policy: `routing.yaml`, which release serves which share of sessions
+  (`reef.releases.routing`). Any kind may carry one; a proposal never keeps the serving one.
 
 Any other file (a README, a PEFT run's `training_args.bin`) belongs to neither part: it travels
 with the release, and a proposal keeps the serving release's unless it brings its own.
@@ -29,17 +31,19 @@ from pathlib import Path, PurePosixPath
 HARNESS = "harness"
 ADAPTER = "adapter"
 CHECKPOINT = "checkpoint"
+ROUTING = "routing"
 OTHER = "other"  # a file of none of the parts
-PARTS = (HARNESS, ADAPTER, CHECKPOINT)
+PARTS = (HARNESS, ADAPTER, CHECKPOINT, ROUTING)
 CHECKPOINT_FOLDER = "checkpoint"
+ROUTING_FILE = "routing.yaml"
 _HARNESS_FILES = ("AGENTS.md", "examples.jsonl", "settings.json")
 _HARNESS_FOLDERS = ("rules", "skills")
 # Kind -> the parts a release of that kind may serve.
 KIND_PARTS: dict[str, tuple[str, ...]] = {
-    "harness": (HARNESS,),
-    "lora": (ADAPTER,),
-    "agent": (HARNESS, ADAPTER),
-    "checkpoint": (HARNESS, ADAPTER, CHECKPOINT),
+    "harness": (HARNESS, ROUTING),
+    "lora": (ADAPTER, ROUTING),
+    "agent": (HARNESS, ADAPTER, ROUTING),
+    "checkpoint": (HARNESS, ADAPTER, CHECKPOINT, ROUTING),
 }
 _ADAPTER_NAMES = (
     "adapter_config.json",
@@ -53,6 +57,8 @@ def part_of(path: str) -> str:
     parts = PurePosixPath(path).parts
     if len(parts) > 1 and parts[0] == CHECKPOINT_FOLDER:
         return CHECKPOINT
+    if path == ROUTING_FILE:
+        return ROUTING
     if path.endswith(".gguf") or parts[0] == "peft" or parts[-1] in _ADAPTER_NAMES:
         return ADAPTER
     if path in _HARNESS_FILES or (len(parts) > 1 and parts[0] in _HARNESS_FOLDERS):
@@ -69,7 +75,7 @@ def parts_of(paths: Iterable[str]) -> list[str]:
 def kind_of(parts: Iterable[str]) -> str:
     """The kind of a release holding `parts`: checkpoint when it holds full weights, else
     harness, lora, or agent for both."""
-    present = set(parts)
+    present = set(parts) - {ROUTING}  # a policy does not change what the release is
     if CHECKPOINT in present:
         return "checkpoint"
     if present == {HARNESS, ADAPTER}:
@@ -89,11 +95,12 @@ def files_of(files: Mapping[str, bytes], part: str) -> dict[str, bytes]:
 
 
 # A proposal of this kind -> the serving parts it replaces (and so never keeps).
+# The serving routing policy is never kept: it routed between releases the proposal replaces.
 _REPLACES = {
-    "harness": (HARNESS,),
-    "lora": (ADAPTER,),
-    "agent": (HARNESS, ADAPTER),  # the agent on the weights that serve
-    "checkpoint": (ADAPTER, CHECKPOINT),  # the serving adapter is merged into the new weights
+    "harness": (HARNESS, ROUTING),
+    "lora": (ADAPTER, ROUTING),
+    "agent": (HARNESS, ADAPTER, ROUTING),  # the agent on the weights that serve
+    "checkpoint": (ADAPTER, CHECKPOINT, ROUTING),  # the serving adapter is merged in
 }
 
 

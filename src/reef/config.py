@@ -186,6 +186,22 @@ class GroupRule(_Section):
     max_lost: int = Field(0, ge=0)
 
 
+class CanaryConfig(_Section):
+    """A canary: a candidate on a share of sessions, judged on their reports against the rest
+    (`reef.releases.canary`). The posterior of the difference of the arms' mean scores decides:
+    rolled back once P(canary worse by more than `margin`) >= `confidence`, promoted once
+    P(not worse by more than `margin`) >= `confidence`, each arm with `min_reports` reports;
+    at `deadline_s` without either, `on_deadline` decides."""
+
+    share: int = Field(10, ge=1, le=99)  # percent of sessions on the candidate
+    min_reports: int = Field(20, ge=2)
+    margin: float = Field(0.1, ge=0)
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    deadline_s: float = Field(3600.0, gt=0)
+    on_deadline: Literal["rollback", "promote"] = "rollback"
+    check_s: float = Field(2.0, gt=0)  # how often a server looks at a running canary
+
+
 class GateConfig(_Section):
     """How a candidate is judged against the current release on the scenario's eval tasks."""
 
@@ -193,8 +209,10 @@ class GateConfig(_Section):
     # tasks must keep its rule (by default: no task the current release scores higher on may
     # be lost); improve: the mean alone must beat current's by more than `margin`; floor:
     # candidate mean >= floor; always: release without evaluating; review: evaluate, then
-    # hold for a human.
-    policy: Literal["always", "floor", "improve", "no_regression", "review"] = "no_regression"
+    # hold for a human; canary: the floor offline, then a canary on live traffic (`canary`).
+    policy: Literal["always", "floor", "improve", "no_regression", "review", "canary"] = (
+        "no_regression"
+    )
     margin: float = Field(0.0, ge=0)
     floor: float = Field(0.5, ge=0, le=1)
     # no_regression: the rule of each group of tasks (a task's `group`; the recipe's tasks for
@@ -218,6 +236,7 @@ class GateConfig(_Section):
     # (the gate could not run, was cancelled or interrupted, publishing failed, the head moved)
     # always returns its records.
     rejected_records: Literal["consumed", "returned"] = "consumed"
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
 
     def rule_for(self, group: str) -> GroupRule:
         return self.groups.get(group) or GroupRule()

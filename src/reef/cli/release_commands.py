@@ -224,7 +224,7 @@ def _lost(candidate: Candidate) -> str:
 def candidates(
     scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
     state: Annotated[
-        str | None, typer.Option(help="proposed, evaluating, released, rejected, held")
+        str | None, typer.Option(help="proposed, evaluating, released, rejected, held, canary")
     ] = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -245,9 +245,23 @@ def approve(
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Release a held candidate (exit 3 if the head moved since it was proposed)."""
+    """Release a held candidate, or promote one on a canary (exit 3 if the head moved since)."""
     with _workflow(config) as workflow:
         candidate = workflow.approve(candidate_id, reason)
+    _report_candidate(candidate, as_json)
+
+
+@app.command()
+def canary(
+    candidate_id: str,
+    share: Annotated[int, typer.Option(help="Percent of sessions the candidate serves.")] = 10,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Put a held candidate on a canary: SHARE percent of sessions, judged on their reports
+    (`gate.canary`), promoted or rolled back automatically; approve or reject ends it early."""
+    with _workflow(config) as workflow:
+        candidate = workflow.start_canary(candidate_id, share)
     _report_candidate(candidate, as_json)
 
 
@@ -258,7 +272,7 @@ def reject(
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Reject a held or proposed candidate."""
+    """Reject a held or proposed candidate, or roll a canary back."""
     with _workflow(config) as workflow:
         candidate = workflow.reject(candidate_id, reason)
     _report_candidate(candidate, as_json)

@@ -56,6 +56,9 @@ class Binding:
     examples: tuple[tuple[str, str], ...] = ()  # (user, assistant) exchanges shown before the call
     adapter: Path | None = None  # a LoRA artifact's folder, for the engine to load
     checkpoint: Path | None = None  # a checkpoint artifact's `checkpoint/` folder: full weights
+    # A release with a routing policy: the arm each call takes (`reef.releases.routing.Routing`),
+    # each with its own binding; this binding's own parts serve the arms named `self`.
+    routing: Any = None
 
     def apply(self, request: ChatRequest) -> ChatRequest:
         """The request as the engine should see it under this release."""

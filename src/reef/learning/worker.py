@@ -203,6 +203,9 @@ class LearningWorker:
         self, learner: Learner, view: ExperienceView, instruction: str | None
     ) -> StepResult:
         scenario, recipe = learner.scenario, learner.recipe
+        if await asyncio.to_thread(self.workflow.candidates.list, scenario, "canary"):
+            # Live traffic is judging a candidate: a new one would end its canary unjudged.
+            return StepResult(scenario, "no proposal", "a canary is running on this scenario")
         batch = recipe.build_batch(view)
         context = await asyncio.to_thread(self._context, scenario, recipe, instruction)
         context.anchors = anchors(view, batch)

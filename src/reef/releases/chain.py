@@ -39,7 +39,7 @@ import git
 from git.index.typ import BaseIndexEntry
 from git.objects import Commit
 
-from reef.artifacts import KIND_PARTS, parts_of
+from reef.artifacts import KIND_PARTS, ROUTING, parts_of
 from reef.errors import Conflict, NotFound, ReefError
 from reef.releases.remote import PushRefused, ReleaseRemote, RemoteUnreachable
 from reef.scenario import SCENARIO_NAME, check_scenario
@@ -105,7 +105,8 @@ class Release:
 
     @property
     def carried_parts(self) -> list[str]:
-        return self.parts or list(KIND_PARTS.get(self.kind, ()))
+        # A manifest from before releases listed their parts carries no routing policy.
+        return self.parts or [p for p in KIND_PARTS.get(self.kind, ()) if p != ROUTING]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

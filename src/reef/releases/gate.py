@@ -19,7 +19,7 @@ from reef.config import GateConfig, GroupRule
 from reef.evaluation.content import content_words
 from reef.evaluation.runner import PairedReport, TaskResult
 
-Decision = Literal["released", "rejected", "held"]
+Decision = Literal["released", "rejected", "held", "canary"]
 NAMED_LOSSES = 5  # lost tasks a decision names before it says "and N more"
 COLLAPSE_TASKS = 3  # tasks a collapse needs to be seen
 
@@ -39,10 +39,13 @@ def decide(gate: GateConfig, report: PairedReport | None) -> tuple[Decision, str
     if gate.policy == "review":
         found = "".join(f"; {problem}" for problem in broken)
         return "held", f"{scores}{found}; gate policy is review: waiting for a human"
-    if gate.policy == "floor":
-        if candidate >= gate.floor:
-            return "released", f"{scores}; meets the floor {gate.floor:.3f}"
-        return "rejected", f"{scores}; below the floor {gate.floor:.3f}"
+    if gate.policy in ("floor", "canary"):
+        if candidate < gate.floor:
+            return "rejected", f"{scores}; below the floor {gate.floor:.3f}"
+        if gate.policy == "canary":
+            share = gate.canary.share
+            return "canary", f"{scores}; meets the floor {gate.floor:.3f}: a canary on {share}%"
+        return "released", f"{scores}; meets the floor {gate.floor:.3f}"
     if gate.policy == "no_regression" and broken:
         return "rejected", f"{scores}; " + "; ".join(broken)
     if candidate > current + gate.margin:

@@ -12,6 +12,7 @@ cancellation) rejects it, and a process that dies mid-gate leaves its pid behind
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from reef.artifacts import ROUTING_FILE
 from reef.config import ReefConfig
 from reef.engines import resolve_kind
 from reef.errors import Conflict, ReefError
@@ -36,8 +38,25 @@ from reef.evaluation.runner import (
 )
 from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
-from reef.releases.chain import Release, ReleaseChain, ReleaseConflict, check_path, read_folder
+from reef.releases.chain import (
+    Release,
+    ReleaseChain,
+    ReleaseConflict,
+    check_path,
+    read_folder,
+    scenario_of,
+)
 from reef.releases.gate import decide
+from reef.releases.routing import (
+    BASE,
+    SELF,
+    Arm,
+    RouteSpec,
+    Routing,
+    canary_policy,
+    check_policy,
+    parse_policy,
+)
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate, CandidateStore
@@ -88,6 +107,15 @@ class ReleaseWorkflow:
         """The binding of a release, its files checked out once under .reef/checkouts/."""
         if release is None:
             return BASE_BINDING
+        own = self._own_binding(release)
+        policy = self.checkouts / release.release_id / ROUTING_FILE
+        if not policy.is_file():
+            return own
+        routes = parse_policy(policy.read_text())
+        return dataclasses.replace(own, routing=self._routing(release, own, routes))
+
+    def _own_binding(self, release: Release) -> Binding:
+        """What a release's own parts serve, its files checked out once under .reef/checkouts/."""
         folder = self.checkouts / release.release_id
         if folder.is_dir():
             _mark_used(folder)
@@ -96,6 +124,25 @@ class ReleaseWorkflow:
             self.chain.checkout(release.release_id, folder)
             self._prune_checkouts()
         return binding_for(release.release_id, release.kind, folder)
+
+    def _routing(self, release: Release, own: Binding, routes: tuple[RouteSpec, ...]) -> Routing:
+        """The policy with each arm's binding: `self` this release's own parts, `base` the
+        model alone, another release its own parts (never its routing)."""
+
+        def serving(name: str) -> Binding:
+            if name == SELF:
+                return own
+            if name == BASE:
+                return BASE_BINDING
+            return self._own_binding(self.chain.get(name))
+
+        return Routing(
+            release.release_id,
+            tuple(
+                (route, tuple(Arm(a.name, a.share, serving(a.release)) for a in route.arms))
+                for route in routes
+            ),
+        )
 
     # -- candidates ---------------------------------------------------------------------------
 
@@ -145,6 +192,8 @@ class ReleaseWorkflow:
         candidate.files_path = str(folder)
         try:
             binding_for(candidate.id, kind, folder, strict=True)
+            if ROUTING_FILE in files:
+                check_policy(files[ROUTING_FILE].decode(errors="replace"), self._exists(scenario))
         except ReefError as error:
             candidate.state, candidate.decision = "rejected", f"refused: {error.message}"
             candidate.unjudged = candidate.records_returned = True  # broken, not the feedback
@@ -152,6 +201,17 @@ class ReleaseWorkflow:
             self._prune_candidates()
             raise CandidateRefused(f"candidate {candidate.id} refused: {error.message}") from None
         return self.candidates.add(candidate)
+
+    def _exists(self, scenario: str) -> Callable[[str], bool]:
+        """Whether a release id names a release of `scenario` (for a routing policy's arms)."""
+
+        def exists(release_id: str) -> bool:
+            try:
+                return scenario_of(release_id) == scenario and bool(self.chain.get(release_id))
+            except ReefError:
+                return False
+
+        return exists
 
     async def gate(
         self,
@@ -191,6 +251,9 @@ class ReleaseWorkflow:
         evaluation = report.summary() if report else None
         if outcome == "rejected":
             return self._reject(candidate, ("evaluating",), why, evaluation, judged=True)
+        if outcome == "canary":
+            share = self.config.gate_for(candidate.scenario).canary.share
+            return self.start_canary(candidate.id, share, why, evaluation, ("evaluating",))
         if outcome != "released":
             return self.candidates.move(
                 candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
@@ -298,10 +361,97 @@ class ReleaseWorkflow:
         gate = self.config.gate_for(scenario)
         return EvalSettings(gate.temperature, gate.seed, gate.max_tokens)
 
+    # -- canaries (reef.releases.canary) -------------------------------------------------------
+
+    def start_canary(
+        self,
+        candidate_id: str,
+        share: int,
+        why: str | None = None,
+        evaluation: dict[str, Any] | None = None,
+        allowed_from: tuple[str, ...] = ("held", "proposed"),
+    ) -> Candidate:
+        """Put a candidate on `share` percent of its scenario's sessions: a release of its files
+        and a policy routing the rest to the release it was proposed against."""
+        candidate = self.candidates.get(candidate_id)
+        if candidate.state not in allowed_from:
+            raise Conflict(
+                f"candidate {candidate_id} is {candidate.state}; only a candidate that is "
+                f"{' or '.join(allowed_from)} can go on a canary",
+                code="candidate_state",
+            )
+        if not 1 <= share <= 99:
+            raise ReefError(f"a canary's share is 1 to 99 percent, not {share}", status=400)
+        stable = candidate.base_release_id or BASE
+        files = {**read_folder(candidate.folder), ROUTING_FILE: canary_policy(stable, share)}
+        why = why or "put on a canary by a human"
+        try:
+            release = self.chain.publish(
+                candidate.scenario,
+                candidate.kind,
+                files,
+                candidate.base_release_id,
+                candidate_id=candidate.id,
+                evaluation=evaluation or candidate.evaluation,
+                reason=f"canary of {candidate.id} on {share}% of sessions, against {stable}",
+            )
+        except ReleaseConflict as conflict:
+            if "evaluating" not in allowed_from:
+                raise
+            moved = f"{why}, but the head is now {conflict.current}: propose it again"
+            return self._reject(candidate, allowed_from, moved, evaluation, judged=False)
+        return self.candidates.move(
+            candidate.id,
+            allowed_from,
+            "canary",
+            decision=f"{why} (canary {release.release_id}, {share}%)",
+            evaluation=evaluation or candidate.evaluation,
+            release_id=release.release_id,
+        )
+
+    def end_canary(self, candidate_id: str, promote: bool, why: str) -> Candidate:
+        """End a candidate's canary: promoted (its files, released without the policy) or rolled
+        back (the stable release's files). A head that moved past the canary ended it already."""
+        candidate = self.candidates.get(candidate_id)
+        canary_release = candidate.release_id
+        head = self.chain.head(candidate.scenario)
+        if candidate.state != "canary" or canary_release is None:
+            raise Conflict(
+                f"candidate {candidate_id} is {candidate.state}, not on a canary",
+                code="candidate_state",
+            )
+        if head is None or head.release_id != canary_release:
+            now = head.release_id if head else "none"
+            moved = f"its canary {canary_release} stopped serving: the head is now {now}"
+            return self._reject(candidate, ("canary",), moved, None, judged=False)
+        if promote:
+            release = self.chain.publish(
+                candidate.scenario,
+                candidate.kind,
+                read_folder(candidate.folder),
+                canary_release,
+                candidate_id=candidate.id,
+                evaluation=candidate.evaluation,
+                records_consumed=len(candidate.consumed_record_ids),
+                reason=f"{candidate.reason} (canary: {why})" if candidate.reason else why,
+            )
+            return self.candidates.move(
+                candidate.id, ("canary",), "released", decision=why, release_id=release.release_id
+            )
+        stable = candidate.base_release_id
+        reason = f"canary of {candidate.id} rolled back: {why}"
+        if stable is None:  # the model alone served before: an empty release serves it again
+            self.chain.publish(candidate.scenario, "harness", {}, canary_release, reason=reason)
+        else:
+            self.chain.rollback(candidate.scenario, stable, reason, expected_head=canary_release)
+        return self._reject(candidate, ("canary",), f"canary: {why}", None, judged=True)
+
     def approve(self, candidate_id: str, reason: str | None = None) -> Candidate:
-        """A human releases a held (or not yet evaluated) candidate."""
+        """A human releases a held (or not yet evaluated) candidate, or promotes a canary."""
         candidate = self.candidates.get(candidate_id)
         why = reason or "approved by a human"
+        if candidate.state == "canary":
+            return self.end_canary(candidate_id, promote=True, why=why)
         approved = self._release(
             candidate.id, ("held", "proposed"), why, candidate.evaluation, on_conflict="raise"
         )
@@ -309,8 +459,11 @@ class ReleaseWorkflow:
         return approved
 
     def reject(self, candidate_id: str, reason: str) -> Candidate:
+        """A human rejects a candidate, or rolls a canary back."""
         candidate = self.candidates.get(candidate_id)
         why = f"rejected by a human: {reason}"
+        if candidate.state == "canary":
+            return self.end_canary(candidate_id, promote=False, why=why)
         rejected = self._reject(candidate, ("proposed", "held"), why, None, judged=True)
         self._prune_candidates()
         return rejected

@@ -42,7 +42,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 # A host name or a bracketed IPv6 address, then an optional port; nothing else belongs in Host.
 _HOST = re.compile(r"(?P<name>[a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
 # Response headers a page allowed by server.allowed_origins may read: the receipt and release.
-EXPOSED_HEADERS = ["x-reef-agent-record-id", "x-reef-release-id"]
+EXPOSED_HEADERS = ["x-reef-agent-record-id", "x-reef-release-id", "x-reef-arm"]
 
 
 class HostNotAllowed(BadRequest):

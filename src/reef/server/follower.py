@@ -76,9 +76,12 @@ class HeadFollower:
     def _load_weights(self, binding: Binding) -> None:
         """Have the engine load a checkpoint's weights now, so no request waits for them."""
         load = getattr(self.state.engine, "load_checkpoint", None)
-        if binding.checkpoint is None or load is None or self._loop is None:
+        if load is None or self._loop is None:
             return
-        asyncio.run_coroutine_threadsafe(load(binding.checkpoint), self._loop).result()
+        arms = binding.routing.routes if binding.routing is not None else ()
+        served = [binding, *(arm.binding for _, route_arms in arms for arm in route_arms)]
+        for checkpoint in dict.fromkeys(b.checkpoint for b in served if b.checkpoint):
+            asyncio.run_coroutine_threadsafe(load(checkpoint), self._loop).result()
 
     def _report(self, scenario: str, message: str) -> None:
         errors = self.state.release_errors

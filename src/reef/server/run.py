@@ -19,6 +19,7 @@ from reef.inference.server_file import RunningServer, advertise, loopback_url, w
 from reef.learning.process import start_worker, stop_worker
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
+from reef.server.canary_judge import CanaryJudge
 from reef.server.follower import HeadFollower
 from reef.server.remote_follower import RemoteFollower
 from reef.server.state import ServerState
@@ -46,6 +47,7 @@ async def serve(state: ServerState) -> None:
         heads = HeadFollower(state)
         await asyncio.to_thread(heads.load_heads)
         followers.append(asyncio.create_task(heads.follow()))
+        followers.append(asyncio.create_task(CanaryJudge(state).follow()))
         try:
             await _ReefServer(state).serve()
         finally:

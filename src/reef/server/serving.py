@@ -79,7 +79,7 @@ async def stored(
 ) -> dict[str, str]:
     """Store a whole response's record (unless the caller opted out); the headers that answer
     it: the release id, and the receipt once the record is on disk."""
-    headers = {"x-reef-release-id": call.release_id}
+    headers = call.release_headers()
     if call.capture:
         build = _builder(state, call, body, completion, started, False, record_id, raw_body)
         receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
@@ -200,7 +200,7 @@ async def streamed(
     return StreamingResponse(
         events(),
         media_type="text/event-stream",
-        headers={"x-reef-release-id": call.release_id, "cache-control": "no-cache"},
+        headers={**call.release_headers(), "cache-control": "no-cache"},
     )
 
 
@@ -274,6 +274,8 @@ def record_of(
         usage=completion.usage,
         latency_ms=latency_ms,
         ttft_ms=completion.ttft_ms,
+        routing_release_id=call.route[0] if call.route else None,
+        arm=call.route[1] if call.route else None,
         request_json=None if raw_body is None else raw_body.decode(),
         response_json=None if raw_response is None else raw_response.decode(),
     )

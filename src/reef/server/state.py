@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from reef.config import ReefConfig
 from reef.engines.base import Engine
@@ -25,10 +26,19 @@ class CallContext:
     capture: bool
     binding: Binding  # the release serving this call, fixed for the whole call
     max_tokens: int | None = None  # the scenario's cap on an answer (generation.max_tokens)
+    # Under a routing policy: (the release whose policy routed the call, the arm it took).
+    route: tuple[str, str] | None = None
 
     @property
     def release_id(self) -> str:
         return self.binding.release_id
+
+    def release_headers(self) -> dict[str, str]:
+        """The release that serves the call, and the arm it took under a routing policy."""
+        headers = {"x-reef-release-id": self.release_id}
+        if self.route is not None:
+            headers["x-reef-arm"] = self.route[1]
+        return headers
 
     def served(self, request: ChatRequest) -> ChatRequest:
         """The request as the engine runs it: under the call's release, within the cap (the
@@ -49,6 +59,8 @@ class ServerState:
     bindings: dict[str, Binding] = field(default_factory=dict)
     # Why a scenario's head could not be served (scenario -> message); replaced whole.
     release_errors: dict[str, str] = field(default_factory=dict)
+    # The latest verdict of each running canary this server judges (candidate id -> Verdict).
+    canaries: dict[str, Any] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     in_flight: InFlight = field(default_factory=InFlight)
 
@@ -59,7 +71,12 @@ class ServerState:
             raise BadRequest("x-reef-session must be at most 256 characters")
         capture = headers.get("x-reef-capture", "true").strip().lower() not in ("false", "0", "no")
         binding = self.bindings.get(scenario, BASE_BINDING)
-        return CallContext(scenario, session, capture, binding, self.max_tokens_for(scenario))
+        route = None
+        if binding.routing is not None:
+            arm = binding.routing.choose(headers, session)
+            route, binding = (binding.routing.release_id, arm.name), arm.binding
+        cap = self.max_tokens_for(scenario)
+        return CallContext(scenario, session, capture, binding, cap, route)
 
     def max_tokens_for(self, scenario: str) -> int | None:
         """The most tokens an answer in `scenario` may have on this server's engine."""

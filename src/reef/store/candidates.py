@@ -18,8 +18,8 @@ from reef.errors import BadRequest, Conflict, NotFound
 from reef.store import ExperienceStore, new_id
 from reef.store.database import Database
 
-STATES = ("proposed", "evaluating", "released", "rejected", "held")
-OPEN_STATES = ("proposed", "evaluating", "held")
+STATES = ("proposed", "evaluating", "released", "rejected", "held", "canary")
+OPEN_STATES = ("proposed", "evaluating", "held", "canary")
 _JSON_FIELDS = ("evaluation", "consumed_record_ids", "metrics")
 
 

@@ -101,6 +101,9 @@ class Record:
     usage: dict[str, Any] | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None
+    # Under a routing policy: the release whose policy routed the call, and the arm it took.
+    routing_release_id: str | None = None
+    arm: str | None = None
     id: str = field(default_factory=lambda: new_id("rec"))
     created_at: float = field(default_factory=time.time)
     content_hash: str = ""
@@ -142,6 +145,8 @@ class Record:
             "latency_ms": self.latency_ms,
             "ttft_ms": self.ttft_ms,
             "content_hash": self.content_hash,
+            "routing_release_id": self.routing_release_id,
+            "arm": self.arm,
         }
 
 

@@ -221,6 +221,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE candidates ADD COLUMN evaluating_host TEXT;
         """,
     ),
+    (
+        "0014_records_arm",
+        # A call served under a routing policy (a canary): the release whose policy routed it
+        # and the arm it took, so that each arm's reports can be compared over the same period.
+        """
+        ALTER TABLE records ADD COLUMN routing_release_id TEXT;
+        ALTER TABLE records ADD COLUMN arm TEXT;
+        CREATE INDEX records_routing ON records (routing_release_id);
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.

@@ -131,6 +131,14 @@ async def status(request: Request) -> Response:
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
             "release_errors": dict(sorted(state.release_errors.items())),
+            # Scenarios whose release routes calls between arms: its policy's arms.
+            "routing": {
+                name: _routing_status(b.routing)
+                for name, b in sorted(state.bindings.items())
+                if b.routing is not None
+            },
+            # Canaries this server judges: candidate id -> the latest verdict.
+            "canaries": {key: v.to_json() for key, v in sorted(state.canaries.items())},
             "releases": _releases_status(state),
             "store": {**store, "dialect": state.store.dialect},
             "learning": {
@@ -175,6 +183,20 @@ def _recipe_name(reference: str) -> str:
         return recipe_class(reference).name
     except RecipeError:  # checked at start; a file edited since may no longer load
         return reference
+
+
+def _routing_status(routing: Any) -> dict[str, Any]:
+    routes = [
+        {
+            "when": {"headers": dict(route.headers)} if route.headers else None,
+            "arms": [
+                {"name": arm.name, "share": arm.share, "release": arm.binding.release_id}
+                for arm in arms
+            ],
+        }
+        for route, arms in routing.routes
+    ]
+    return {"release_id": routing.release_id, "routes": routes}
 
 
 def _engine_status(state: ServerState) -> dict[str, Any]:

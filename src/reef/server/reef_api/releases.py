@@ -23,6 +23,11 @@ class ApproveBody(BaseModel):
     reason: str | None = Field(None, max_length=2000)
 
 
+class CanaryBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    share: int | None = Field(None, ge=1, le=99)  # none: the scenario's gate.canary.share
+
+
 class RejectBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(min_length=1, max_length=2000)
@@ -105,6 +110,17 @@ async def approve(request: Request) -> Response:
     return JSONResponse(candidate.to_json())
 
 
+async def canary(request: Request) -> Response:
+    state, scenario = _state(request), _scenario(request)
+    limit = state.config.server.max_body_bytes
+    body = parse(CanaryBody, await read_optional_json(request, limit))
+    candidate_id = request.path_params["candidate_id"]
+    await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
+    share = body.share or state.config.gate_for(scenario).canary.share
+    candidate = await run_in_threadpool(state.workflow.start_canary, candidate_id, share)
+    return JSONResponse(candidate.to_json())
+
+
 async def reject(request: Request) -> Response:
     state, scenario = _state(request), _scenario(request)
     body = parse(RejectBody, await read_json(request, state.config.server.max_body_bytes))
@@ -144,5 +160,6 @@ routes = [
         "/reef/scenarios/{scenario}/candidates/{candidate_id}/approve", approve, methods=["POST"]
     ),
     Route("/reef/scenarios/{scenario}/candidates/{candidate_id}/reject", reject, methods=["POST"]),
+    Route("/reef/scenarios/{scenario}/candidates/{candidate_id}/canary", canary, methods=["POST"]),
     Route("/reef/scenarios/{scenario}/rollback", rollback, methods=["POST"]),
 ]
