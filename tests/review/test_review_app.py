@@ -148,6 +148,28 @@ async def test_reject_records_the_typed_reason(
     assert head(project) == "default@1"
 
 
+async def test_canary_key_puts_the_held_candidate_on_a_share_and_shows_it_live(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = candidates_by_reason(project)["held harness"]["id"]
+    async with review(project, monkeypatch) as (app, pilot):
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, TextDialog))
+        await pilot.press("backspace", "backspace", *"25", "enter")
+        await until(pilot, lambda: head(project) == "default@2")
+        await until(pilot, lambda: str(table(app, "candidates").get_row(held)[1]) == "canary")
+        assert f"{held} serves 25% of default's sessions (default@2)" in notes(app)
+        summary = lambda: str(app.query_one("#candidate-summary").render())  # noqa: E731
+        await until(pilot, lambda: "canary: stable - on 0 report(s)" in summary())
+        assert "next: it waits for more reports" in summary()
+        await pilot.press("a")  # on a canary: promote it now
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.press("y")
+        await until(pilot, lambda: head(project) == "default@3")
+    promoted = candidates_by_reason(project)["held harness"]
+    assert promoted["state"] == "released"
+
+
 async def test_a_head_moved_by_another_process_is_a_conflict_not_a_crash(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -368,7 +368,7 @@ def _report_candidate(candidate: Candidate, as_json: bool) -> None:
     if as_json:
         _print_json(candidate.to_json())
         return
-    colour = {"released": "green", "rejected": "red", "held": "yellow"}.get(
+    colour = {"released": "green", "rejected": "red", "held": "yellow", "canary": "cyan"}.get(
         candidate.state, "white"
     )
     console.print(
@@ -379,7 +379,9 @@ def _report_candidate(candidate: Candidate, as_json: bool) -> None:
     )
     if candidate.decision:
         console.print(f"  {candidate.decision}", highlight=False, soft_wrap=True)
-    if candidate.release_id:
+    if candidate.release_id and candidate.state == "canary":
+        console.print(f"  [cyan]on a canary[/] as {candidate.release_id}", highlight=False)
+    elif candidate.release_id:
         console.print(f"  [green]released[/] as {candidate.release_id}", highlight=False)
 
 

@@ -95,6 +95,11 @@ class HttpSource:
         path = f"/reef/scenarios/{scenario}/candidates/{candidate_id}/reject"
         self._call("POST", path, json={"reason": reason})
 
+    def canary(self, candidate_id: str, share: int) -> str:
+        scenario = self.candidate(candidate_id).row.scenario
+        path = f"/reef/scenarios/{scenario}/candidates/{candidate_id}/canary"
+        return str(self._call("POST", path, json={"share": share})["release_id"])
+
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str:
         body = {"to": to, "expected_head": expected_head}
         release = self._call("POST", f"/reef/scenarios/{scenario}/rollback", json=body)

@@ -87,6 +87,10 @@ class LocalSource:
         with _decision():
             self.workflow.reject(candidate_id, reason)
 
+    def canary(self, candidate_id: str, share: int) -> str:
+        with _decision():
+            return self.workflow.start_canary(candidate_id, share).release_id or ""
+
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str:
         with _decision():
             chain = self.workflow.chain

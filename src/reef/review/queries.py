@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from reef.errors import ReefError
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.protocol import last_user_text, response_text
+from reef.releases.canary import arm_scores, judge
 from reef.releases.chain import Release, is_weight_file, lfs_size, read_folder, text_diff
 from reef.releases.workflow import ReleaseWorkflow
 from reef.review.rows import (
@@ -104,7 +106,17 @@ def candidate_rows(
 ) -> list[CandidateRow]:
     """Held candidates first, then the others; newest first within each."""
     rows = review_sql.candidate_rows(_store(workflow), state, scenario, limit)
-    return [CandidateRow(**row) for row in rows]
+    return [CandidateRow(**row, canary=_canary(workflow, row)) for row in rows]
+
+
+def _canary(workflow: ReleaseWorkflow, row: dict[str, Any]) -> dict[str, Any] | None:
+    """A candidate on a canary: how its reports stand now, and what happens next."""
+    if row["state"] != "canary" or not row["release_id"]:
+        return None
+    settings = workflow.config.gate_for(row["scenario"]).canary
+    scores = arm_scores(_store(workflow), row["release_id"])
+    started = workflow.candidates.get(row["id"]).updated_at
+    return judge(settings, scores, time.time() - started).to_json()
 
 
 def candidate_detail(workflow: ReleaseWorkflow, candidate_id: str) -> CandidateDetail:
@@ -130,7 +142,7 @@ def candidate_detail(workflow: ReleaseWorkflow, candidate_id: str) -> CandidateD
     files = _candidate_files(workflow, candidate.files_path, candidate.release_id)
     loss = (candidate.metrics or {}).get("loss") or []
     return CandidateDetail(
-        row=CandidateRow(**row),
+        row=CandidateRow(**row, canary=_canary(workflow, row)),
         tasks=tasks,
         diff=_candidate_diff(workflow, candidate.base_release_id, candidate.id, files),
         weights=_weights(files),

@@ -63,6 +63,8 @@ class CandidateRow:
     current_mean: float | None
     candidate_mean: float | None
     lost: int = 0  # tasks the candidate scored lower on than the current release
+    # On a canary: its latest verdict (`reef.releases.canary.Verdict.to_json`).
+    canary: dict[str, Any] | None = None
 
     @property
     def delta(self) -> float | None:

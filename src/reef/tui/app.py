@@ -28,6 +28,7 @@ from reef.tui.messages import (
     ReadAgain,
     Reject,
     RollBack,
+    StartCanary,
 )
 from reef.tui.screens.candidate_screen import CandidateScreen
 from reef.tui.screens.candidates_pane import CandidatesPane
@@ -191,6 +192,11 @@ class ReviewApp(App[None]):
         return [
             ("Approve candidate", "Release the selected candidate", candidates.action_approve),
             ("Reject candidate", "Reject the selected candidate", candidates.action_reject),
+            (
+                "Canary",
+                "Put the selected candidate on a share of sessions",
+                candidates.action_canary,
+            ),
             ("Cycle state filter", "Candidates in one state", candidates.action_cycle_state),
             ("Roll back", "Serve a copy of the selected release", releases.action_rollback),
             ("Promote release", "Copy the selected release to a scenario", releases.action_promote),
@@ -215,6 +221,9 @@ class ReviewApp(App[None]):
 
     def on_reject(self, message: Reject) -> None:
         self._decide(self.decisions.reject(message.row))
+
+    def on_start_canary(self, message: StartCanary) -> None:
+        self._decide(self.decisions.canary(message.row))
 
     def on_roll_back(self, message: RollBack) -> None:
         self._decide(self.decisions.rollback(message.row))

@@ -1,6 +1,6 @@
 """Decisions from the dashboard: what each will change, in words, asked in a dialog, then done.
 
-`DecisionFlow` carries out approve, reject, roll back and promote for the app: it checks the
+`DecisionFlow` carries out approve, reject, canary, roll back and promote for the app: it checks the
 access and the candidate's state, reads the current heads, asks in a dialog what will change,
 runs the change on the source, and says what happened (a conflict says what moved since the
 screen was drawn); then everything is read again. The app runs each flow in a worker, one at a
@@ -20,16 +20,34 @@ from reef.review.source import ReviewSource
 from reef.tui.screens.dialogs import ConfirmDialog, TextDialog
 
 DECIDABLE = ("held", "proposed")
+ON_CANARY = "canary"
+CANARY_SHARE = "10"
 
 
-def decidable(app: App[None], row: CandidateRow, becoming: str) -> bool:
-    if row.state in DECIDABLE:
+def decidable(
+    app: App[None], row: CandidateRow, becoming: str, states: tuple[str, ...] = DECIDABLE
+) -> bool:
+    if row.state in states:
         return True
     app.notify(
-        f"{row.id} is {row.state}: only a held or proposed candidate can be {becoming}",
+        f"{row.id} is {row.state}: only a {' or '.join(states)} candidate can be {becoming}",
         severity="warning",
     )
     return False
+
+
+def canary_consequence(row: CandidateRow, head: str | None) -> str:
+    return (
+        f"{row.id} will serve this percent of {row.scenario}'s sessions, the rest staying on "
+        f"{head or 'the base model'}; their reports will promote it or roll it back "
+        "(gate.canary). Share of sessions, in percent:"
+    )
+
+
+def canary_end_consequence(row: CandidateRow, promote: bool) -> str:
+    if promote:
+        return f"The canary ends now: {row.scenario} will serve {row.id} on every session."
+    return f"The canary ends now: {row.scenario} goes back to the release before it."
 
 
 def approve_consequence(row: CandidateRow, head: str | None) -> str:
@@ -82,10 +100,14 @@ class DecisionFlow:
         return False
 
     async def approve(self, row: CandidateRow) -> None:
-        if not self.may_decide() or not decidable(self.app, row, "approved"):
+        states = (*DECIDABLE, ON_CANARY)
+        if not self.may_decide() or not decidable(self.app, row, "approved", states):
             return
         head = (await self._heads()).get(row.scenario)
-        dialog = ConfirmDialog(f"Approve {row.id}?", approve_consequence(row, head))
+        if row.state == ON_CANARY:
+            dialog = ConfirmDialog(f"Promote {row.id}?", canary_end_consequence(row, True))
+        else:
+            dialog = ConfirmDialog(f"Approve {row.id}?", approve_consequence(row, head))
         if await self.app.push_screen_wait(dialog):
             await self._decide(
                 lambda: self.source.approve(row.id, head),
@@ -93,16 +115,40 @@ class DecisionFlow:
             )
 
     async def reject(self, row: CandidateRow) -> None:
-        if not self.may_decide() or not decidable(self.app, row, "rejected"):
+        states = (*DECIDABLE, ON_CANARY)
+        if not self.may_decide() or not decidable(self.app, row, "rejected", states):
             return
         head = (await self._heads()).get(row.scenario)
-        dialog = TextDialog(f"Reject {row.id}?", reject_consequence(row, head))
+        if row.state == ON_CANARY:
+            consequence = f"{canary_end_consequence(row, False)} Why? (recorded with it)"
+        else:
+            consequence = reject_consequence(row, head)
+        dialog = TextDialog(f"Reject {row.id}?", consequence)
         reason = await self.app.push_screen_wait(dialog)
         if reason:
             await self._decide(
                 lambda: self.source.reject(row.id, reason),
                 lambda _: f"{row.id} is rejected: {reason}",
             )
+
+    async def canary(self, row: CandidateRow) -> None:
+        if not self.may_decide() or not decidable(self.app, row, "put on a canary"):
+            return
+        head = (await self._heads()).get(row.scenario)
+        dialog = TextDialog(f"Canary {row.id}?", canary_consequence(row, head), CANARY_SHARE)
+        answer = await self.app.push_screen_wait(dialog)
+        if not answer:
+            return
+        if not answer.strip().isdigit() or not 1 <= int(answer) <= 99:
+            self.app.notify(
+                f"a share is a whole percent, 1 to 99, not {answer!r}", severity="error"
+            )
+            return
+        share = int(answer)
+        await self._decide(
+            lambda: self.source.canary(row.id, share),
+            lambda release: f"{row.id} serves {share}% of {row.scenario}'s sessions ({release})",
+        )
 
     async def rollback(self, row: ReleaseRow) -> None:
         if not self.may_decide():

@@ -23,6 +23,12 @@ class Reject(Message):
         self.row = row
 
 
+class StartCanary(Message):
+    def __init__(self, row: CandidateRow) -> None:
+        super().__init__()
+        self.row = row
+
+
 class RollBack(Message):
     def __init__(self, row: ReleaseRow) -> None:
         super().__init__()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Input, Label
 from reef.review.rows import CandidateRow
 from reef.review.source import ReviewSource
 from reef.store.candidates import STATES
-from reef.tui.messages import Approve, OpenCandidate, ReadAgain, Reject
+from reef.tui.messages import Approve, OpenCandidate, ReadAgain, Reject, StartCanary
 from reef.tui.screens.pane import Pane
 from reef.tui.widgets import cells
 from reef.tui.widgets.keyed_table import Cell, KeyedTable
@@ -53,6 +53,7 @@ class CandidatesPane(Pane):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("a", "approve", "Approve", id="candidates.approve"),
         Binding("r", "reject", "Reject", id="candidates.reject"),
+        Binding("c", "canary", "Canary", id="candidates.canary"),
         Binding("s", "cycle_state", "State filter", id="candidates.state"),
     ]
 
@@ -110,6 +111,7 @@ class CandidatesPane(Pane):
                 cells.state(row.state),
                 f" · {row.kind} · {row.scenario}",
                 f"\n{row.decision or row.reason or ''}",
+                canary_summary(row.canary) if row.canary else "",
             )
         )
 
@@ -144,6 +146,39 @@ class CandidatesPane(Pane):
         row = self.selected()
         if row is not None:
             self.post_message(Reject(row))
+
+    def action_canary(self) -> None:
+        row = self.selected()
+        if row is not None:
+            self.post_message(StartCanary(row))
+
+
+NEXT = {
+    "wait": "waits for more reports",
+    "promote": "is promoted at the next check",
+    "rollback": "is rolled back at the next check",
+}
+
+
+def canary_summary(verdict: dict[str, Any]) -> str:
+    """A live canary in three lines: the arms, the estimate and its interval, what is next."""
+    arms = " · ".join(
+        f"{name} {_mean(verdict[name])} on {verdict[name]['reports']} report(s)"
+        for name in ("stable", "canary")
+    )
+    lines = [f"\ncanary: {arms}"]
+    if verdict.get("difference") is not None:
+        low, high = verdict["interval"]
+        lines.append(
+            f"\ndifference {verdict['difference']:+.3f}, interval {low:+.3f} to {high:+.3f}, "
+            f"P(worse) {verdict['p_worse']:.3f}"
+        )
+    lines.append(f"\nnext: it {NEXT[verdict['action']]}")
+    return "".join(lines)
+
+
+def _mean(arm: dict[str, Any]) -> str:
+    return "-" if arm["mean"] is None else f"{arm['mean']:.3f}"
 
 
 def _searchable(row: CandidateRow) -> str:
