@@ -202,6 +202,15 @@ class CanaryConfig(_Section):
     check_s: float = Field(2.0, gt=0)  # how often a server looks at a running canary
 
 
+class ShadowConfig(_Section):
+    """A shadow: a candidate answering copies of live calls, never heard (`reef.server.shadow`).
+    `scorer` (an eval task's scorer: regex, contains, judge, ...) scores the live answer and
+    the shadow's side by side; none: they are stored unscored."""
+
+    scorer: dict[str, Any] | None = None
+    queue: int = Field(64, ge=1)  # copies waiting for idle capacity; more are dropped
+
+
 class GateConfig(_Section):
     """How a candidate is judged against the current release on the scenario's eval tasks."""
 
@@ -237,6 +246,7 @@ class GateConfig(_Section):
     # always returns its records.
     rejected_records: Literal["consumed", "returned"] = "consumed"
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    shadow: ShadowConfig = Field(default_factory=ShadowConfig)
 
     def rule_for(self, group: str) -> GroupRule:
         return self.groups.get(group) or GroupRule()

@@ -14,6 +14,8 @@ from textual.widgets import Input, Static, TabbedContent
 
 from reef.config import load_config
 from reef.review.local_source import LocalSource
+from reef.store import ExperienceStore
+from reef.store.shadows import ShadowRecord, add_shadow
 from reef.testing.processes import run_reef
 from reef.tui.app import ReviewApp
 from reef.tui.screens.candidate_screen import CandidateScreen, TaskBlock
@@ -168,6 +170,31 @@ async def test_canary_key_puts_the_held_candidate_on_a_share_and_shows_it_live(
         await until(pilot, lambda: head(project) == "default@3")
     promoted = candidates_by_reason(project)["held harness"]
     assert promoted["state"] == "released"
+
+
+async def test_shadow_key_and_the_shadow_answers_beside_the_live_ones(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = candidates_by_reason(project)["held harness"]["id"]
+    async with review(project, monkeypatch) as (app, pilot):
+        await pilot.press("h")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.press("y")
+        await until(pilot, lambda: str(table(app, "candidates").get_row(held)[1]) == "shadow")
+        with ExperienceStore(project / ".reef/experience.db") as store:
+            live = store.query("SELECT id, response FROM records LIMIT 1")[0]
+            answer = {"choices": [{"message": {"role": "assistant", "content": "Bonjour."}}]}
+            add_shadow(
+                store,
+                ShadowRecord("default", held, live["id"], answer, live_score=0.0, shadow_score=1.0),
+            )
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, CandidateScreen))
+        await until(pilot, lambda: bool(app.screen.query("#shadows TaskBlock")))
+        (pair,) = app.screen.query("#shadows TaskBlock")
+        assert isinstance(pair, TaskBlock) and pair.sides == ("live", "shadow")
+        assert pair.result.task_id == live["id"] and pair.result.candidate_answer == "Bonjour."
+        assert (pair.result.current_score, pair.result.candidate_score) == (0.0, 1.0)
 
 
 async def test_a_head_moved_by_another_process_is_a_conflict_not_a_crash(

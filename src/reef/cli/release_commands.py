@@ -224,7 +224,8 @@ def _lost(candidate: Candidate) -> str:
 def candidates(
     scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
     state: Annotated[
-        str | None, typer.Option(help="proposed, evaluating, released, rejected, held, canary")
+        str | None,
+        typer.Option(help="proposed, evaluating, released, rejected, held, canary, shadow"),
     ] = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -262,6 +263,19 @@ def canary(
     (`gate.canary`), promoted or rolled back automatically; approve or reject ends it early."""
     with _workflow(config) as workflow:
         candidate = workflow.start_canary(candidate_id, share)
+    _report_candidate(candidate, as_json)
+
+
+@app.command()
+def shadow(
+    candidate_id: str,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Have a held candidate answer copies of live calls, never heard, on idle capacity; its
+    answers are stored beside the live ones (`reef review` shows them side by side)."""
+    with _workflow(config) as workflow:
+        candidate = workflow.start_shadow(candidate_id)
     _report_candidate(candidate, as_json)
 
 
@@ -368,9 +382,8 @@ def _report_candidate(candidate: Candidate, as_json: bool) -> None:
     if as_json:
         _print_json(candidate.to_json())
         return
-    colour = {"released": "green", "rejected": "red", "held": "yellow", "canary": "cyan"}.get(
-        candidate.state, "white"
-    )
+    colours = {"released": "green", "rejected": "red", "held": "yellow", "canary": "cyan"}
+    colour = colours.get(candidate.state, "white")
     console.print(
         f"candidate {candidate.id} ({candidate.kind}, {candidate.scenario}): "
         f"[{colour}]{candidate.state}[/]",

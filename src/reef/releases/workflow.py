@@ -446,14 +446,28 @@ class ReleaseWorkflow:
             self.chain.rollback(candidate.scenario, stable, reason, expected_head=canary_release)
         return self._reject(candidate, ("canary",), f"canary: {why}", None, judged=True)
 
+    # -- shadows (reef.server.shadow) -----------------------------------------------------------
+
+    def start_shadow(self, candidate_id: str) -> Candidate:
+        """Have a held or proposed candidate answer copies of its scenario's live calls, never
+        heard; approve or reject ends it."""
+        return self.candidates.move(
+            candidate_id, ("held", "proposed"), "shadow", decision="answering copies of live calls"
+        )
+
     def approve(self, candidate_id: str, reason: str | None = None) -> Candidate:
-        """A human releases a held (or not yet evaluated) candidate, or promotes a canary."""
+        """A human releases a held (or not yet evaluated) candidate or one in shadow, or
+        promotes a canary."""
         candidate = self.candidates.get(candidate_id)
         why = reason or "approved by a human"
         if candidate.state == "canary":
             return self.end_canary(candidate_id, promote=True, why=why)
         approved = self._release(
-            candidate.id, ("held", "proposed"), why, candidate.evaluation, on_conflict="raise"
+            candidate.id,
+            ("held", "proposed", "shadow"),
+            why,
+            candidate.evaluation,
+            on_conflict="raise",
         )
         self._prune_candidates()
         return approved
@@ -464,7 +478,7 @@ class ReleaseWorkflow:
         why = f"rejected by a human: {reason}"
         if candidate.state == "canary":
             return self.end_canary(candidate_id, promote=False, why=why)
-        rejected = self._reject(candidate, ("proposed", "held"), why, None, judged=True)
+        rejected = self._reject(candidate, ("proposed", "held", "shadow"), why, None, judged=True)
         self._prune_candidates()
         return rejected
 

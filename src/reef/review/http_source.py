@@ -95,6 +95,10 @@ class HttpSource:
         path = f"/reef/scenarios/{scenario}/candidates/{candidate_id}/reject"
         self._call("POST", path, json={"reason": reason})
 
+    def shadow(self, candidate_id: str) -> None:
+        scenario = self.candidate(candidate_id).row.scenario
+        self._call("POST", f"/reef/scenarios/{scenario}/candidates/{candidate_id}/shadow")
+
     def canary(self, candidate_id: str, share: int) -> str:
         scenario = self.candidate(candidate_id).row.scenario
         path = f"/reef/scenarios/{scenario}/candidates/{candidate_id}/canary"

@@ -87,6 +87,10 @@ class LocalSource:
         with _decision():
             self.workflow.reject(candidate_id, reason)
 
+    def shadow(self, candidate_id: str) -> None:
+        with _decision():
+            self.workflow.start_shadow(candidate_id)
+
     def canary(self, candidate_id: str, share: int) -> str:
         with _decision():
             return self.workflow.start_canary(candidate_id, share).release_id or ""

@@ -32,9 +32,11 @@ from reef.review.rows import (
 from reef.store import ExperienceStore
 from reef.store import review as review_sql
 from reef.store.learning import learning_status
+from reef.store.shadows import shadows_of
 
 CURVE_POINTS = 120  # scored reports in a scenario's curve
 RECENT_SCORES = 50  # reports in "mean feedback score of recent traffic"
+SHADOWS_SHOWN = 30  # a shadow candidate's latest answers beside the live ones
 
 
 def _store(workflow: ReleaseWorkflow) -> ExperienceStore:
@@ -148,7 +150,23 @@ def candidate_detail(workflow: ReleaseWorkflow, candidate_id: str) -> CandidateD
         weights=_weights(files),
         loss=[float(value) for value in loss if isinstance(value, int | float)],
         record_ids=list(candidate.consumed_record_ids),
+        shadows=_shadow_pairs(workflow, candidate.id),
     )
+
+
+def _shadow_pairs(workflow: ReleaseWorkflow, candidate_id: str) -> list[TaskView]:
+    """A candidate's shadow answers beside the live answers they copied, newest first."""
+    return [
+        TaskView(
+            task_id=row["live_record_id"],
+            prompt=last_user_text(row["live_request"].get("messages") or []),
+            current_answer=response_text(row["live_response"]),
+            candidate_answer=response_text(row["response"]),
+            current_score=row["live_score"],
+            candidate_score=row["shadow_score"],
+        )
+        for row in shadows_of(_store(workflow), candidate_id, SHADOWS_SHOWN)
+    ]
 
 
 def _task_prompts(workflow: ReleaseWorkflow, scenario: str) -> dict[str, str]:

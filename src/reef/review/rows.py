@@ -79,8 +79,8 @@ class TaskView:
     prompt: str
     current_answer: str
     candidate_answer: str
-    current_score: float
-    candidate_score: float
+    current_score: float | None  # None: not scored (a shadow without a scorer)
+    candidate_score: float | None
 
 
 @dataclass
@@ -98,6 +98,8 @@ class CandidateDetail:
     weights: list[WeightFile]
     loss: list[float]
     record_ids: list[str]
+    # In shadow: live calls beside the candidate's answers to their copies, newest first.
+    shadows: list[TaskView] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CandidateDetail:
@@ -108,6 +110,7 @@ class CandidateDetail:
             weights=[WeightFile(**weight) for weight in data["weights"]],
             loss=list(data["loss"]),
             record_ids=list(data["record_ids"]),
+            shadows=[TaskView(**task) for task in data.get("shadows", [])],
         )
 
 

@@ -48,6 +48,10 @@ class ReviewSource(Protocol):
 
     def reject(self, candidate_id: str, reason: str) -> None: ...
 
+    def shadow(self, candidate_id: str) -> None:
+        """Have a held candidate answer copies of live calls, never heard."""
+        ...
+
     def canary(self, candidate_id: str, share: int) -> str:
         """Put a held candidate on `share` percent of sessions; returns the canary's release."""
         ...

@@ -22,6 +22,7 @@ from reef.server.auth import is_loopback
 from reef.server.canary_judge import CanaryJudge
 from reef.server.follower import HeadFollower
 from reef.server.remote_follower import RemoteFollower
+from reef.server.shadow import ShadowRunner
 from reef.server.state import ServerState
 
 
@@ -48,6 +49,8 @@ async def serve(state: ServerState) -> None:
         await asyncio.to_thread(heads.load_heads)
         followers.append(asyncio.create_task(heads.follow()))
         followers.append(asyncio.create_task(CanaryJudge(state).follow()))
+        state.shadows = ShadowRunner(state)
+        followers.append(asyncio.create_task(state.shadows.follow()))
         try:
             await _ReefServer(state).serve()
         finally:

@@ -84,6 +84,7 @@ async def stored(
         build = _builder(state, call, body, completion, started, False, record_id, raw_body)
         receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
         headers["x-reef-agent-record-id"] = receipt
+        state.recorded(call.scenario, receipt)
     return headers
 
 
@@ -184,6 +185,7 @@ async def streamed(
                 stored = shape.stored(item)
                 build = _builder(state, call, body, stored, started, True, record_id, raw_body)
                 receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
+                state.recorded(call.scenario, receipt)
                 yield _framed(shape.receipt(stored, receipt))
             end = getattr(shape, "end", None)
             yield sse("[DONE]") if end is None else end(item)

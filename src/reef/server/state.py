@@ -61,6 +61,14 @@ class ServerState:
     release_errors: dict[str, str] = field(default_factory=dict)
     # The latest verdict of each running canary this server judges (candidate id -> Verdict).
     canaries: dict[str, Any] = field(default_factory=dict)
+    # Candidates answering copies of live calls (`reef.server.shadow.ShadowRunner`), once serving.
+    shadows: Any = None
+
+    def recorded(self, scenario: str, record_id: str) -> None:
+        """A live call's record is stored: its scenario's shadows get a copy."""
+        if self.shadows is not None:
+            self.shadows.offer(scenario, record_id)
+
     started_at: float = field(default_factory=time.time)
     in_flight: InFlight = field(default_factory=InFlight)
 

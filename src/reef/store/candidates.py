@@ -18,8 +18,8 @@ from reef.errors import BadRequest, Conflict, NotFound
 from reef.store import ExperienceStore, new_id
 from reef.store.database import Database
 
-STATES = ("proposed", "evaluating", "released", "rejected", "held", "canary")
-OPEN_STATES = ("proposed", "evaluating", "held", "canary")
+STATES = ("proposed", "evaluating", "released", "rejected", "held", "canary", "shadow")
+OPEN_STATES = ("proposed", "evaluating", "held", "canary", "shadow")
 _JSON_FIELDS = ("evaluation", "consumed_record_ids", "metrics")
 
 

@@ -231,6 +231,27 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX records_routing ON records (routing_release_id);
         """,
     ),
+    (
+        "0015_shadow_records",
+        # A shadow candidate's answers to copies of live calls: never returned to anyone, kept
+        # beside the live record they copy, each side scored when the scenario has a scorer.
+        """
+        CREATE TABLE shadow_records (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            scenario TEXT NOT NULL,
+            candidate_id TEXT NOT NULL,
+            live_record_id TEXT NOT NULL REFERENCES records (id),
+            created_at REAL NOT NULL,
+            response TEXT NOT NULL,
+            latency_ms REAL,
+            completion_tokens INTEGER,
+            live_score REAL,
+            shadow_score REAL
+        );
+        CREATE INDEX shadow_records_candidate ON shadow_records (candidate_id, seq);
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.

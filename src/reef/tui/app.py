@@ -29,6 +29,7 @@ from reef.tui.messages import (
     Reject,
     RollBack,
     StartCanary,
+    StartShadow,
 )
 from reef.tui.screens.candidate_screen import CandidateScreen
 from reef.tui.screens.candidates_pane import CandidatesPane
@@ -197,6 +198,11 @@ class ReviewApp(App[None]):
                 "Put the selected candidate on a share of sessions",
                 candidates.action_canary,
             ),
+            (
+                "Shadow",
+                "Have the selected candidate answer copies of live calls",
+                candidates.action_shadow,
+            ),
             ("Cycle state filter", "Candidates in one state", candidates.action_cycle_state),
             ("Roll back", "Serve a copy of the selected release", releases.action_rollback),
             ("Promote release", "Copy the selected release to a scenario", releases.action_promote),
@@ -221,6 +227,9 @@ class ReviewApp(App[None]):
 
     def on_reject(self, message: Reject) -> None:
         self._decide(self.decisions.reject(message.row))
+
+    def on_start_shadow(self, message: StartShadow) -> None:
+        self._decide(self.decisions.shadow(message.row))
 
     def on_start_canary(self, message: StartCanary) -> None:
         self._decide(self.decisions.canary(message.row))

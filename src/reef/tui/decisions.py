@@ -1,10 +1,10 @@
 """Decisions from the dashboard: what each will change, in words, asked in a dialog, then done.
 
-`DecisionFlow` carries out approve, reject, canary, roll back and promote for the app: it checks the
-access and the candidate's state, reads the current heads, asks in a dialog what will change,
-runs the change on the source, and says what happened (a conflict says what moved since the
-screen was drawn); then everything is read again. The app runs each flow in a worker, one at a
-time.
+`DecisionFlow` carries out approve, reject, shadow, canary, roll back and promote for the app:
+it checks the access and the candidate's state, reads the current heads, asks in a dialog what
+will change, runs the change on the source, and says what happened (a conflict says what moved
+since the screen was drawn); then everything is read again. The app runs each flow in a worker,
+one at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from reef.tui.screens.dialogs import ConfirmDialog, TextDialog
 
 DECIDABLE = ("held", "proposed")
 ON_CANARY = "canary"
+IN_SHADOW = "shadow"
 CANARY_SHARE = "10"
 
 
@@ -41,6 +42,14 @@ def canary_consequence(row: CandidateRow, head: str | None) -> str:
         f"{row.id} will serve this percent of {row.scenario}'s sessions, the rest staying on "
         f"{head or 'the base model'}; their reports will promote it or roll it back "
         "(gate.canary). Share of sessions, in percent:"
+    )
+
+
+def shadow_consequence(row: CandidateRow) -> str:
+    return (
+        f"{row.id} will answer copies of {row.scenario}'s live chat calls on idle capacity; "
+        "nobody hears its answers, which are kept beside the live ones (its Shadow tab). "
+        "Approve or reject ends it."
     )
 
 
@@ -100,7 +109,7 @@ class DecisionFlow:
         return False
 
     async def approve(self, row: CandidateRow) -> None:
-        states = (*DECIDABLE, ON_CANARY)
+        states = (*DECIDABLE, ON_CANARY, IN_SHADOW)
         if not self.may_decide() or not decidable(self.app, row, "approved", states):
             return
         head = (await self._heads()).get(row.scenario)
@@ -115,7 +124,7 @@ class DecisionFlow:
             )
 
     async def reject(self, row: CandidateRow) -> None:
-        states = (*DECIDABLE, ON_CANARY)
+        states = (*DECIDABLE, ON_CANARY, IN_SHADOW)
         if not self.may_decide() or not decidable(self.app, row, "rejected", states):
             return
         head = (await self._heads()).get(row.scenario)
@@ -129,6 +138,17 @@ class DecisionFlow:
             await self._decide(
                 lambda: self.source.reject(row.id, reason),
                 lambda _: f"{row.id} is rejected: {reason}",
+            )
+
+    async def shadow(self, row: CandidateRow) -> None:
+        if not self.may_decide() or not decidable(self.app, row, "put in shadow"):
+            return
+        if await self.app.push_screen_wait(
+            ConfirmDialog(f"Shadow {row.id}?", shadow_consequence(row))
+        ):
+            await self._decide(
+                lambda: self.source.shadow(row.id),
+                lambda _: f"{row.id} answers copies of {row.scenario}'s live calls",
             )
 
     async def canary(self, row: CandidateRow) -> None:

@@ -29,6 +29,12 @@ class StartCanary(Message):
         self.row = row
 
 
+class StartShadow(Message):
+    def __init__(self, row: CandidateRow) -> None:
+        super().__init__()
+        self.row = row
+
+
 class RollBack(Message):
     def __init__(self, row: ReleaseRow) -> None:
         super().__init__()

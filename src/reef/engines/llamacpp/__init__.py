@@ -14,8 +14,16 @@ from reef.engines.llamacpp.engine import (
     CacheTypes,
     Cancelled,
     LlamaCppEngine,
+    Preempted,
     batch_context,
     embedded_model_path,
 )
 
-__all__ = ["CacheTypes", "Cancelled", "LlamaCppEngine", "batch_context", "embedded_model_path"]
+__all__ = [
+    "CacheTypes",
+    "Cancelled",
+    "LlamaCppEngine",
+    "Preempted",
+    "batch_context",
+    "embedded_model_path",
+]

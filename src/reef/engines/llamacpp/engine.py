@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from reef.engines.base import Capabilities
 from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_tokens
-from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job
+from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
 from reef.engines.llamacpp.slots import BLOCK
@@ -46,7 +46,14 @@ from reef.engines.llamacpp.weights import Repack, load_model
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 from reef.protocol import ChatRequest, ChunkFactory, Completion, StreamItem
 
-__all__ = ["CacheTypes", "Cancelled", "LlamaCppEngine", "batch_context", "embedded_model_path"]
+__all__ = [
+    "CacheTypes",
+    "Cancelled",
+    "LlamaCppEngine",
+    "Preempted",
+    "batch_context",
+    "embedded_model_path",
+]
 
 log = logging.getLogger("reef.engine")
 
@@ -112,6 +119,7 @@ class _Prepared:
 class LlamaCppEngine:
     name = "llamacpp"
     capabilities = Capabilities(token_ids=True, logprobs=True)
+    runs_background = True  # complete(background=True): only on capacity no live request uses
 
     def __init__(
         self,
@@ -270,11 +278,20 @@ class LlamaCppEngine:
     # -- the async surface ----------------------------------------------------------------
 
     async def complete(
-        self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
+        self,
+        request: ChatRequest,
+        adapter: Path | None = None,
+        checkpoint: Path | None = None,
+        background: bool = False,
     ) -> Completion:
+        """`background`: run only on capacity no live request uses (a shadow's copy): refused
+        with `Overloaded` while a live request is in flight, and ended with `Preempted` when
+        one needs its slot."""
         if checkpoint is not None:
             engine = await self.load_checkpoint(checkpoint)
-            return await engine.complete(request, adapter)
+            return await engine.complete(request, adapter, background=background)
+        if background:
+            return await self._complete_in_background(request, adapter)
         # Checked on the event loop (a few milliseconds), so requests queue in arrival order.
         prepared = self._prepare(request)
         loop = asyncio.get_running_loop()
@@ -288,6 +305,28 @@ class LlamaCppEngine:
                 job.cancel.set()  # waiting: never runs; running: stops at its next token step
                 raise
             self._served(job)
+        return self._completion(prepared, _raise_error(choices))
+
+    async def _complete_in_background(
+        self, request: ChatRequest, adapter: Path | None
+    ) -> Completion:
+        if self._admitted:
+            raise Overloaded(
+                f"{self._admitted} live request(s) in flight: background work waits for an idle "
+                "engine",
+                headers={"retry-after": "1"},
+            )
+        prepared = self._prepare(request)
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Any] = loop.create_future()
+        job = self._job(prepared, adapter, None, _settler(loop, result.set_result, result))
+        job.background = True
+        self._running_loop().submit(job)
+        try:
+            choices = await result
+        except asyncio.CancelledError:
+            job.cancel.set()
+            raise
         return self._completion(prepared, _raise_error(choices))
 
     async def stream(

@@ -14,6 +14,10 @@ Each turn of the loop
    one pass over the weights per run of consecutive sequence ids (slots 0-3 in one pass; 1, 2,
    3, 0 in two; 0, 2, 3 in two, whatever the order).
 
+A background job (a shadow candidate's copy of a live request) takes a slot only when no live
+request waits or runs, advances only while none runs, and is stopped (`Preempted`) as soon as a
+live request waits for its slot: it never delays a live request by more than the step in progress.
+
 Prompt blocks and decode steps go to separate llama_decode calls so each sequence's tokens are
 evaluated in the same shapes whatever runs beside them (see slots.py): batching changes no
 answer and no logprob.
@@ -57,6 +61,10 @@ class Cancelled(Exception):
     """The client went away; the generation stopped early and is not a completion."""
 
 
+class Preempted(Cancelled):
+    """A background job gave its slot to a live request."""
+
+
 @dataclass
 class Job:
     """One request: its checked prompt and sampling, where its chunks and result go."""
@@ -71,6 +79,7 @@ class Job:
     cancel: threading.Event
     settle: Settle
     stop_loops: bool = True  # end a choice that repeats itself (see repetition.py)
+    background: bool = False  # runs only on capacity no live request uses (see the module)
     choices: Choices = field(default_factory=list)
     settled: bool = False
     started_at: float | None = None  # when its first choice took a slot (perf_counter)
@@ -182,16 +191,43 @@ class DecodeLoop:
     def _turn_once(self) -> None:
         for sequence in [s for s in self._running if s.job.cancel.is_set()]:
             self._stop(sequence, Cancelled())
+        self._yield_to_live()
         self._admit()
         self._prefill()
         self._decode()
 
+    def _live_running(self) -> bool:
+        return any(not s.job.background for s in self._running)
+
+    def _advancing(self) -> list[_Sequence]:
+        """The sequences this turn advances: background ones only while no live one runs."""
+        if self._live_running():
+            return [s for s in self._running if not s.job.background]
+        return list(self._running)
+
+    def _yield_to_live(self) -> None:
+        """A live request waiting for a slot takes one from a background job."""
+        with self._wake:
+            live_waiting = sum(not job.background for job in self._waiting)
+        background = [s for s in self._running if s.job.background]
+        for sequence in background[: max(0, live_waiting - self.slots.free())]:
+            self._stop(sequence, Preempted())
+
+    def _next_waiting(self) -> Job | None:
+        """The oldest waiting live job; else, while no live job runs, the oldest background."""
+        with self._wake:
+            chosen = next((job for job in self._waiting if not job.background), None)
+            if chosen is None and self._waiting and not self._live_running():
+                chosen = self._waiting[0]
+            if chosen is not None:
+                self._waiting.remove(chosen)
+            return chosen
+
     def _admit(self) -> None:
         while self.slots.free():
-            with self._wake:
-                if not self._waiting:
-                    return
-                job = self._waiting.popleft()
+            job = self._next_waiting()
+            if job is None:
+                return
             if job.cancel.is_set():
                 job.done(Cancelled())
                 continue
@@ -230,7 +266,7 @@ class DecodeLoop:
 
     def _prefill(self) -> None:
         budget = self._prompt_budget
-        for sequence in [s for s in self._running if s.prefilling]:
+        for sequence in [s for s in self._advancing() if s.prefilling]:
             while sequence.prefilling and budget > 0:
                 block = sequence.next_block()
                 budget -= len(block)
@@ -255,7 +291,7 @@ class DecodeLoop:
 
     def _decode(self) -> None:
         """One token for every generating sequence of the next adapter group."""
-        ready = [s for s in self._running if s.next_token is not None]
+        ready = [s for s in self._advancing() if s.next_token is not None]
         if not ready:
             return
         groups = list(dict.fromkeys(s.job.adapter for s in ready))

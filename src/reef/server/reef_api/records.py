@@ -137,6 +137,8 @@ async def status(request: Request) -> Response:
                 for name, b in sorted(state.bindings.items())
                 if b.routing is not None
             },
+            # Candidates in shadow: what became of the copies of live calls they were sent.
+            "shadows": state.shadows.status() if state.shadows else {},
             # Canaries this server judges: candidate id -> the latest verdict.
             "canaries": {key: v.to_json() for key, v in sorted(state.canaries.items())},
             "releases": _releases_status(state),

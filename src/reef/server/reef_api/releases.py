@@ -121,6 +121,14 @@ async def canary(request: Request) -> Response:
     return JSONResponse(candidate.to_json())
 
 
+async def shadow(request: Request) -> Response:
+    state, scenario = _state(request), _scenario(request)
+    candidate_id = request.path_params["candidate_id"]
+    await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
+    candidate = await run_in_threadpool(state.workflow.start_shadow, candidate_id)
+    return JSONResponse(candidate.to_json())
+
+
 async def reject(request: Request) -> Response:
     state, scenario = _state(request), _scenario(request)
     body = parse(RejectBody, await read_json(request, state.config.server.max_body_bytes))
@@ -161,5 +169,6 @@ routes = [
     ),
     Route("/reef/scenarios/{scenario}/candidates/{candidate_id}/reject", reject, methods=["POST"]),
     Route("/reef/scenarios/{scenario}/candidates/{candidate_id}/canary", canary, methods=["POST"]),
+    Route("/reef/scenarios/{scenario}/candidates/{candidate_id}/shadow", shadow, methods=["POST"]),
     Route("/reef/scenarios/{scenario}/rollback", rollback, methods=["POST"]),
 ]

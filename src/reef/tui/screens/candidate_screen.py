@@ -41,31 +41,27 @@ def heading(detail: CandidateDetail) -> Text:
 
 
 class TaskBlock(Vertical):
-    """One eval task: the prompt, then the current answer beside the candidate's."""
+    """One eval task (or a shadowed call): the prompt, then the two answers side by side."""
 
-    def __init__(self, task: TaskView) -> None:
+    def __init__(self, task: TaskView, sides: tuple[str, str] = ("current", "candidate")) -> None:
         super().__init__(classes="task")
         self.result = task
+        self.sides = sides
 
     def compose(self) -> ComposeResult:
         task = self.result
-        yield Label(
-            Text.assemble(
-                (task.task_id, "bold"), "  ", cells.delta(task.candidate_score - task.current_score)
-            )
-        )
+        before, after = task.current_score, task.candidate_score
+        change = None if before is None or after is None else after - before
+        yield Label(Text.assemble((task.task_id, "bold"), "  ", cells.delta(change)))
         yield Static(Text(task.prompt, style="italic"), classes="prompt")
         with Horizontal(classes="answers"):
-            yield Static(
-                _answer("current", task.current_score, task.current_answer), classes="answer"
-            )
-            yield Static(
-                _answer("candidate", task.candidate_score, task.candidate_answer), classes="answer"
-            )
+            yield Static(_answer(self.sides[0], before, task.current_answer), classes="answer")
+            yield Static(_answer(self.sides[1], after, task.candidate_answer), classes="answer")
 
 
-def _answer(side: str, score: float, text: str) -> Text:
-    return Text.assemble((f"{side} · score {score:g}\n", "bold"), text or "(empty answer)")
+def _answer(side: str, score: float | None, text: str) -> Text:
+    scored = "unscored" if score is None else f"score {score:g}"
+    return Text.assemble((f"{side} · {scored}\n", "bold"), text or "(empty answer)")
 
 
 class CandidateScreen(Screen[None]):
@@ -85,8 +81,10 @@ class CandidateScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Label(f"loading {self.candidate_id}…", id="candidate-heading", classes="summary")
-        with TabbedContent("Evaluation", "Diff", "Weights", "Records", id="candidate-tabs"):
+        tabs = ("Evaluation", "Shadow", "Diff", "Weights", "Records")
+        with TabbedContent(*tabs, id="candidate-tabs"):
             yield VerticalScroll(id="tasks")
+            yield VerticalScroll(id="shadows")
             yield DiffView(id="candidate-diff")
             with Vertical(id="weights"):
                 yield KeyedTable(("file", "bytes", "LFS id"), id="weights-table")
@@ -115,6 +113,12 @@ class CandidateScreen(Screen[None]):
         tasks.mount_all(
             [TaskBlock(task) for task in detail.tasks]
             or [Label("not evaluated (policy always, or refused before the gate)")]
+        )
+        shadows = self.query_one("#shadows", VerticalScroll)
+        shadows.remove_children()
+        shadows.mount_all(
+            [TaskBlock(pair, ("live", "shadow")) for pair in detail.shadows]
+            or [Label("no shadow answers: `reef release shadow CANDIDATE` sends it live calls")]
         )
         self.query_one(DiffView).show(detail.diff)
         weights: list[tuple[str, list[Cell]]] = [

@@ -12,7 +12,14 @@ from textual.widgets import DataTable, Input, Label
 from reef.review.rows import CandidateRow
 from reef.review.source import ReviewSource
 from reef.store.candidates import STATES
-from reef.tui.messages import Approve, OpenCandidate, ReadAgain, Reject, StartCanary
+from reef.tui.messages import (
+    Approve,
+    OpenCandidate,
+    ReadAgain,
+    Reject,
+    StartCanary,
+    StartShadow,
+)
 from reef.tui.screens.pane import Pane
 from reef.tui.widgets import cells
 from reef.tui.widgets.keyed_table import Cell, KeyedTable
@@ -54,6 +61,7 @@ class CandidatesPane(Pane):
         Binding("a", "approve", "Approve", id="candidates.approve"),
         Binding("r", "reject", "Reject", id="candidates.reject"),
         Binding("c", "canary", "Canary", id="candidates.canary"),
+        Binding("h", "shadow", "Shadow", id="candidates.shadow"),
         Binding("s", "cycle_state", "State filter", id="candidates.state"),
     ]
 
@@ -146,6 +154,11 @@ class CandidatesPane(Pane):
         row = self.selected()
         if row is not None:
             self.post_message(Reject(row))
+
+    def action_shadow(self) -> None:
+        row = self.selected()
+        if row is not None:
+            self.post_message(StartShadow(row))
 
     def action_canary(self) -> None:
         row = self.selected()

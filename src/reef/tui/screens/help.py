@@ -20,8 +20,9 @@ stores live (every second); the cursor stays on the row you selected.
 by task, the diff against its parent release, weights and training loss, the records it was built
 from. `a` approves (it becomes a new release and serves), `r` rejects with a reason, `c` puts
 it on a canary (a share of sessions, judged on their reports; its summary shows the arms, the
-estimate and what happens next), `s` cycles the state filter, `/` filters the rows by text. On a
-canary, `a` promotes it and `r` rolls it back.
+estimate and what happens next), `h` puts it in shadow (it answers copies of live calls, never
+heard; its Shadow tab shows them beside the live answers), `s` cycles the state filter, `/`
+filters the rows by text. On a canary, `a` promotes it and `r` rolls it back.
 
 **Releases**: `enter` shows a release's diff against its parent. `b` rolls its scenario back to
 the selected release, `p` promotes it (into its own scenario or another); both publish a new

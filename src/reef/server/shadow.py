@@ -1,0 +1,196 @@
+"""Shadows: candidates that answer copies of live calls without being heard.
+
+A candidate put in `shadow` (`reef release shadow`) receives a copy of each recorded chat call
+of its scenario: after the live record is stored, its id joins a bounded queue (full: the copy is
+dropped, and counted). One worker takes the copies in turn, reads the call back from its record,
+applies the candidate's binding, and runs it on the engine only on capacity no live request
+uses: on llama.cpp as a background job (a slot only while none is live, stopped at once when a
+live request wants it; `LlamaCppEngine.complete(background=True)`), elsewhere only while the
+server answers no request. A copy preempted three times is dropped. The answer is stored as a
+shadow record beside the live one (`reef.store.shadows`), both scored by `gate.shadow.scorer`
+when the scenario has one, and never returned to anyone.
+
+Only chat completions calls are copied: a call recorded in another API's shape (Responses,
+Messages, text completions) is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from reef.errors import Overloaded, ReefError
+from reef.evaluation.scorers import score
+from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.inference.binding import Binding, binding_for
+from reef.inference.model import answer_text
+from reef.protocol import ChatRequest, Completion
+from reef.server.state import ServerState
+from reef.store.shadows import ShadowRecord, add_shadow
+
+log = logging.getLogger("reef.shadow")
+REFRESH_S = 1.0  # how often the shadow candidates are read again
+IDLE_POLL_S = 0.05  # how often a copy waiting for an idle engine looks again
+ATTEMPTS = 3  # preemptions a copy survives before it is dropped
+
+
+@dataclass
+class Shadowing:
+    """One candidate in shadow: what serves it, and what became of its copies."""
+
+    candidate_id: str
+    binding: Binding
+    counts: dict[str, int] = field(
+        default_factory=lambda: {"answered": 0, "preempted": 0, "dropped": 0, "skipped": 0}
+    )
+
+
+class ShadowRunner:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.shadowing: dict[str, list[Shadowing]] = {}  # scenario -> its candidates in shadow
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(
+            maxsize=state.config.gate.shadow.queue
+        )
+        self.dropped = 0  # copies the full queue turned away
+        # llama.cpp runs background jobs on idle slots; other engines get a copy while idle.
+        self._background = bool(getattr(state.engine, "runs_background", False))
+
+    def offer(self, scenario: str, record_id: str) -> None:
+        """Queue a copy of the live call `record_id` for the scenario's shadows, if it has any."""
+        if not self.shadowing.get(scenario):
+            return
+        try:
+            self._queue.put_nowait((scenario, record_id))
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    def status(self) -> dict[str, Any]:
+        return {
+            shadow.candidate_id: {"scenario": scenario, **shadow.counts}
+            for scenario, shadows in self.shadowing.items()
+            for shadow in shadows
+        }
+
+    # -- the tasks ------------------------------------------------------------------------------
+
+    async def follow(self) -> None:
+        """Read the candidates in shadow again every `REFRESH_S`, and answer the copies."""
+        worker = asyncio.create_task(self._answer_copies())
+        try:
+            while True:
+                await asyncio.to_thread(self._refresh)
+                await asyncio.sleep(REFRESH_S)
+        finally:
+            worker.cancel()
+
+    def _refresh(self) -> None:
+        try:
+            candidates = self.state.workflow.candidates.list(state="shadow")
+        except Exception as error:  # the store is away: keep what we had
+            log.warning("could not list the shadow candidates: %s", error)
+            return
+        known = {s.candidate_id: s for shadows in self.shadowing.values() for s in shadows}
+        shadowing: dict[str, list[Shadowing]] = {}
+        for candidate in candidates:
+            shadow = known.get(candidate.id)
+            if shadow is None:
+                try:
+                    binding = binding_for(candidate.id, candidate.kind, candidate.folder)
+                except ReefError as error:
+                    log.warning("shadow %s cannot serve: %s", candidate.id, error.message)
+                    continue
+                shadow = Shadowing(candidate.id, binding)
+            shadowing.setdefault(candidate.scenario, []).append(shadow)
+        self.shadowing = shadowing
+
+    async def _answer_copies(self) -> None:
+        while True:
+            scenario, record_id = await self._queue.get()
+            for shadow in list(self.shadowing.get(scenario, [])):
+                try:
+                    await self._answer(shadow, scenario, record_id)
+                except Exception:  # one bad copy never stops the shadows
+                    log.exception("shadow %s failed on %s", shadow.candidate_id, record_id)
+
+    async def _answer(self, shadow: Shadowing, scenario: str, record_id: str) -> None:
+        record = await asyncio.to_thread(self.state.store.get_record, record_id)
+        asked = _chat_request(record)
+        if record is None or asked is None:
+            shadow.counts["skipped"] += 1
+            return
+        request = shadow.binding.apply(asked).capped(self.state.max_tokens_for(scenario))
+        started = time.perf_counter()
+        completion = await self._on_idle_capacity(shadow, request)
+        if completion is None:
+            shadow.counts["dropped"] += 1
+            return
+        latency_ms = (time.perf_counter() - started) * 1000
+        live_score, shadow_score = await asyncio.to_thread(
+            self._scores, scenario, asked, record, completion
+        )
+        usage = completion.usage or {}
+        stored = ShadowRecord(
+            scenario=scenario,
+            candidate_id=shadow.candidate_id,
+            live_record_id=record_id,
+            response=completion.response,
+            latency_ms=latency_ms,
+            completion_tokens=usage.get("completion_tokens"),
+            live_score=live_score,
+            shadow_score=shadow_score,
+        )
+        await asyncio.to_thread(add_shadow, self.state.store, stored)
+        shadow.counts["answered"] += 1
+
+    async def _on_idle_capacity(self, shadow: Shadowing, request: ChatRequest) -> Completion | None:
+        """The shadow's answer, run only when no live request needs the engine; None when it
+        was preempted `ATTEMPTS` times."""
+        from reef.engines.llamacpp.loop import Preempted
+
+        engine, binding = self.state.engine, shadow.binding
+        for _ in range(ATTEMPTS):
+            while self._busy():
+                await asyncio.sleep(IDLE_POLL_S)
+            try:
+                if self._background:
+                    return await engine.complete(  # type: ignore[call-arg]
+                        request, binding.adapter, binding.checkpoint, background=True
+                    )
+                return await engine.complete(request, binding.adapter, binding.checkpoint)
+            except (Preempted, Overloaded):
+                shadow.counts["preempted"] += 1
+        return None
+
+    def _busy(self) -> bool:
+        """Whether a live request is in flight: the engine's count where it keeps one, else the
+        server's count of HTTP requests being answered."""
+        in_flight = getattr(self.state.engine, "in_flight", None)
+        return bool(in_flight) if in_flight is not None else self.state.in_flight.count > 0
+
+    def _scores(
+        self, scenario: str, asked: ChatRequest, record: dict[str, Any], completion: Completion
+    ) -> tuple[float | None, float | None]:
+        spec = self.state.config.gate_for(scenario).shadow.scorer
+        if spec is None:
+            return None, None
+        task = EvalTask(messages=[m.model_dump() for m in asked.messages], scorer=spec)
+        scorer = ScorerSpec.model_validate(spec)
+        live = answer_text(Completion(response=record["response"], model=""))
+        return score(scorer, live, task), score(scorer, answer_text(completion), task)
+
+
+def _chat_request(record: dict[str, Any] | None) -> ChatRequest | None:
+    """The call a record stores, as a chat request to run whole; None for another API's."""
+    if record is None:
+        return None
+    try:
+        asked = ChatRequest.model_validate(record["request"])
+    except ValidationError:
+        return None
+    return asked.model_copy(update={"stream": False, "stream_options": None})
