@@ -359,7 +359,25 @@ class GenerationConfig(_Section):
         return self.max_tokens
 
 
+class TeacherConfig(_Section):
+    """A stronger model the student learns from (`reef.server.teacher`): any OpenAI-compatible
+    upstream. A whole chat call goes to it when the student's answer fails a check, or outright
+    for `share` percent of sessions; the user gets the teacher's answer, and it is recorded as a
+    demonstration for the weight recipes."""
+
+    url: str | None = None  # a base URL ending in /v1; none: no teacher
+    model: str | None = None
+    api_key_env: str | None = None  # the environment variable holding its key
+    timeout_s: float = Field(120.0, gt=0)
+    share: int = Field(0, ge=0, le=100)  # percent of sessions the teacher answers outright
+    # The checks of a student's answer that send the call to the teacher:
+    check_json: bool = True  # a request for JSON or a forced tool call whose answer does not parse
+    scorer: dict[str, Any] | None = None  # an eval scorer (regex, contains, judge, ...) it fails
+    min_mean_logprob: float | None = None  # its tokens' mean log-prob is below this
+
+
 class ScenarioConfig(_Section):
+    teacher: TeacherConfig | None = None
     gate: GateConfig | None = None
     generation: GenerationConfig | None = None
     learning: ScenarioLearningConfig | None = None
@@ -391,6 +409,7 @@ class ReefConfig(_Section):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     learning: LearningConfig = Field(default_factory=LearningConfig)
     scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @field_validator("state_dir", "evals_dir")
@@ -417,6 +436,10 @@ class ReefConfig(_Section):
     def gate_for(self, scenario: str) -> GateConfig:
         override = self.scenarios.get(scenario)
         return override.gate if override and override.gate else self.gate
+
+    def teacher_for(self, scenario: str) -> TeacherConfig:
+        override = self.scenarios.get(scenario)
+        return override.teacher if override and override.teacher else self.teacher
 
     def generation_for(self, scenario: str) -> GenerationConfig:
         override = self.scenarios.get(scenario)

@@ -24,6 +24,7 @@ from reef.server.follower import HeadFollower
 from reef.server.remote_follower import RemoteFollower
 from reef.server.shadow import ShadowRunner
 from reef.server.state import ServerState
+from reef.server.teacher import teachers_of
 
 
 def check_bind(host: str, has_tokens: bool) -> None:
@@ -51,15 +52,26 @@ async def serve(state: ServerState) -> None:
         followers.append(asyncio.create_task(CanaryJudge(state).follow()))
         state.shadows = ShadowRunner(state)
         followers.append(asyncio.create_task(state.shadows.follow()))
+        state.teachers = teachers_of(state.config, _scenarios(state))
+        for teacher in state.teachers.values():
+            await teacher.start()
         try:
             await _ReefServer(state).serve()
         finally:
+            for teacher in state.teachers.values():
+                await teacher.close()
             await state.engine.close()
     finally:
         for follower in followers:
             follower.cancel()
         await asyncio.gather(*followers, return_exceptions=True)
         state.store.close()
+
+
+def _scenarios(state: ServerState) -> list[str]:
+    """Every scenario the configuration names (a teacher may belong to any of them)."""
+    config = state.config
+    return list(dict.fromkeys(["default", *config.learning.scenarios, *config.scenarios]))
 
 
 class _ReefServer(uvicorn.Server):

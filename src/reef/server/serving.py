@@ -18,6 +18,7 @@ API has its own error shape (Anthropic's messages, the Responses API) wraps its 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -33,7 +34,7 @@ from reef.protocol import ChatRequest, Completion, StreamItem
 from reef.server.cancellation import until_disconnected
 from reef.server.http import sse
 from reef.server.state import CallContext, ServerState
-from reef.store import Record
+from reef.store import Record, Report
 
 log = logging.getLogger("reef.server")
 
@@ -59,13 +60,37 @@ async def served_whole(
     `record_id` names the record in advance (an API whose answer's id names its record);
     `raw_body`, the bytes `body` was read from, is stored as they are."""
     started = time.perf_counter()
-    completion = await until_disconnected(
-        request,
-        state.engine.complete(
-            chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
-        ),
+    teacher = state.teachers.get(call.scenario)
+    lesson = None
+    if teacher is not None and teacher.takes_session(call.session):
+        lesson = await until_disconnected(request, teacher.answer(chat, "share"))
+    if lesson is None:
+        completion = await until_disconnected(
+            request,
+            state.engine.complete(
+                chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
+            ),
+        )
+        reason = teacher.failed_check(chat, completion) if teacher is not None else None
+        if teacher is not None and reason is not None:
+            lesson = await until_disconnected(request, teacher.answer(chat, reason))
+    if lesson is not None:
+        completion, call = lesson.completion, call.taught()
+    headers = await stored(state, call, body, completion, started, record_id, raw_body)
+    if lesson is not None and "x-reef-agent-record-id" in headers:
+        await demonstrated(state, call, headers["x-reef-agent-record-id"], lesson)
+    return completion, headers
+
+
+async def demonstrated(state: ServerState, call: CallContext, record_id: str, lesson: Any) -> None:
+    """The teacher's answer, reported on its record as a demonstration for weight recipes."""
+    report = Report(
+        scenario=call.scenario,
+        references=[record_id],
+        feedback={"demonstration": lesson.text},
+        metadata={"source": "teacher", "reason": lesson.reason},
     )
-    return completion, await stored(state, call, body, completion, started, record_id, raw_body)
+    await asyncio.wrap_future(state.store.add_report(report))
 
 
 async def stored(
@@ -265,7 +290,7 @@ def record_of(
         session=call.session,
         request=body,
         response=completion.response,
-        engine=state.engine.name,
+        engine=call.answered_by or state.engine.name,
         model=completion.model,
         release_id=call.release_id,
         stream=stream,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,14 @@ class CallContext:
     max_tokens: int | None = None  # the scenario's cap on an answer (generation.max_tokens)
     # Under a routing policy: (the release whose policy routed the call, the arm it took).
     route: tuple[str, str] | None = None
+    answered_by: str | None = None  # who answered instead of the engine (the teacher)
+
+    def taught(self) -> CallContext:
+        """This call as the scenario's teacher answered it (`reef.server.teacher`)."""
+        from reef.server.teacher import TEACHER_ARM
+
+        route = (self.release_id, TEACHER_ARM)
+        return dataclasses.replace(self, route=route, answered_by=TEACHER_ARM)
 
     @property
     def release_id(self) -> str:
@@ -63,6 +72,8 @@ class ServerState:
     canaries: dict[str, Any] = field(default_factory=dict)
     # Candidates answering copies of live calls (`reef.server.shadow.ShadowRunner`), once serving.
     shadows: Any = None
+    # Scenario -> its teacher (`reef.server.teacher.Teacher`), started with the server.
+    teachers: dict[str, Any] = field(default_factory=dict)
 
     def recorded(self, scenario: str, record_id: str) -> None:
         """A live call's record is stored: its scenario's shadows get a copy."""

@@ -272,6 +272,8 @@ class DecodeLoop:
                 budget -= len(block)
                 if not self._evaluate_block(sequence, block):
                     return
+                if sequence.job.background:
+                    break  # one block a turn: a live request arriving waits for one block only
             if budget <= 0:
                 return
 

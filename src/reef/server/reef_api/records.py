@@ -139,6 +139,8 @@ async def status(request: Request) -> Response:
             },
             # Candidates in shadow: what became of the copies of live calls they were sent.
             "shadows": state.shadows.status() if state.shadows else {},
+            # Scenarios with a teacher: what it answered, why, and what it cost.
+            "teachers": {name: t.costs.to_json() for name, t in sorted(state.teachers.items())},
             # Canaries this server judges: candidate id -> the latest verdict.
             "canaries": {key: v.to_json() for key, v in sorted(state.canaries.items())},
             "releases": _releases_status(state),
