@@ -183,11 +183,16 @@ def draw(rounds: list[dict], path: Path) -> None:
 
     figure, ax = plt.subplots(figsize=(6, 3.6))
     numbers = [r["round"] for r in rounds]
-    for key, label in (("training", "training prompts (learned from)"), ("held_out", "held-out")):
+    lines = (
+        ("training", "training prompts (learned from)", "o", "-"),
+        ("held_out", "held-out prompts (never learned from)", "s", "--"),
+    )
+    for key, label, marker, style in lines:
         ax.plot(
             numbers,
             [r[f"{key}_taught"] / r[f"{key}_calls"] for r in rounds],
-            marker="o",
+            marker=marker,
+            linestyle=style,
             label=label,
         )
     ax.set_ylim(-0.05, 1.05)

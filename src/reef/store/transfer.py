@@ -29,6 +29,7 @@ TABLES: tuple[tuple[str, str], ...] = (
     ("learning_status", "scenario"),
     ("train_requests", "seq"),
     ("record_annotations", "seq"),
+    ("shadow_records", "seq"),
 )
 PAGE = 500
 
