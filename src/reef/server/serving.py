@@ -71,7 +71,12 @@ async def served_whole(
                 chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
             ),
         )
-        reason = teacher.failed_check(chat, completion) if teacher is not None else None
+        # In a thread: a `judge` scorer asks a model over HTTP.
+        reason = (
+            await asyncio.to_thread(teacher.failed_check, chat, completion)
+            if teacher is not None
+            else None
+        )
         if teacher is not None and reason is not None:
             lesson = await until_disconnected(request, teacher.answer(chat, reason))
     if lesson is not None:
