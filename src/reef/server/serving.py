@@ -34,6 +34,7 @@ from reef.protocol import ChatRequest, Completion, StreamItem
 from reef.server.cancellation import until_disconnected
 from reef.server.http import sse
 from reef.server.state import CallContext, ServerState
+from reef.server.teacher import Lesson
 from reef.store import Record, Report
 
 log = logging.getLogger("reef.server")
@@ -60,34 +61,42 @@ async def served_whole(
     `record_id` names the record in advance (an API whose answer's id names its record);
     `raw_body`, the bytes `body` was read from, is stored as they are."""
     started = time.perf_counter()
-    teacher = state.teachers.get(call.scenario)
-    lesson = None
-    if teacher is not None and teacher.takes_session(call.session):
-        lesson = await until_disconnected(request, teacher.answer(chat, "share"))
-    if lesson is None:
-        completion = await until_disconnected(
-            request,
-            state.engine.complete(
-                chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
-            ),
-        )
-        # In a thread: a `judge` scorer asks a model over HTTP.
-        reason = (
-            await asyncio.to_thread(teacher.failed_check, chat, completion)
-            if teacher is not None
-            else None
-        )
-        if teacher is not None and reason is not None:
-            lesson = await until_disconnected(request, teacher.answer(chat, reason))
+    completion, lesson = await _answered(request, state, call, chat)
     if lesson is not None:
-        completion, call = lesson.completion, call.taught()
+        call = call.taught()
     headers = await stored(state, call, body, completion, started, record_id, raw_body)
     if lesson is not None and "x-reef-agent-record-id" in headers:
         await demonstrated(state, call, headers["x-reef-agent-record-id"], lesson)
     return completion, headers
 
 
-async def demonstrated(state: ServerState, call: CallContext, record_id: str, lesson: Any) -> None:
+async def _answered(
+    request: Request, state: ServerState, call: CallContext, chat: ChatRequest
+) -> tuple[Completion, Lesson | None]:
+    """The engine's answer, or the scenario's teacher's where it takes the call: outright for
+    its share of sessions, or when the engine's answer fails its check (`reef.server.teacher`)."""
+    teacher = state.teachers.get(call.scenario)
+    if teacher is not None and teacher.takes_session(call.session):
+        lesson = await until_disconnected(request, teacher.answer(chat, "share"))
+        if lesson is not None:
+            return lesson.completion, lesson
+    completion = await until_disconnected(
+        request,
+        state.engine.complete(
+            chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
+        ),
+    )
+    if teacher is None:
+        return completion, None
+    # In a thread: a `judge` scorer asks a model over HTTP.
+    reason = await asyncio.to_thread(teacher.failed_check, chat, completion)
+    lesson = await until_disconnected(request, teacher.answer(chat, reason)) if reason else None
+    return (lesson.completion, lesson) if lesson is not None else (completion, None)
+
+
+async def demonstrated(
+    state: ServerState, call: CallContext, record_id: str, lesson: Lesson
+) -> None:
     """The teacher's answer, reported on its record as a demonstration for weight recipes."""
     report = Report(
         scenario=call.scenario,

@@ -17,6 +17,7 @@ from reef.protocol import ChatRequest
 from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
 from reef.server.in_flight import InFlight
+from reef.server.teacher import TEACHER_ARM
 from reef.store import ExperienceStore
 
 
@@ -33,8 +34,6 @@ class CallContext:
 
     def taught(self) -> CallContext:
         """This call as the scenario's teacher answered it (`reef.server.teacher`)."""
-        from reef.server.teacher import TEACHER_ARM
-
         route = (self.release_id, TEACHER_ARM)
         return dataclasses.replace(self, route=route, answered_by=TEACHER_ARM)
 
