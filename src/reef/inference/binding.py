@@ -23,13 +23,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, KIND_PARTS, folder_files, parts_of
 from reef.errors import ReefError, describe_validation_error
 from reef.protocol import ChatRequest
+
+if TYPE_CHECKING:
+    from reef.releases.routing import Routing
 
 BASE_RELEASE = "base"
 # Request fields a harness's settings.json may default.
@@ -58,7 +61,7 @@ class Binding:
     checkpoint: Path | None = None  # a checkpoint artifact's `checkpoint/` folder: full weights
     # A release with a routing policy: the arm each call takes (`reef.releases.routing.Routing`),
     # each with its own binding; this binding's own parts serve the arms named `self`.
-    routing: Any = None
+    routing: Routing | None = None
 
     def apply(self, request: ChatRequest) -> ChatRequest:
         """The request as the engine should see it under this release."""

@@ -25,11 +25,14 @@ import hashlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from reef.errors import ReefError
+
+if TYPE_CHECKING:
+    from reef.inference.binding import Binding
 
 POLICY_FILE = "routing.yaml"
 SELF = "self"
@@ -44,6 +47,7 @@ class ArmSpec:
     name: str
     release: str  # a release id, `base` or `self`
     share: int  # percent of the route's sessions
+    line: int = 0  # where routing.yaml names it, for messages
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Arm:
 
     name: str
     share: int
-    binding: Any
+    binding: Binding
 
 
 @dataclass(frozen=True)
@@ -125,13 +129,12 @@ def parse_policy(text: str) -> tuple[RouteSpec, ...]:
 def check_policy(text: str, release_exists: Callable[[str], bool]) -> tuple[RouteSpec, ...]:
     """`parse_policy`, and every arm's release exists (`self` and `base` always do)."""
     routes = parse_policy(text)
-    root = yaml.compose(text)
-    route_nodes = _mapping_value(_mapping(root, "the policy"), "routes").value
-    for route, node in zip(routes, route_nodes, strict=True):
-        arm_nodes = _mapping_value(_mapping(node, "a route"), "arms").value
-        for arm, arm_node in zip(route.arms, arm_nodes, strict=True):
-            if arm.release not in (SELF, BASE) and not release_exists(arm.release):
-                raise _at(arm_node, f"arm {arm.name!r}: there is no release {arm.release!r}")
+    for arm in (arm for route in routes for arm in route.arms):
+        if arm.release not in (SELF, BASE) and not release_exists(arm.release):
+            raise _refused(
+                f"{POLICY_FILE} line {arm.line}: arm {arm.name!r}: there is no release "
+                f"{arm.release!r}"
+            )
     return routes
 
 
@@ -197,17 +200,13 @@ def _arm(node: yaml.Node) -> ArmSpec:
         raise _at(
             share_node, f"arm {name!r}: share must be a whole percent, 0 to 100, not {share!r}"
         )
-    return ArmSpec(name, release, int(share))
+    return ArmSpec(name, release, int(share), node.start_mark.line + 1)
 
 
 def _mapping(node: yaml.Node | None, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
     if not isinstance(node, yaml.MappingNode):
         raise _at(node, f"{what} must be a mapping")
     return {str(key.value): (key, value) for key, value in node.value}
-
-
-def _mapping_value(mapping: dict[str, tuple[yaml.Node, yaml.Node]], key: str) -> Any:
-    return mapping[key][1]
 
 
 def _known_keys(

@@ -90,7 +90,10 @@ async def _answered(
         return completion, None
     # In a thread: a `judge` scorer asks a model over HTTP.
     reason = await asyncio.to_thread(teacher.failed_check, chat, completion)
-    lesson = await until_disconnected(request, teacher.answer(chat, reason)) if reason else None
+    if reason is None:
+        teacher.costs.student_calls += 1
+        return completion, None
+    lesson = await until_disconnected(request, teacher.answer(chat, reason))
     return (lesson.completion, lesson) if lesson is not None else (completion, None)
 
 

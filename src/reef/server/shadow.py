@@ -6,7 +6,8 @@ dropped, and counted). One worker takes the copies in turn, reads the call back 
 applies the candidate's binding, and runs it on the engine only on capacity no live request
 uses: on llama.cpp as a background job (a slot only while none is live, stopped at once when a
 live request wants it; `LlamaCppEngine.complete(background=True)`), elsewhere only while the
-server answers no request. A copy preempted three times is dropped. The answer is stored as a
+server answers no request. A copy preempted three times, or turned away by a full queue, is
+dropped. The answer is stored as a
 shadow record beside the live one (`reef.store.shadows`), both scored by `gate.shadow.scorer`
 when the scenario has one, and never returned to anyone.
 
@@ -57,18 +58,19 @@ class ShadowRunner:
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(
             maxsize=state.config.gate.shadow.queue
         )
-        self.dropped = 0  # copies the full queue turned away
         # llama.cpp runs background jobs on idle slots; other engines get a copy while idle.
         self._background = bool(getattr(state.engine, "runs_background", False))
 
     def offer(self, scenario: str, record_id: str) -> None:
         """Queue a copy of the live call `record_id` for the scenario's shadows, if it has any."""
-        if not self.shadowing.get(scenario):
+        shadows = self.shadowing.get(scenario)
+        if not shadows:
             return
         try:
             self._queue.put_nowait((scenario, record_id))
-        except asyncio.QueueFull:
-            self.dropped += 1
+        except asyncio.QueueFull:  # no idle capacity for a while: this copy is not made
+            for shadow in shadows:
+                shadow.counts["dropped"] += 1
 
     def status(self) -> dict[str, Any]:
         return {

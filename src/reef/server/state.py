@@ -6,7 +6,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from reef.config import ReefConfig
 from reef.engines.base import Engine
@@ -14,11 +14,15 @@ from reef.errors import BadRequest
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.server_file import new_internal_token
 from reef.protocol import ChatRequest
+from reef.releases.canary import Verdict
 from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, check_scenario
 from reef.server.in_flight import InFlight
-from reef.server.teacher import TEACHER_ARM
+from reef.server.teacher import TEACHER_ARM, Teacher
 from reef.store import ExperienceStore
+
+if TYPE_CHECKING:  # it reads the state: imported where it is made (server/run.py)
+    from reef.server.shadow import ShadowRunner
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,11 @@ class ServerState:
     # Why a scenario's head could not be served (scenario -> message); replaced whole.
     release_errors: dict[str, str] = field(default_factory=dict)
     # The latest verdict of each running canary this server judges (candidate id -> Verdict).
-    canaries: dict[str, Any] = field(default_factory=dict)
-    # Candidates answering copies of live calls (`reef.server.shadow.ShadowRunner`), once serving.
-    shadows: Any = None
-    # Scenario -> its teacher (`reef.server.teacher.Teacher`), started with the server.
-    teachers: dict[str, Any] = field(default_factory=dict)
+    canaries: dict[str, Verdict] = field(default_factory=dict)
+    # Candidates answering copies of live calls, once serving.
+    shadows: ShadowRunner | None = None
+    # Scenario -> its teacher, started with the server.
+    teachers: dict[str, Teacher] = field(default_factory=dict)
 
     def recorded(self, scenario: str, record_id: str) -> None:
         """A live call's record is stored: its scenario's shadows get a copy."""

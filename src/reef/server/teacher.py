@@ -119,7 +119,6 @@ class Teacher:
         floor, logprobs = self.settings.min_mean_logprob, answer.token_logprobs
         if floor is not None and logprobs and statistics.fmean(logprobs) < floor:
             return "low_logprob"
-        self.costs.student_calls += 1
         return None
 
     async def answer(self, request: ChatRequest, reason: str) -> Lesson | None:

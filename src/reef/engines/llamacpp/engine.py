@@ -290,43 +290,28 @@ class LlamaCppEngine:
         if checkpoint is not None:
             engine = await self.load_checkpoint(checkpoint)
             return await engine.complete(request, adapter, background=background)
-        if background:
-            return await self._complete_in_background(request, adapter)
+        if background and self._admitted:
+            raise Overloaded(
+                f"{self._admitted} live request(s) in flight: background work waits for an idle "
+                "engine",
+                headers={"retry-after": "1"},
+            )
         # Checked on the event loop (a few milliseconds), so requests queue in arrival order.
         prepared = self._prepare(request)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[Any] = loop.create_future()
         job = self._job(prepared, adapter, None, _settler(loop, result.set_result, result))
-        with self._admission():
+        job.background = background
+        # Background work holds no place among live requests (nor in their Retry-After).
+        with contextlib.nullcontext() if background else self._admission():
             self._running_loop().submit(job)
             try:
                 choices = await result
             except asyncio.CancelledError:
                 job.cancel.set()  # waiting: never runs; running: stops at its next token step
                 raise
-            self._served(job)
-        return self._completion(prepared, _raise_error(choices))
-
-    async def _complete_in_background(
-        self, request: ChatRequest, adapter: Path | None
-    ) -> Completion:
-        if self._admitted:
-            raise Overloaded(
-                f"{self._admitted} live request(s) in flight: background work waits for an idle "
-                "engine",
-                headers={"retry-after": "1"},
-            )
-        prepared = self._prepare(request)
-        loop = asyncio.get_running_loop()
-        result: asyncio.Future[Any] = loop.create_future()
-        job = self._job(prepared, adapter, None, _settler(loop, result.set_result, result))
-        job.background = True
-        self._running_loop().submit(job)
-        try:
-            choices = await result
-        except asyncio.CancelledError:
-            job.cancel.set()
-            raise
+            if not background:
+                self._served(job)
         return self._completion(prepared, _raise_error(choices))
 
     async def stream(

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from reef.config import ReefConfig
 from reef.errors import BadRequest, Conflict, NotFound
 from reef.learning.recipe import RecipeError, recipe_class
+from reef.releases.routing import Routing
 from reef.scenario import check_scenario
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
@@ -189,7 +190,7 @@ def _recipe_name(reference: str) -> str:
         return reference
 
 
-def _routing_status(routing: Any) -> dict[str, Any]:
+def _routing_status(routing: Routing) -> dict[str, Any]:
     routes = [
         {
             "when": {"headers": dict(route.headers)} if route.headers else None,
