@@ -3,7 +3,7 @@
 Every `gate.canary.check_s` the server looks at each candidate on a canary. With several
 replicas sharing a store, one of them judges each scenario: the holder of the store's lease
 `canary:<scenario>`. A promotion or a rollback is a publish, which every replica then follows.
-The latest verdict of each canary is kept for `/reef/status` and the CLI.
+The latest verdict of each canary is kept for `/reef/status` (`canaries`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ class CanaryJudge:
             return
         verdicts = {}
         for candidate in running:
-            verdicts[candidate.id] = verdict = self._judge(candidate)
-            if verdict is None or verdict.action == "wait":
-                continue
-            try:
+            try:  # the store or the chain away: this canary waits for the next check
+                verdicts[candidate.id] = verdict = self._judge(candidate)
+                if verdict is None or verdict.action == "wait":
+                    continue
                 ended = workflow.end_canary(candidate.id, verdict.action == "promote", verdict.why)
             except Exception as error:
-                log.warning("could not end the canary of %s: %s", candidate.id, error)
+                log.warning("could not judge or end the canary of %s: %s", candidate.id, error)
                 continue
             log.info("canary of %s ended: %s", candidate.id, ended.decision)
         self.state.canaries = {key: v for key, v in verdicts.items() if v is not None}
@@ -62,10 +62,7 @@ class CanaryJudge:
             await asyncio.sleep(self._interval())
 
     def _interval(self) -> float:
-        return min(
-            (self.state.config.gate_for(s).canary.check_s for s in self._scenarios()),
-            default=self.state.config.gate.canary.check_s,
-        )
-
-    def _scenarios(self) -> set[str]:
-        return set(self.state.bindings)
+        """The shortest `check_s` of the scenarios being served."""
+        config = self.state.config
+        checks = [config.gate_for(scenario).canary.check_s for scenario in self.state.bindings]
+        return min(checks, default=config.gate.canary.check_s)
