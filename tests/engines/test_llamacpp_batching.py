@@ -163,10 +163,10 @@ def test_a_sequence_that_fails_fails_only_its_own_request(
     expected = alone(engine, requests)
     take = DecodeLoop._take
 
-    def failing_take(loop: DecodeLoop, sequence: Any, index: int) -> None:
+    def failing_take(loop: DecodeLoop, sequence: Any, row: Any, index: int | None) -> None:
         if sequence.sampling.max_tokens == 39 and len(sequence.state.token_ids) == 5:
             raise RuntimeError("injected sampling failure")
-        take(loop, sequence, index)
+        take(loop, sequence, row, index)
 
     monkeypatch.setattr(DecodeLoop, "_take", failing_take)
 
@@ -258,9 +258,39 @@ def test_a_seed_keeps_the_prompt_cache(engine: LlamaCppEngine) -> None:
     before = engine.cache_counters["reused_tokens"]
     again = alone(engine, [request])[0]
     reused = engine.cache_counters["reused_tokens"] - before
-    prompt = len(first.prompt_token_ids or [])
-    assert reused == (prompt - 1) // BLOCK * BLOCK and reused >= BLOCK
+    assert reused == len(first.prompt_token_ids or []) > BLOCK  # the last partial block too
     assert again.token_ids == first.token_ids
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 0},  # numpy's argmax
+        {"temperature": 0, "presence_penalty": 0.5},  # llama.cpp's chain, greedy
+        {"temperature": 1.0, "seed": SEED + 77},  # the chain's seeded draw
+        {"temperature": 1.0, "seed": SEED + 78, "response_format": {"type": "json_object"}},
+    ],
+    ids=["greedy", "penalised", "seeded", "grammar"],
+)
+def test_a_prompt_sent_again_evaluates_nothing_and_answers_as_cold(
+    engine: LlamaCppEngine, sampling: dict[str, Any]
+) -> None:
+    """The slot keeps the logits of its prompt's last token: the same prompt again samples its
+    first token from them, through the same sampler, and gets the cold answer bit for bit."""
+    request = chat(
+        f"{sorted(sampling)} {sampling.get('seed')}: name a colour.",
+        max_tokens=12,
+        logprobs=True,
+        **sampling,
+    )
+    cold = alone(engine, [request])[0]
+    prompt = len(cold.prompt_token_ids or [])
+    assert prompt % BLOCK  # a partial last block, which only the kept logits let it reuse
+    before = engine.cache_counters["reused_tokens"]
+    again = alone(engine, [request])[0]
+    assert engine.cache_counters["reused_tokens"] - before == prompt
+    assert again.token_ids == cold.token_ids
+    assert again.token_logprobs == cold.token_logprobs
 
 
 def test_a_conversation_resent_with_one_more_message_evaluates_only_the_new_tokens(

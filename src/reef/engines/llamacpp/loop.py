@@ -262,7 +262,11 @@ class DecodeLoop:
             return
         if job.started_at is None:
             job.started_at = time.perf_counter()
-        self._running.append(_Sequence(job, slot, index, start, sampler))
+        sequence = _Sequence(job, slot, index, start, sampler)
+        self._running.append(sequence)
+        if not sequence.prefilling:  # the slot held this very prompt, and its last logits
+            assert slot.prompt_logits is not None
+            self._take_or_fail(sequence, slot.prompt_logits)
 
     def _prefill(self) -> None:
         budget = self._prompt_budget
@@ -288,7 +292,9 @@ class DecodeLoop:
         sequence.slot.evaluated(block, whole_block=len(block) == BLOCK)
         sequence.position += len(block)
         if last:
-            self._take_or_fail(sequence, len(block) - 1)
+            row = logits_row(self._context, len(block) - 1, self._n_vocab)
+            sequence.slot.prompt_evaluated(row)
+            self._take_or_fail(sequence, row, len(block) - 1)
         return True
 
     def _decode(self) -> None:
@@ -312,7 +318,8 @@ class DecodeLoop:
             sequence.position += 1
             sequence.next_token = None
         for index, sequence in enumerate(group):
-            self._take_or_fail(sequence, index)
+            row = logits_row(self._context, index, self._n_vocab)
+            self._take_or_fail(sequence, row, index)
 
     def _fill(self, tokens: list[tuple[_Sequence, int, int]], outputs: bool = True) -> None:
         """Put `tokens` (sequence, token, position) in the batch; `outputs`: logits for each."""
@@ -353,21 +360,22 @@ class DecodeLoop:
             self._threads_set = count
         return count
 
-    def _take_or_fail(self, sequence: _Sequence, index: int) -> None:
+    def _take_or_fail(self, sequence: _Sequence, row: np.ndarray, index: int | None = None) -> None:
         """`_take`; an error there fails this sequence's request only."""
         try:
-            self._take(sequence, index)
+            self._take(sequence, row, index)
         except Exception as error:
             log.exception("a llama.cpp sequence failed; the others in its batch go on")
             self._stop(sequence, _failure(error))
 
-    def _take(self, sequence: _Sequence, index: int) -> None:
-        """Sample the sequence's next token from batch output `index` and add it to its text."""
+    def _take(self, sequence: _Sequence, row: np.ndarray, index: int | None) -> None:
+        """Sample the sequence's next token from `row`, the logits of batch output `index` (None:
+        kept by its slot), and add it to its text."""
         import llama_cpp
 
         state, sampling = sequence.state, sequence.sampling
-        row = logits_row(self._context, index, self._n_vocab)
-        token = sequence.sampler.sample(self._context, index, row)
+        context = None if index is None else self._context
+        token = sequence.sampler.sample(row, context, index or 0)
         logprob, top = logprob_of(row, token, sampling.top_logprobs, self._scratch)
         if state.first_token_at is None:
             state.first_token_at = time.perf_counter()

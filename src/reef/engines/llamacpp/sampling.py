@@ -26,6 +26,8 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = 40
 DEFAULT_MIN_P = 0.05
 PENALTY_LAST_N = 64  # llama-cpp-python's window for presence and frequency penalties
+# llama_token_data as numpy lays it out: the candidates a sampler chain filters.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 @dataclass
@@ -95,9 +97,9 @@ class SequenceSampler:
             for sampler in _samplers(vocab, n_vocab, sampling, grammar):
                 llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
-    def sample(self, context: Any, index: int, row: np.ndarray) -> int:
-        """The token drawn from the logits of batch output `index` (`row`: its logits), accepted
-        into the chain."""
+    def sample(self, row: np.ndarray, context: Any = None, index: int = 0) -> int:
+        """The token drawn from `row`, the logits of batch output `index` of `context` (or kept
+        from an earlier call when `context` is None), accepted into the chain."""
         import llama_cpp
 
         if self._greedy:
@@ -107,7 +109,27 @@ class SequenceSampler:
             biased = row.copy()
             biased[tokens] += values
             return int(biased.argmax())
-        return int(llama_cpp.llama_sampler_sample(self._chain, context, index))
+        if context is not None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, context, index))
+        return self._sample_kept(row)
+
+    def _sample_kept(self, row: np.ndarray) -> int:
+        """What llama_sampler_sample does over a context's logits, over `row`: the chain applied
+        to every token with its logit, the selected token accepted."""
+        import llama_cpp
+
+        candidates = np.zeros(len(row), dtype=_TOKEN_DATA)
+        candidates["id"] = np.arange(len(row), dtype=np.int32)
+        candidates["logit"] = row
+        data = candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        array = llama_cpp.llama_token_data_array(data, len(row), -1, False)
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        if not 0 <= array.selected < len(row):
+            raise RuntimeError("llama.cpp's sampler chain selected no token")
+        # The chain may have sorted or cut the array in place: read the id from where it points.
+        token = int(array.data[array.selected].id)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
 
     def close(self) -> None:
         import llama_cpp
@@ -134,8 +156,8 @@ def _samplers(vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None)
         chain.append(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
     if sampling.presence_penalty or sampling.frequency_penalty:
         chain.append(
-            llama_cpp.llama_sampler_init_penalties(
-                PENALTY_LAST_N, 1.0, sampling.frequency_penalty, sampling.presence_penalty
+            llama_cpp.llama_sampler_init_penalties(  # the pinned llama.cpp's takes n_vocab
+                n_vocab, PENALTY_LAST_N, 1.0, sampling.frequency_penalty, sampling.presence_penalty
             )
         )
     if grammar is not None:

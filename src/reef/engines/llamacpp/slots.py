@@ -11,6 +11,11 @@ aligned blocks of `BLOCK` tokens (the last one partial), and a later prompt reus
 leading blocks that were evaluated as whole blocks. A prompt's KV is then computed the same way
 whether it is cold, cached or batched with others: the same logits, bit for bit, so a seed and
 temperature 0 give the same answer every time, and the cache never has to be thrown away.
+
+A prompt sent again exactly (a retry, the next of n choices, a benchmark, an evaluation task run
+twice) is served whole: the slot also keeps the logits of its prompt's last token, which is all
+a fresh evaluation would give, so the first token is sampled from them and no prompt token is
+evaluated again, not even the last partial block.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 BLOCK = 64  # prompt tokens per llama_decode call, and the unit of prompt cache reuse
 
@@ -31,11 +38,17 @@ class Slot:
     adapter: Path | None = None  # the LoRA adapter the KV was computed under
     last_used: float = 0.0
     busy: bool = False
+    # The logits of the last token of the prompt that filled tokens[:prompt_length], kept while
+    # those tokens are: a request with that very prompt needs nothing evaluated.
+    prompt_logits: np.ndarray | None = None
+    prompt_length: int = 0
 
     def reusable(self, prompt: list[int], adapter: Path | None) -> int:
         """How many leading tokens of `prompt` this slot can serve from its cache."""
         if adapter != self.adapter:
             return 0
+        if self.holds_whole(prompt):
+            return len(prompt)
         common = 0
         for held, wanted in zip(self.tokens[: self.exact], prompt, strict=False):
             if held != wanted:
@@ -43,6 +56,26 @@ class Slot:
             common += 1
         # At least the prompt's last token is evaluated: its logits give the first token.
         return min(common, len(prompt) - 1) // BLOCK * BLOCK
+
+    def holds_whole(self, prompt: list[int]) -> bool:
+        """Whether the slot holds `prompt` exactly, with its last token's logits."""
+        return (
+            self.prompt_logits is not None
+            and len(prompt) == self.prompt_length
+            and self.tokens[: len(prompt)] == prompt
+        )
+
+    def prompt_evaluated(self, last_logits: np.ndarray) -> None:
+        """The prompt the slot's tokens now hold is evaluated; keep a copy of its last logits."""
+        self.prompt_logits = np.array(last_logits, copy=True)
+        self.prompt_length = len(self.tokens)
+
+    def trim(self, kept: int) -> None:
+        """Keep the first `kept` tokens' record (the cache cells are trimmed by the caller)."""
+        del self.tokens[kept:]
+        self.exact = min(self.exact, kept)
+        if kept < self.prompt_length:
+            self.prompt_logits, self.prompt_length = None, 0
 
     def evaluated(self, tokens: list[int], whole_block: bool) -> None:
         """Record tokens just evaluated in this slot's sequence."""
@@ -91,8 +124,7 @@ class SlotTable:
         ):
             llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, 0, -1)
             kept = 0
-        del slot.tokens[kept:]
-        slot.exact = min(slot.exact, kept)
+        slot.trim(kept)
         slot.adapter = adapter
         self.counters.prompt_tokens += len(prompt)
         self.counters.reused_tokens += kept
@@ -104,8 +136,7 @@ class SlotTable:
         import llama_cpp
 
         llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, 0, -1)
-        slot.tokens.clear()
-        slot.exact = 0
+        slot.trim(0)
 
     def release(self, slot: Slot) -> None:
         slot.busy = False
@@ -113,11 +144,12 @@ class SlotTable:
 
 
 def _choose(free: list[Slot], prompt: list[int], adapter: Path | None) -> Slot:
-    """The slot whose cache `prompt` continues (keeping at least half of what it holds), the one
-    reusing most; otherwise the least recently used, so that a new conversation sharing only a
-    system prompt does not evict another agent's conversation while an older slot is idle."""
+    """The slot whose cache `prompt` continues (keeping at least half of what it holds, or all
+    of the prompt), the one reusing most; otherwise the least recently used, so that a new
+    conversation sharing only a system prompt does not evict another agent's conversation while
+    an older slot is idle."""
     best = max(free, key=lambda slot: (slot.reusable(prompt, adapter), -slot.last_used))
     kept = best.reusable(prompt, adapter)
-    if kept and kept * 2 >= len(best.tokens):
+    if kept and (kept * 2 >= len(best.tokens) or kept == len(prompt)):
         return best
     return min(free, key=lambda slot: slot.last_used)
