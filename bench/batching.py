@@ -201,10 +201,10 @@ def throughput(options: argparse.Namespace) -> dict[str, Any]:
     result["reef_c4_over_batch4_decode"] = paired
     print(f"  Reef c=4 / c=1 reaches {share:.0%} of that ceiling (target >= 95%); Reef c=4 makes")
     print(f"  {paired:.0%} of the tokens/s of batch-4 decode alone, round by round")
-    print("  No server on llama.cpp here can")
     print(
-        f"  exceed {result['ceiling']['tokens_batch4_over_batch1']:.2f}x, nor keep its p50 ratio "
-        f"below {result['ceiling']['call_batch4_over_batch1']:.2f}x"
+        f"  No server on llama.cpp here can exceed "
+        f"{result['ceiling']['tokens_batch4_over_batch1']:.2f}x, nor keep its p50 ratio below "
+        f"{result['ceiling']['call_batch4_over_batch1']:.2f}x"
     )
     return result
 

@@ -374,8 +374,10 @@ class DecodeLoop:
         import llama_cpp
 
         state, sampling = sequence.state, sequence.sampling
-        context = None if index is None else self._context
-        token = sequence.sampler.sample(row, context, index or 0)
+        if index is None:
+            token = sequence.sampler.sample(row)
+        else:
+            token = sequence.sampler.sample(row, self._context, index)
         logprob, top = logprob_of(row, token, sampling.top_logprobs, self._scratch)
         if state.first_token_at is None:
             state.first_token_at = time.perf_counter()
