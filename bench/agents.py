@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+from results import OUT
 
 from reef.testing.processes import free_port, reef_serve
 
@@ -93,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", default=",".join(RUNS))
     parser.add_argument("--limit", type=float, default=60.0, help="seconds a session should take")
-    parser.add_argument("--json", type=Path, default=Path("bench/out/agents.json"))
+    parser.add_argument("--json", type=Path, default=OUT / "agents.json")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="reef-agents-") as folder:

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 from decode_ceiling import decode_ceiling, describe
+from results import OUT
 from serving_load import drive
 from serving_servers import running, stock_llama_server, write_reef_config
 
@@ -47,8 +48,7 @@ from reef.inference.model import LocalModel
 from reef.protocol import ChatRequest
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "out" / "batching.json"
+OUT_FILE = OUT / "batching.json"
 N_THREADS = 2
 STORY = "Write a long story about a lighthouse keeper."
 TASKS = [
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (throughput)")
     parser.add_argument("--requests", type=int, default=8, help="requests per block at c=4")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT_FILE)
     parser.add_argument(
         "--model", type=Path, help="throughput on a GGUF other than the embedded model"
     )

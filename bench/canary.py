@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
+from results import OUT
 from rich.console import Console
 from rich.table import Table
 
@@ -265,9 +266,8 @@ def report(runs: list[dict], args: argparse.Namespace) -> None:
     expected = {"worse": "rollback", "better": "promote"}
     verdict = all(run["decision"] == expected[run["run"]] for run in runs)
     console.print(f"target: worse rolled back, better promoted: {'PASS' if verdict else 'MISS'}")
-    out = Path(__file__).resolve().parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "canary.json").write_text(json.dumps(runs, indent=2))
+    OUT.mkdir(exist_ok=True)
+    (OUT / "canary.json").write_text(json.dumps(runs, indent=2))
     draw(runs, Path(__file__).resolve().parent.parent / "docs" / "canary.png")
 
 

@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from results import OUT
 from serving_servers import running, stock_llama_server, write_reef_config
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
@@ -160,7 +161,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=4, help="sequential requests a figure")
     parser.add_argument("--tokens", type=int, default=128, help="completion tokens a request")
-    parser.add_argument("--json", type=Path, default=Path("bench/out/laptop.json"))
+    parser.add_argument("--json", type=Path, default=OUT / "laptop.json")
     args = parser.parse_args()
     result = report(measure(args))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+from results import OUT
 from rich.console import Console
 from rich.table import Table
 
@@ -218,11 +219,10 @@ def main() -> None:
             steps,
         )
     console.print(table)
-    out = Path(__file__).parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "learning_curve.json").write_text(json.dumps(curves, indent=2))
-    draw(curves, out / "learning_curve.png")
-    console.print(f"curve drawn in {out / 'learning_curve.png'}")
+    OUT.mkdir(exist_ok=True)
+    (OUT / "learning_curve.json").write_text(json.dumps(curves, indent=2))
+    draw(curves, OUT / "learning_curve.png")
+    console.print(f"curve drawn in {OUT / 'learning_curve.png'}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from results import OUT
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import (
@@ -219,7 +220,7 @@ def main() -> None:
     parser.add_argument("--policies", default="no_regression")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per round")
-    parser.add_argument("--json", type=Path, default=Path("bench/out/preferences.json"))
+    parser.add_argument("--json", type=Path, default=OUT / "preferences.json")
     args = parser.parse_args()
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
     rows = []

@@ -47,6 +47,7 @@ from proxy_servers import (
     started,
     stored_receipts,
 )
+from results import OUT
 from serving_config import console
 from serving_cpu import NOISY_CORES, wait_for_quiet
 
@@ -58,7 +59,7 @@ DIRECT, REEF, LITELLM = "direct (no proxy)", "Reef", "LiteLLM"
 BARE = "bare Python forwarder"
 ADDED_P50_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 10.0
-OUT = Path(__file__).resolve().parent / "out" / "proxy.json"
+OUT_FILE = OUT / "proxy.json"
 
 
 @dataclass(frozen=True)
@@ -371,10 +372,11 @@ def report(
             f"{verdict} {result['target']}: {result['value']} (target {result['goal']})",
             highlight=False,
         )
-    OUT.parent.mkdir(exist_ok=True)
+    OUT.mkdir(exist_ok=True)
     document = {"rows": rows, "context": context, "records": records, "targets": results}
-    OUT.write_text(json.dumps(document, indent=2))
-    console.print(f"{time.perf_counter() - began:.0f} s in all; figures in {OUT}", highlight=False)
+    OUT_FILE.write_text(json.dumps(document, indent=2))
+    elapsed = time.perf_counter() - began
+    console.print(f"{elapsed:.0f} s in all; figures in {OUT_FILE}", highlight=False)
 
 
 if __name__ == "__main__":

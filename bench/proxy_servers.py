@@ -21,12 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from results import OUT
 from serving_config import console
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 HERE = Path(__file__).resolve().parent
-LITELLM_VENV = HERE / "out" / "litellm-venv"
+LITELLM_VENV = OUT / "litellm-venv"
 MODEL = "fake-model"
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from results import OUT
 from rich.console import Console
 from rich.table import Table
 
@@ -210,9 +211,8 @@ def report(
         f"target: a running server switches a harness or LoRA within 1 s -> worst {worst:.0f} ms: "
         f"{verdict}"
     )
-    out = Path(__file__).parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "release_swap.json").write_text(json.dumps({"baseline_ms": baseline, **results}))
+    OUT.mkdir(exist_ok=True)
+    (OUT / "release_swap.json").write_text(json.dumps({"baseline_ms": baseline, **results}))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from proxy_servers import fake_upstream
+from results import OUT
 
 from reef.releases.chain import ReleaseChain
 from reef.testing.postgres import PostgresServer, postgres_available
@@ -44,7 +45,7 @@ from reef.testing.processes import (
     serving_everywhere,
 )
 
-OUT = Path(__file__).resolve().parent / "out" / "replicas.json"
+OUT_FILE = OUT / "replicas.json"
 TOKEN = "bench-replicas-token"
 TARGET_S = 2.0
 
@@ -75,8 +76,8 @@ def main() -> None:
     print(f"NOTIFY vs polling: {poll['median_s'] / notify['median_s']:.1f}x faster (median)")
     met = "met" if notify["max_s"] < TARGET_S else "NOT met"
     print(f"target, every replica within {TARGET_S} s of the publish: {met}")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2))
+    OUT.mkdir(exist_ok=True)
+    OUT_FILE.write_text(json.dumps(rows, indent=2))
 
 
 def measure(

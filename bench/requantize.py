@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from results import OUT
+
 from reef.engines.llamacpp import embedded_model_path
 
-OUT = Path(__file__).resolve().parent / "out"
 FORMATS = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
 
 

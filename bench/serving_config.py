@@ -10,10 +10,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from results import OUT
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "bench" / "out" / "serving.json"
+DEFAULT_OUT = OUT / "serving.json"
 
 # The engine part: one prompt that makes the model write at length, greedy, same for everyone.
 PROMPT = "Write a long story about a lighthouse keeper."

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+from results import OUT
 from rich.console import Console
 from rich.table import Table
 
@@ -159,9 +160,8 @@ def report(
         f"target: p50 with a shadow within 10% of without -> {ratio:.2f}x: "
         f"{'PASS' if ratio <= 1.10 else 'MISS'}"
     )
-    out = Path(__file__).resolve().parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "shadow.json").write_text(
+    OUT.mkdir(exist_ok=True)
+    (OUT / "shadow.json").write_text(
         json.dumps({"baseline": before, "shadow": shadowed, "copies": copies})
     )
 

@@ -27,12 +27,13 @@ from pathlib import Path
 from proxy import BODY, SCENARIO
 from proxy_load import Block, Target, run_block
 from proxy_servers import fake_upstream, new_key, pid_of, started
+from results import OUT
 
 from reef.store import ExperienceStore
 from reef.testing.postgres import PostgresServer, postgres_available
 from reef.testing.processes import free_port, reef_serve
 
-OUT = Path(__file__).resolve().parent / "out" / "store_backends.json"
+OUT_FILE = OUT / "store_backends.json"
 SQLITE, POSTGRES = "SQLite (default)", "PostgreSQL"
 
 
@@ -71,8 +72,8 @@ def main() -> None:
         for row in rows:  # every answer is in: each receipt's record is committed
             row["stored"] = stored(stores[row["setting"]])
     print_table(rows)
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"rows": rows}, indent=2))
+    OUT.mkdir(exist_ok=True)
+    OUT_FILE.write_text(json.dumps({"rows": rows}, indent=2))
 
 
 def measure(

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
+from results import OUT
 from rich.console import Console
 from rich.table import Table
 from starlette.requests import Request
@@ -162,9 +163,8 @@ def report(rounds: list[dict], costs: dict) -> None:
         f"target: the teacher's share falls as the student learns -> {share(first):.0%} in round "
         f"0, {share(last):.0%} in round {last['round']}: {verdict}"
     )
-    out = Path(__file__).resolve().parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "teacher.json").write_text(json.dumps({"rounds": rounds, "costs": costs}, indent=2))
+    OUT.mkdir(exist_ok=True)
+    (OUT / "teacher.json").write_text(json.dumps({"rounds": rounds, "costs": costs}, indent=2))
     draw(rounds, Path(__file__).resolve().parent.parent / "docs" / "teacher_share.png")
 
 

@@ -26,6 +26,7 @@ from pydantic import (
 from reef.errors import describe_validation_error
 from reef.store.database import is_postgres
 from reef.urls import without_password
+from reef.yamlfile import DuplicateKey, load_yaml
 
 DEFAULT_CONFIG_FILE = "reef.yaml"
 DEFAULT_PORT = 8900
@@ -605,9 +606,11 @@ def _read_yaml(path: Path, env: dict[str, str]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (create one with `reef init`)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text(), str(path)) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    except DuplicateKey as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path}: the top level must be a mapping of keys, not {type(data).__name__}"

@@ -24,7 +24,6 @@ The built-in recipes (reef.recipes) and the one `reef recipe new` writes import 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, files_of
@@ -56,6 +55,7 @@ from reef.learning.weights import (
     training_source,
 )
 from reef.protocol import Completion, message_text
+from reef.training import import_training_module
 
 if TYPE_CHECKING:
     from reef.training import (
@@ -83,7 +83,7 @@ _TRAINING = {
 
 def __getattr__(name: str) -> Any:
     if name in _TRAINING:
-        return getattr(importlib.import_module(_TRAINING[name]), name)
+        return getattr(import_training_module(_TRAINING[name]), name)
     raise AttributeError(f"module 'reef.sdk' has no attribute {name!r}")
 
 

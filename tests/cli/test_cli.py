@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from reef.cli import app
 from reef.evaluation.tasks import load_tasks
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
+from reef.yamlfile import load_yaml
 from tests.conftest import SMALL_ENGINE, TOKEN, endless, write_config
 
 runner = CliRunner()
@@ -42,6 +43,19 @@ def test_init_scaffolds_a_project_that_serve_accepts(tmp_path: Path) -> None:
     assert config["server"]["port"] == 8900
     code, output = reef("serve", "-c", str(project / "reef.yaml"), "--print-config")
     assert code == 0, output
+
+
+def test_init_writes_no_key_twice_and_serve_refuses_a_file_that_does(tmp_path: Path) -> None:
+    code, output = reef("init", str(tmp_path / "proj"))
+    assert code == 0, output
+    path = tmp_path / "proj" / "reef.yaml"
+    load_yaml(path.read_text(), str(path))  # raises DuplicateKey for a key set twice
+    lines = path.read_text().splitlines()
+    seed = next(i for i, line in enumerate(lines) if line.strip().startswith("seed:"))
+    path.write_text("\n".join([*lines[: seed + 1], lines[seed], *lines[seed + 1 :]]) + "\n")
+    code, output = reef("serve", "-c", str(path), "--print-config")
+    assert code == 2
+    assert f"line {seed + 2}: gate.seed is set twice" in " ".join(output.split())
 
 
 def test_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:

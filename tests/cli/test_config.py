@@ -49,6 +49,21 @@ def test_unknown_key_names_its_path(tmp_path: Path) -> None:
         load_config(path, env={})
 
 
+def test_a_key_set_twice_names_the_file_the_line_and_the_dotted_key(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("gate:\n  seed: 0\n  temperature: 0.0\n  temperature: 0.7\n")
+    with pytest.raises(
+        ConfigError, match=r"reef\.yaml line 4: gate\.temperature is set twice \(first at line 3\)"
+    ):
+        load_config(path, env={})
+
+
+def test_the_same_key_in_two_mappings_is_no_duplicate(tmp_path: Path) -> None:
+    path = tmp_path / "reef.yaml"
+    path.write_text("gate:\n  seed: 3\nlearning:\n  seed: 4\n")
+    assert load_config(path, env={}).gate.seed == 3
+
+
 def test_wrong_type_names_the_key_and_the_value(tmp_path: Path) -> None:
     path = tmp_path / "reef.yaml"
     path.write_text("server:\n  port: lots\n")

@@ -57,6 +57,7 @@ OPEN = "  - arms:\n"
             "line 3: two arms of one route share a name",
         ),
         ("arms: []\n", "line 1: unknown key 'arms' in the policy"),
+        ("routes: []\nroutes: []\n", "line 2: routes is set twice (first at line 1)"),
         ("routes: [\n", "not valid YAML"),
     ],
 )

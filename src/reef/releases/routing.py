@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from reef.errors import ReefError
+from reef.yamlfile import DuplicateKey, refuse_duplicate_keys
 
 if TYPE_CHECKING:
     from reef.inference.binding import Binding
@@ -105,9 +106,12 @@ def parse_policy(text: str) -> tuple[RouteSpec, ...]:
     """The routes of a policy, checked for shape (not for which releases exist); ReefError
     naming the line otherwise."""
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        refuse_duplicate_keys(root, POLICY_FILE)
     except yaml.YAMLError as error:
         raise _refused(f"{POLICY_FILE} is not valid YAML: {error}") from None
+    except DuplicateKey as error:
+        raise _refused(str(error)) from None
     mapping = _mapping(root, "the policy")
     _known_keys(mapping, {"routes"}, "the policy")
     routes_node = _required(mapping, "routes", root)

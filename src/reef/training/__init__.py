@@ -14,6 +14,7 @@ so the server, which never trains, never loads torch. See docs/training.md.
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,6 +26,30 @@ if TYPE_CHECKING:
     from reef.training.loss import TrainingExample
     from reef.training.policy import PolicyExample, PolicySettings, train_policy
     from reef.training.tokens import TokenizerMismatch, check_tokenizer, encode_completion
+
+# What the `train` extra installs that these modules import at their top.
+TRAIN_PACKAGES = frozenset({"gguf", "peft", "safetensors", "torch", "transformers"})
+TRAIN_EXTRA = "pip install 'reef[train]' (in a checkout: pip install -e '.[train]')"
+
+
+class MissingTrainExtra(ImportError):
+    """Training was asked for where the `train` extra is not installed."""
+
+
+def import_training_module(name: str) -> ModuleType:
+    """Import a module of `reef.training`; without the `train` extra, an error that says how
+    to install it rather than a bare `No module named 'torch'`."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").partition(".")[0]
+        if missing not in TRAIN_PACKAGES:
+            raise
+        raise MissingTrainExtra(
+            f"training needs the `train` extra ({missing} is not installed): {TRAIN_EXTRA}",
+            name=missing,
+        ) from error
+
 
 _WHERE = {
     "Base": "base",
@@ -70,4 +95,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'reef.training' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"reef.training.{_WHERE[name]}"), name)
+    return getattr(import_training_module(f"reef.training.{_WHERE[name]}"), name)
