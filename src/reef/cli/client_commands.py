@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,13 +10,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from reef.cli.output import add_id_column, console, fail
-from reef.config import DEFAULT_PORT
+from reef.client import DEFAULT_URL, ReefClient, ReefClientError
 from reef.protocol import last_user_text, response_text
 from reef.trajectories import trajectories
 
@@ -25,42 +23,25 @@ UrlOption = Annotated[
     str,
     typer.Option("--url", envvar="REEF_URL", help="The Reef server (token from REEF_TOKEN)."),
 ]
-DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
 @contextmanager
-def api_client(url: str) -> Iterator[httpx.Client]:
-    token = os.environ.get("REEF_TOKEN", "").split(",")[0].strip()
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
-        yield client
-
-
-def api_call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+def open_client(url: str) -> Iterator[ReefClient]:
+    """A client of the server at `url` (token from REEF_TOKEN); a call that fails in the block
+    ends the command with the client's sentence."""
     try:
-        response = client.request(method, path, **kwargs)
-    except httpx.ConnectError:
-        fail(
-            f"no Reef server answers at {client.base_url}: "
-            "start one with `reef serve`, or pass --url"
-        )
-    except httpx.HTTPError as error:
-        fail(f"request to {client.base_url}{path} failed: {error}")
-    if response.status_code >= 400:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:500]
-        fail(f"HTTP {response.status_code}: {message}")
-    return response.json()
+        with ReefClient(url) as client:
+            yield client
+    except ReefClientError as error:
+        fail(f"{error}, or pass --url" if error.unreachable else str(error))
 
 
 def status(
     url: UrlOption = DEFAULT_URL, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
     """The server's engine, uptime and experience counts per scenario."""
-    with api_client(url) as client:
-        data = api_call(client, "GET", "/reef/status")
+    with open_client(url) as client:
+        data = client.status()
     if as_json:
         console.print_json(data=data)
         return
@@ -130,8 +111,8 @@ def records(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """The most recent records with their feedback."""
-    with api_client(url) as client:
-        rows = _latest(client, scenario, limit)
+    with open_client(url) as client:
+        rows = list(client.records(scenario, limit=limit, order="desc")["data"])
     if as_json:
         console.print_json(data=rows)
         return
@@ -153,23 +134,11 @@ def records(
     console.print(table)
 
 
-def _latest(client: httpx.Client, scenario: str | None, limit: int) -> list[dict[str, Any]]:
-    params: dict[str, Any] = {"limit": limit, "order": "desc"}
-    if scenario:
-        params["scenario"] = scenario
-    return list(api_call(client, "GET", "/reef/records", params=params)["data"])
-
-
-def _all_records(client: httpx.Client, scenario: str | None) -> Iterator[dict[str, Any]]:
+def _all_records(client: ReefClient, scenario: str | None) -> Iterator[dict[str, Any]]:
     """Every record, oldest first, a page at a time."""
     after = None
     while True:
-        params: dict[str, Any] = {"limit": 1000}
-        if scenario:
-            params["scenario"] = scenario
-        if after:
-            params["after"] = after
-        page = api_call(client, "GET", "/reef/records", params=params)
+        page = client.records(scenario, limit=1000, after=after)
         yield from page["data"]
         if not page["has_more"] or not page["data"]:
             return
@@ -187,14 +156,8 @@ def report(
     """Report a score and/or feedback against one or more receipts."""
     if score is None and feedback is None:
         fail("give --score, --feedback or both", code=2)
-    body: dict[str, Any] = {"references": receipts}
-    for key, value in (("score", score), ("feedback", feedback), ("report_id", report_id)):
-        if value is not None:
-            body[key] = value
-    with api_client(url) as client:
-        stored = api_call(
-            client, "POST", "/reef/report", json=body, headers={"x-reef-scenario": scenario}
-        )
+    with open_client(url) as client:
+        stored = client.report(receipts, score, feedback, scenario=scenario, report_id=report_id)
     console.print(f"[green]reported[/] {stored['id']} on {len(stored['references'])} record(s)")
 
 
@@ -206,7 +169,7 @@ def export(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Write trajectories as JSONL in OpenAI's chat fine-tuning shape, with their feedback."""
-    with api_client(url) as client:
+    with open_client(url) as client:
         rows = list(_all_records(client, scenario))
     lines = [json.dumps(t, ensure_ascii=False) for t in trajectories(rows)]
     text = "".join(line + "\n" for line in lines)

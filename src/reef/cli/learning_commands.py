@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from reef.cli.client_commands import DEFAULT_URL, UrlOption, api_call, api_client
+from reef.cli.client_commands import DEFAULT_URL, UrlOption, open_client
 from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
 from reef.errors import ReefError
@@ -138,10 +138,8 @@ def train(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Queue a training instruction for the running server's learning worker."""
-    with api_client(url) as client:
-        queued = api_call(
-            client, "POST", "/reef/train", json={"scenario": scenario, "instruction": instruction}
-        )
+    with open_client(url) as client:
+        queued = client.train(instruction, scenario)
     console.print(f"[green]queued[/] {queued['id']} for {scenario}")
 
 

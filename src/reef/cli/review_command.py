@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from reef.cli.output import fail
+from reef.client import env_token
 from reef.config import ConfigError, load_config
 from reef.errors import ReefError
 
@@ -52,6 +52,4 @@ def _local_source(config_path: Path | None, scenario: str | None) -> ReviewSourc
 def _http_source(url: str, scenario: str | None) -> ReviewSource:
     from reef.review.http_source import HttpSource
 
-    admin = os.environ.get("REEF_ADMIN_TOKEN", "").split(",")[0].strip()
-    token = admin or os.environ.get("REEF_TOKEN", "").split(",")[0].strip()
-    return HttpSource(url, token, scenario)
+    return HttpSource(url, env_token("REEF_ADMIN_TOKEN") or env_token("REEF_TOKEN"), scenario)

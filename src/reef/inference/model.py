@@ -17,8 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
+from reef.client import AsyncReefClient, ReefClientError
 from reef.config import ReefConfig
 from reef.engines import build_engine
 from reef.engines.base import Engine
@@ -69,11 +68,7 @@ class ServerModel:
     def __init__(self, url: str, token: str, timeout_s: float = 900.0) -> None:
         self.url = url.rstrip("/")
         self.name = f"the server at {self.url}"
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-        )
+        self._client = AsyncReefClient(self.url, token, timeout_s=timeout_s)
 
     async def complete(self, request: ChatRequest, binding: Binding = BASE_BINDING) -> Completion:
         applied = binding.apply(request)
@@ -95,23 +90,24 @@ class ServerModel:
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         for _ in range(OVERLOAD_RETRIES):
             try:
-                response = await self._client.post(INTERNAL_COMPLETE_PATH, json=body)
-            except httpx.HTTPError as error:
-                raise EngineUnavailable(
-                    f"could not reach {self.name}: {error}; is `reef serve` still running?"
-                ) from None
-            if response.status_code == 503 and "retry-after" in response.headers:
-                await asyncio.sleep(_seconds(response.headers["retry-after"]))
-                continue
-            if response.status_code != 200:
-                raise ReefError(
-                    f"{self.name} refused an internal request ({response.status_code}): "
-                    f"{_message(response)}",
-                    status=response.status_code if response.status_code < 500 else 502,
-                )
-            data: dict[str, Any] = response.json()
-            return data
+                data: dict[str, Any] = await self._client.post(INTERNAL_COMPLETE_PATH, body)
+                return data
+            except ReefClientError as error:
+                if error.status == 503 and error.retry_after is not None:
+                    await asyncio.sleep(_seconds(error.retry_after))
+                    continue
+                raise self._failure(error) from None
         raise EngineUnavailable(f"{self.name} stayed overloaded; try again when it is quieter")
+
+    def _failure(self, error: ReefClientError) -> ReefError:
+        if error.status is None:
+            return EngineUnavailable(
+                f"could not reach {self.name}: {error.message}; is `reef serve` still running?"
+            )
+        return ReefError(
+            f"{self.name} refused an internal request ({error.status}): {error.message}",
+            status=error.status if error.status < 500 else 502,
+        )
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -150,13 +146,6 @@ def _seconds(value: str) -> float:
         return min(30.0, max(0.1, float(value)))
     except ValueError:
         return 1.0
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200]
 
 
 @contextlib.asynccontextmanager

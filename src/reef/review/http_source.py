@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
+from reef.client import ReefClient, ReefClientError
 from reef.review.rows import (
     Access,
     CandidateDetail,
@@ -25,25 +24,25 @@ class HttpSource:
     def __init__(self, url: str, token: str = "", scenario: str | None = None) -> None:
         self.location = url
         self.scenario = scenario
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=url, headers=headers, timeout=30)
+        self.client = ReefClient(url, token, timeout_s=30)
 
     def close(self) -> None:
         self.client.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The server's answer; a failure as the review's errors (a 404 or 409 means someone
+        decided first)."""
         try:
-            response = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as error:
-            raise ReviewError(
-                f"no answer from the Reef server at {self.location} ({error}): is it running?"
-            ) from None
-        if response.status_code < 400:
-            return response.json()
-        message = _error_message(response)
-        if response.status_code in (404, 409):
-            raise DecisionConflict(message)
-        raise ReviewError(f"HTTP {response.status_code}: {message}", status=response.status_code)
+            return self.client.request(method, path, **kwargs)
+        except ReefClientError as error:
+            if error.status is None:
+                raise ReviewError(
+                    f"no answer from the Reef server at {self.location} ({error.message}): "
+                    "is it running?"
+                ) from None
+            if error.status in (404, 409):
+                raise DecisionConflict(error.message) from None
+            raise ReviewError(str(error), status=error.status) from None
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         params = {"limit": LIST_LIMIT, **{k: v for k, v in extra.items() if v}}
@@ -124,10 +123,3 @@ class HttpSource:
                 f"the head of scenario {scenario!r} is {current or 'empty (no release yet)'}, "
                 f"not {expected or 'empty'}: someone published first"
             )
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:500]
