@@ -3,8 +3,8 @@
 The store speaks one SQL to both: statements take `?` and `:name` parameters, rows are built
 from dicts (`insert`, `upsert`, `update`), JSON is stored as text, and the few things the two
 databases say differently (how to begin a write, a JSON field, the schema's types) are methods
-here. `reef.store.sqlite` and `reef.store.postgres` implement it; `connect` picks one from
-where the store lives: a path (SQLite, the default) or a `postgresql://` URL.
+here. `reef.store.sqlite` and `reef.store.postgres` implement it; `reef.store.backends.connect`
+picks one from where the store lives: a path (SQLite, the default) or a `postgresql://` URL.
 """
 
 from __future__ import annotations
@@ -169,14 +169,3 @@ class Database(ABC):
         cursor = self.execute(sql, params)
         columns = [column[0] for column in cursor.description or ()]
         return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-
-
-def connect(location: str | Path, synchronous: str, busy_timeout_s: float) -> Database:
-    """A connection to the store at `location`: a `postgresql://` URL, or a SQLite file."""
-    if is_postgres(location):
-        from reef.store.postgres import PostgresDatabase
-
-        return PostgresDatabase.connect(str(location), busy_timeout_s)
-    from reef.store.sqlite import SqliteDatabase
-
-    return SqliteDatabase.connect(Path(location), synchronous, busy_timeout_s)

@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from reef.store.database import Database, StoreUnavailable, connect, is_postgres
+from reef.store import postgres
+from reef.store.backends import connect
+from reef.store.database import Database, StoreUnavailable, is_postgres
 from reef.store.migrations import apply_migrations
+from reef.store.sqlite import is_locked
 from reef.store.writer import GroupCommitWriter
 from reef.urls import without_password
 
@@ -104,6 +107,8 @@ class Record:
     # Under a routing policy: the release whose policy routed the call, and the arm it took.
     routing_release_id: str | None = None
     arm: str | None = None
+    # The teacher answered because this arm's answer failed its check (`arm` is `teacher`).
+    failed_arm: str | None = None
     id: str = field(default_factory=lambda: new_id("rec"))
     created_at: float = field(default_factory=time.time)
     content_hash: str = ""
@@ -147,6 +152,7 @@ class Record:
             "content_hash": self.content_hash,
             "routing_release_id": self.routing_release_id,
             "arm": self.arm,
+            "failed_arm": self.failed_arm,
         }
 
 
@@ -236,9 +242,7 @@ class ExperienceStore:
         """Call `on_message(payload)` for each notification on `channel` until `stop` (blocks:
         run it on a thread of its own); on a store that does not notify, return at once."""
         if self.notifies:
-            from reef.store.postgres import listen
-
-            listen(str(self.location), channel, on_message, stop, on_connected)
+            postgres.listen(str(self.location), channel, on_message, stop, on_connected)
 
     def sql_now(self) -> str:
         """SQL for the database's clock (seconds since the epoch), shared by all its users."""
@@ -285,8 +289,6 @@ class ExperienceStore:
                 f"{error}. Check that the PostgreSQL server is running and reachable, that the "
                 "database exists, and that the password is in PGPASSWORD or ~/.pgpass"
             )
-        from reef.store.sqlite import is_locked
-
         if is_locked(error):
             return StoreUnavailable(
                 f"the experience store {self.location} is locked by another process (a server, "
