@@ -16,6 +16,14 @@ from typing import Protocol
 from reef.protocol import ChatRequest, Completion, StreamItem
 
 
+class Cancelled(Exception):
+    """The client went away; the generation stopped early and is not a completion."""
+
+
+class Preempted(Cancelled):
+    """A background job (a shadow's copy, a gate's task) gave its place to a live request."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     token_ids: bool = False

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from reef.engines.base import Preempted
 from reef.errors import Overloaded, ReefError
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
@@ -153,8 +154,6 @@ class ShadowRunner:
     async def _on_idle_capacity(self, shadow: Shadowing, request: ChatRequest) -> Completion | None:
         """The shadow's answer, run only when no live request needs the engine; None when it
         was preempted `ATTEMPTS` times."""
-        from reef.engines.llamacpp.loop import Preempted
-
         engine, binding = self.state.engine, shadow.binding
         for _ in range(ATTEMPTS):
             while self._busy():

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from reef.engines.base import Cancelled, Preempted
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.output import ChoiceOutput, Emit, Generation
 from reef.engines.llamacpp.repetition import Repetition
@@ -55,14 +56,6 @@ log = logging.getLogger(__name__)
 Choices = list[tuple[Generation, ChoiceOutput]]
 PROMPT_BLOCK = "prompt block"  # the kind of a prompt block's llama_decode, for ThreadChoice
 Settle = Callable[[Any], None]  # called once on the loop thread: a result or an exception
-
-
-class Cancelled(Exception):
-    """The client went away; the generation stopped early and is not a completion."""
-
-
-class Preempted(Cancelled):
-    """A background job gave its slot to a live request."""
 
 
 @dataclass

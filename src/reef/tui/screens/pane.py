@@ -9,6 +9,7 @@ from textual.css.query import NoMatches
 from textual.widgets import TabbedContent
 
 from reef.review.source import ReviewSource
+from reef.tui.widgets.keyed_table import KeyedTable
 
 
 @runtime_checkable
@@ -32,8 +33,6 @@ class Pane(Vertical):
         raise NotImplementedError
 
     def focus_table(self) -> None:
-        from reef.tui.widgets.keyed_table import KeyedTable
-
         self.query(KeyedTable).first().focus()
 
     def on_show(self) -> None:
