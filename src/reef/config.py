@@ -6,6 +6,7 @@ documented on each field (`REEF_TOKEN`, `REEF_UPSTREAM_URL`, ...), command-line 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -177,10 +178,10 @@ class TrainingConfig(_Section):
 class GroupRule(_Section):
     """What the gate asks of one group of eval tasks (see GateConfig.groups)."""
 
-    # keep: no task of the group may score lower than under the current release by more than
-    # `margin` (`max_lost` tasks may); improve: the group's mean must beat the current one's by
-    # more than `margin`; floor: the group's mean must reach `floor`; any: the group only counts
-    # in the mean.
+    # keep: no task of the group may score lower than the best any released release scored on
+    # it (or the current release, if higher) by more than `margin` (`max_lost` tasks may);
+    # improve: the group's mean must beat the current one's by more than `margin`; floor: the
+    # group's mean must reach `floor`; any: the group only counts in the mean.
     rule: Literal["keep", "improve", "floor", "any"] = "keep"
     margin: float = Field(0.0, ge=0)
     floor: float = Field(0.5, ge=0, le=1)
@@ -189,10 +190,11 @@ class GroupRule(_Section):
 
 class CanaryConfig(_Section):
     """A canary: a candidate on a share of sessions, judged on their reports against the rest
-    (`reef.releases.canary`). The posterior of the difference of the arms' mean scores decides:
-    rolled back once P(canary worse by more than `margin`) >= `confidence`, promoted once
-    P(not worse by more than `margin`) >= `confidence`, each arm with `min_reports` reports;
-    at `deadline_s` without either, `on_deadline` decides."""
+    (`reef.releases.canary`). A confidence sequence for the difference of the arms' mean
+    scores (each session counted once), valid at every look, decides: rolled back once it lies
+    below -`margin`, promoted once it lies above, each arm with `min_reports` sessions scored;
+    at `deadline_s` without either, `on_deadline` decides. Reports on a canary's records must
+    score within `score_range`."""
 
     share: int = Field(10, ge=1, le=99)  # percent of sessions on the candidate
     min_reports: int = Field(20, ge=2)
@@ -201,6 +203,15 @@ class CanaryConfig(_Section):
     deadline_s: float = Field(3600.0, gt=0)
     on_deadline: Literal["rollback", "promote"] = "rollback"
     check_s: float = Field(2.0, gt=0)  # how often a server looks at a running canary
+    score_range: tuple[float, float] = (0.0, 1.0)  # [low, high]; a takeover scores low
+
+    @field_validator("score_range")
+    @classmethod
+    def _low_below_high(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"score_range must be [low, high], finite with low < high: {value}")
+        return value
 
 
 class ShadowConfig(_Section):
@@ -215,19 +226,20 @@ class ShadowConfig(_Section):
 class GateConfig(_Section):
     """How a candidate is judged against the current release on the scenario's eval tasks."""
 
-    # no_regression: the mean must beat current's by more than `margin` and every group of
-    # tasks must keep its rule (by default: no task the current release scores higher on may
-    # be lost); improve: the mean alone must beat current's by more than `margin`; floor:
-    # candidate mean >= floor; always: release without evaluating; review: evaluate, then
-    # hold for a human; canary: the floor offline, then a canary on live traffic (`canary`).
+    # Every policy that can release holds each group of tasks to its rule first (`groups`),
+    # and each release a candidate's routing policy sends sessions to as well. no_regression:
+    # then the mean must beat current's by more than `margin`; improve: the same, but a group
+    # `groups` does not name counts in the mean alone; floor: candidate mean >= floor; always:
+    # release without evaluating; review: evaluate, then hold for a human (naming any rule
+    # broken); canary: the floor offline, then a canary on live traffic (`canary`).
     policy: Literal["always", "floor", "improve", "no_regression", "review", "canary"] = (
         "no_regression"
     )
     margin: float = Field(0.0, ge=0)
     floor: float = Field(0.5, ge=0, le=1)
-    # no_regression: the rule of each group of tasks (a task's `group`; the recipe's tasks for
-    # the feedback it learns from are `feedback`, replayed good answers `replay`); a group not
-    # named here keeps the `keep` rule with no margin.
+    # The rule of each group of tasks (a task's `group`; the recipe's tasks for the feedback it
+    # learns from are `feedback`, replayed good answers `replay`); a group not named here keeps
+    # the `keep` rule with no margin (under `improve`: `any`).
     groups: dict[str, GroupRule] = Field(default_factory=dict)
     # Good answers of the scenario's own traffic (scored at or above `replay_threshold`) held
     # back from learning and replayed as tasks (`reference` scorer, group `replay`): at most
@@ -250,7 +262,10 @@ class GateConfig(_Section):
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
 
     def rule_for(self, group: str) -> GroupRule:
-        return self.groups.get(group) or GroupRule()
+        named = self.groups.get(group)
+        if named is not None:
+            return named
+        return GroupRule(rule="any") if self.policy == "improve" else GroupRule()
 
 
 class RecipeChoice(BaseModel):

@@ -46,8 +46,9 @@ def test_the_default_gate_refuses_a_better_mean_that_lost_tasks_and_names_them()
     decision, why = decide(GateConfig(), TRADE)
     assert decision == "rejected"
     assert (
-        "lost 2 task(s) of group default: capital (1.00 -> 0.00), spider-legs (1.00 -> 0.00)" in why
-    )
+        "lost 2 task(s) of group default against the best released: capital (1.00 -> 0.00), "
+        "spider-legs (1.00 -> 0.00)"
+    ) in why
     assert decide(GateConfig(policy="improve"), TRADE)[0] == "released"  # the mean policy
     held, why = decide(GateConfig(policy="review"), TRADE)
     assert held == "held" and "lost 2 task(s)" in why  # a human sees it too
@@ -74,7 +75,8 @@ def test_groups_keep_their_own_rules() -> None:
 def test_a_group_may_allow_a_count_of_lost_tasks() -> None:
     one_may_go = GateConfig(groups={"default": GroupRule(max_lost=1)})
     decision, why = decide(one_may_go, TRADE)
-    assert decision == "rejected" and "lost 2 task(s) of group default (at most 1 may be)" in why
+    at_most = "lost 2 task(s) of group default against the best released (at most 1 may be)"
+    assert decision == "rejected" and at_most in why
     two_may_go = GateConfig(groups={"default": GroupRule(max_lost=2)})
     assert decide(two_may_go, TRADE)[0] == "released"
 
@@ -180,7 +182,10 @@ def test_a_harness_that_trades_correctness_for_a_preference_is_refused_naming_it
     candidate = json.loads(published.stdout)
     assert candidate["evaluation"]["candidate_mean"] > candidate["evaluation"]["current_mean"]
     assert candidate["state"] == "rejected"
-    lost = "lost 2 task(s) of group default: right-0 (1.00 -> 0.00), right-1 (1.00 -> 0.00)"
+    lost = (
+        "lost 2 task(s) of group default against the best released: right-0 (1.00 -> 0.00), "
+        "right-1 (1.00 -> 0.00)"
+    )
     assert lost in candidate["decision"]
     assert candidate["evaluation"]["lost"] == ["right-0", "right-1"]
     listed = run_reef(tmp_path, "release", "candidates")

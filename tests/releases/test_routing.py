@@ -115,11 +115,13 @@ def test_too_few_reports_wait_until_the_deadline_decides() -> None:
 
 
 def test_a_worse_canary_is_rolled_back_and_an_equal_one_promoted() -> None:
-    worse = judge(SETTINGS, {"stable": [1.0, 0.0] * 15, "canary": [0.0] * 19 + [1.0]}, age_s=5)
-    assert worse.action == "rollback" and worse.p_worse is not None and worse.p_worse > 0.95
-    assert worse.interval is not None and worse.interval[1] < 0
-    # 0/1 scores: telling a 0.1 difference at 95% takes about 135 reports an arm.
-    equal = judge(SETTINGS, {"stable": [1.0, 0.0] * 100, "canary": [0.0, 1.0] * 100}, age_s=5)
+    worse = judge(SETTINGS, {"stable": [1.0, 0.0] * 25, "canary": [0.0] * 49 + [1.0]}, age_s=5)
+    assert worse.action == "rollback" and "worse, rolled back" in worse.why
+    assert worse.interval is not None and worse.interval[1] < -SETTINGS.margin
+    # 0/1 scores around 0.5: telling a 0.1 difference apart at 95%, at every look, takes about
+    # 460 reports an arm.
+    equal = judge(SETTINGS, {"stable": [1.0, 0.0] * 240, "canary": [0.0, 1.0] * 240}, age_s=5)
     assert equal.action == "promote" and equal.difference == 0
-    unsure = judge(SETTINGS, {"stable": [1.0, 0.0] * 10, "canary": [0.0, 1.0] * 10}, age_s=5)
-    assert unsure.action == "wait"  # 20 reports each cannot tell a 0.1 difference apart
+    assert equal.interval is not None and equal.interval[0] > -SETTINGS.margin
+    unsure = judge(SETTINGS, {"stable": [1.0, 0.0] * 100, "canary": [0.0, 1.0] * 100}, age_s=5)
+    assert unsure.action == "wait"  # 200 reports each cannot tell a 0.1 difference apart

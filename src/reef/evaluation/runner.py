@@ -5,18 +5,24 @@ their answers is the artifact. Tasks are sent concurrently (at most `concurrency
 time, both sides of a task together) so that an engine that batches decodes them together; the
 report keeps the tasks' order. Any error (an engine failure, a scorer that raises) propagates and
 stops the tasks still running: the gate treats it as a rejection, never as a pass.
+
+A task is lost when the candidate scores below its bar: the current release's score, or the best
+score a released release reached on it (`reference_score`, see `reef.evaluation.reference`) when
+that is higher. The arms a candidate's routing policy sends sessions to are answered beside the
+same current side (`run_beside`), each judged as the candidate is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from reef.evaluation.scorers import score
-from reef.evaluation.tasks import DEFAULT_GROUP, EvalTask
+from reef.evaluation.tasks import DEFAULT_GROUP, EvalTask, task_hash
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
 from reef.protocol import ChatRequest, last_user_text
@@ -52,16 +58,39 @@ class TaskResult:
     candidate_answer: str
     group: str = DEFAULT_GROUP
     prompt: str = ""  # the task's last user message, for a reviewer
+    task_hash: str = ""  # what the task asks and how it is scored (`tasks.task_hash`)
+    # The best score a released release reached on this task, and which one; None: none known.
+    reference_score: float | None = None
+    reference_release_id: str | None = None
+
+    @property
+    def bar(self) -> float:
+        """The score the candidate must keep: the best released, or the current release's when
+        none is known or the current one's is higher."""
+        if self.reference_score is None:
+            return self.current_score
+        return max(self.current_score, self.reference_score)
 
     def lost(self, margin: float = 0.0) -> bool:
-        """The candidate scores lower than the current release, by more than `margin`."""
-        return self.current_score - self.candidate_score > margin
+        """The candidate scores lower than the task's bar, by more than `margin`."""
+        return self.bar - self.candidate_score > margin
+
+
+@dataclass
+class RoutedArm:
+    """A release the candidate's routing policy sends sessions to, answering the same tasks."""
+
+    name: str  # the first arm of routing.yaml that names it
+    release: str  # a release id, or `base`
+    share: int  # the largest share of a route's sessions it serves
+    report: PairedReport  # its answers as the candidate side, beside the current release's
 
 
 @dataclass
 class PairedReport:
     current_release_id: str
     tasks: list[TaskResult] = field(default_factory=list)
+    arms: list[RoutedArm] = field(default_factory=list)
 
     @property
     def current_mean(self) -> float:
@@ -102,6 +131,16 @@ class PairedReport:
                 for name, group in self.groups().items()
             },
             "results": [asdict(t) for t in self.tasks],
+            "arms": [
+                {
+                    "name": arm.name,
+                    "release": arm.release,
+                    "share": arm.share,
+                    "candidate_mean": round(arm.report.candidate_mean, 4),
+                    "lost": [t.task_id for t in arm.report.tasks if t.lost()],
+                }
+                for arm in self.arms
+            ],
         }
 
 
@@ -139,19 +178,60 @@ async def run_paired(
             candidate_answer=candidate_answer,
             group=task.group,
             prompt=last_user_text(task.messages),
+            task_hash=task_hash(task),
         )
         if on_task:
             on_task(result)
         return result
 
-    running = [asyncio.ensure_future(evaluate(task)) for task in tasks]
+    results = await _all_or_none([evaluate(task) for task in tasks])
+    return PairedReport(current_release_id=current.release_id, tasks=results)
+
+
+async def run_beside(
+    report: PairedReport,
+    tasks: list[EvalTask],
+    binding: Binding,
+    generate: Generate,
+    settings: EvalSettings,
+    concurrency: int = EVAL_CONCURRENCY,
+) -> PairedReport:
+    """`binding`'s answers to the tasks `report` was evaluated on (`tasks`, in its order), as
+    the candidate side beside the current side of `report`."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def evaluate(task: EvalTask, paired: TaskResult) -> TaskResult:
+        async with limit:
+            answer = await generate(task_request(task, settings), binding)
+        return dataclasses.replace(
+            paired, candidate_score=score(task.scorer, answer, task), candidate_answer=answer
+        )
+
+    results = await _all_or_none(
+        [evaluate(task, paired) for task, paired in zip(tasks, report.tasks, strict=True)]
+    )
+    return PairedReport(report.current_release_id, results)
+
+
+def as_candidate(report: PairedReport) -> PairedReport:
+    """The current side of `report` as the candidate side too: a routed arm that serves the
+    current release's own parts, which the report has answered already."""
+    same = [
+        dataclasses.replace(t, candidate_score=t.current_score, candidate_answer=t.current_answer)
+        for t in report.tasks
+    ]
+    return PairedReport(report.current_release_id, same)
+
+
+async def _all_or_none(jobs: list[Coroutine[Any, Any, TaskResult]]) -> list[TaskResult]:
+    """Every job's result, in order; the first error cancels the others and propagates."""
+    running = [asyncio.ensure_future(job) for job in jobs]
     try:
-        results = await asyncio.gather(*running)
+        return list(await asyncio.gather(*running))
     except BaseException:
         for future in running:
             future.cancel()
         raise
-    return PairedReport(current_release_id=current.release_id, tasks=list(results))
 
 
 def model_generate(model: Model, settings: EvalSettings) -> Generate:

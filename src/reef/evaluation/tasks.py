@@ -16,6 +16,7 @@ user's preference that must improve.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -77,6 +78,12 @@ def load_tasks(path: Path) -> list[EvalTask]:
     if not tasks:
         raise EvalTasksError(f"{path} holds no tasks")
     return tasks
+
+
+def task_hash(task: EvalTask) -> str:
+    """What a task asks and how it is scored, hashed: an edited task is a new task."""
+    asked = {"messages": task.messages, "scorer": task.scorer.model_dump(exclude_defaults=True)}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def tasks_path(evals_dir: Path, scenario: str) -> Path:

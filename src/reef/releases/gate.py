@@ -1,10 +1,16 @@
 """The gate's decision: release, reject or hold a candidate, given its paired evaluation.
 
-The default policy, `no_regression`, releases a candidate that beats the current release on the
-mean of its tasks *and* keeps every group's rule: by default no task may be lost, so a candidate
-that wins a user's preference by forgetting how to answer (three preference tasks won, two
-correctness tasks lost) is refused, and the decision names what it lost. `improve` compares the
-means alone.
+Every policy that can release (`no_regression`, `improve`, `floor`, `canary`) first holds each
+group of tasks to its rule: by default no task may be lost, so a candidate that wins a user's
+preference by forgetting how to answer (three preference tasks won, two correctness tasks lost) is
+refused, and the decision names what it lost. A task is lost against the best score any released
+release reached on it (`reef.evaluation.reference`), not the release just before: small losses
+cannot add up along a chain. `improve` holds only the groups `gate.groups` names; the others
+count in the mean alone. `review` holds the candidate for a human, naming any rule broken.
+
+The releases a candidate's routing policy sends sessions to (its arms other than `self`) are
+held to the same group rules, and may not score below the current release (under `floor` and
+`canary`: below the floor): a policy that routes everyone to a worse release is refused.
 
 Whatever the policy, a candidate that has collapsed, one answer (the same content words) to
 every task where the current release gives several, is rejected first, saying so: a LoRA
@@ -17,11 +23,12 @@ from typing import Literal
 
 from reef.config import GateConfig, GroupRule
 from reef.evaluation.content import content_words
-from reef.evaluation.runner import PairedReport, TaskResult
+from reef.evaluation.runner import PairedReport, RoutedArm, TaskResult
 
 Decision = Literal["released", "rejected", "held", "canary"]
 NAMED_LOSSES = 5  # lost tasks a decision names before it says "and N more"
 COLLAPSE_TASKS = 3  # tasks a collapse needs to be seen
+AGAINST = "against the best released"  # what a lost task is counted against
 
 
 def decide(gate: GateConfig, report: PairedReport | None) -> tuple[Decision, str]:
@@ -35,26 +42,33 @@ def decide(gate: GateConfig, report: PairedReport | None) -> tuple[Decision, str
     collapse = collapsed(report)
     if collapse:
         return "rejected", f"{scores}; {collapse}"
-    broken = broken_rules(gate, report)
+    broken = broken_rules(gate, report) + broken_arms(gate, report)
     if gate.policy == "review":
         found = "".join(f"; {problem}" for problem in broken)
         return "held", f"{scores}{found}; gate policy is review: waiting for a human"
+    if broken:
+        return "rejected", f"{scores}; " + "; ".join(broken)
+    arms = "".join(f"; {kept}" for kept in kept_arms(report))
     if gate.policy in ("floor", "canary"):
         if candidate < gate.floor:
             return "rejected", f"{scores}; below the floor {gate.floor:.3f}"
+        kept = f"meets the floor {gate.floor:.3f} and keeps every group's rule {AGAINST}{arms}"
         if gate.policy == "canary":
-            share = gate.canary.share
-            return "canary", f"{scores}; meets the floor {gate.floor:.3f}: a canary on {share}%"
-        return "released", f"{scores}; meets the floor {gate.floor:.3f}"
-    if gate.policy == "no_regression" and broken:
-        return "rejected", f"{scores}; " + "; ".join(broken)
+            return "canary", f"{scores}; {kept}: a canary on {gate.canary.share}%"
+        return "released", f"{scores}; {kept}"
     if candidate > current + gate.margin:
-        kept = ", and keeps every group's rule" if gate.policy == "no_regression" else ""
-        return (
-            "released",
-            f"{scores}; beats current by more than the margin {gate.margin:.3f}{kept}",
-        )
+        beats = f"beats current by more than the margin {gate.margin:.3f}"
+        return "released", f"{scores}; {beats}{_groups_kept(gate)}{arms}"
     return "rejected", f"{scores}; does not beat current by more than the margin {gate.margin:.3f}"
+
+
+def _groups_kept(gate: GateConfig) -> str:
+    """What a released candidate kept of the group rules, as the decision says it."""
+    if gate.policy != "improve":
+        return f", and keeps every group's rule {AGAINST}"
+    if gate.groups:
+        return f", and keeps the rules of the groups gate.groups names {AGAINST}"
+    return " (policy improve: the mean alone, no group named in gate.groups)"
 
 
 def collapsed(report: PairedReport) -> str | None:
@@ -85,12 +99,57 @@ def broken_rules(gate: GateConfig, report: PairedReport) -> list[str]:
     return problems
 
 
+def broken_arms(gate: GateConfig, report: PairedReport) -> list[str]:
+    """What each routed arm fails, in words: the group rules as for the candidate (a group that
+    must improve must only not fall below the current release: an arm may serve it), and a mean
+    below the current release's by more than `margin` (under floor and canary: below the floor)."""
+    problems = []
+    for arm in report.arms:
+        named = f"routed arm {arm.name} ({arm.release}, {arm.share}%)"
+        problems += [f"{named}: {problem}" for problem in _arm_problems(gate, arm)]
+    return problems
+
+
+def kept_arms(report: PairedReport) -> list[str]:
+    """The routed arms, each said to keep the rules (when `broken_arms` found nothing)."""
+    return [
+        f"routed arm {arm.name} ({arm.release}, {arm.share}%) keeps the rules "
+        f"({arm.report.candidate_mean:.3f})"
+        for arm in report.arms
+    ]
+
+
+def _arm_problems(gate: GateConfig, arm: RoutedArm) -> list[str]:
+    problems = []
+    for name, group in arm.report.groups().items():
+        rule = gate.rule_for(name)
+        problem = _fell(name, group, rule) if rule.rule == "improve" else _broken(name, group, rule)
+        if problem:
+            problems.append(problem)
+    mean, current = arm.report.candidate_mean, arm.report.current_mean
+    if gate.policy in ("floor", "canary"):
+        if mean < gate.floor:
+            problems.append(f"below the floor {gate.floor:.3f} ({mean:.3f})")
+    elif mean < current - gate.margin:
+        problems.append(f"scores {mean:.3f}, below the current release's {current:.3f}")
+    return problems
+
+
+def _fell(name: str, group: PairedReport, rule: GroupRule) -> str | None:
+    if group.candidate_mean < group.current_mean - rule.margin:
+        return (
+            f"group {name} falls below the current release's by more than {rule.margin:.3f} "
+            f"({group.candidate_mean:.3f} vs {group.current_mean:.3f})"
+        )
+    return None
+
+
 def _broken(name: str, group: PairedReport, rule: GroupRule) -> str | None:
     if rule.rule == "keep":
         lost = [task for task in group.tasks if task.lost(rule.margin)]
         if len(lost) > rule.max_lost:
             allowed = f" (at most {rule.max_lost} may be)" if rule.max_lost else ""
-            return f"lost {len(lost)} task(s) of group {name}{allowed}: {_named(lost)}"
+            return f"lost {len(lost)} task(s) of group {name} {AGAINST}{allowed}: {_named(lost)}"
     elif rule.rule == "improve":
         if group.candidate_mean <= group.current_mean + rule.margin:
             return (
@@ -104,8 +163,7 @@ def _broken(name: str, group: PairedReport, rule: GroupRule) -> str | None:
 
 def _named(lost: list[TaskResult]) -> str:
     named = ", ".join(
-        f"{t.task_id} ({t.current_score:.2f} -> {t.candidate_score:.2f})"
-        for t in lost[:NAMED_LOSSES]
+        f"{t.task_id} ({t.bar:.2f} -> {t.candidate_score:.2f})" for t in lost[:NAMED_LOSSES]
     )
     more = len(lost) - NAMED_LOSSES
     return f"{named} and {more} more" if more > 0 else named

@@ -25,15 +25,19 @@ from typing import Any
 from reef.artifacts import ROUTING_FILE
 from reef.config import ReefConfig
 from reef.engines import resolve_kind
-from reef.errors import Conflict, ReefError
+from reef.errors import Conflict, NotFound, ReefError
+from reef.evaluation.reference import Reference, best_released, hold_to
 from reef.evaluation.replay import replay_tasks
 from reef.evaluation.runner import (
     EVAL_CONCURRENCY,
     EvalSettings,
     Generate,
     PairedReport,
+    RoutedArm,
     TaskResult,
+    as_candidate,
     beside_traffic,
+    run_beside,
     run_paired,
 )
 from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
@@ -278,7 +282,41 @@ class ReleaseWorkflow:
         proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
         settings = self.eval_settings(candidate.scenario)
         concurrency = gate_concurrency(self.config)
-        return await run_paired(tasks, current, proposed, generate, settings, on_task, concurrency)
+        report = await run_paired(
+            tasks, current, proposed, generate, settings, on_task, concurrency
+        )
+        hold_to(report, self._best_released(candidate.scenario))
+        for name, release, share in _routed_releases(candidate):
+            if release == (candidate.base_release_id or BASE):
+                answered = as_candidate(report)  # the current side answered as it serves
+            else:
+                arm = self._arm_binding(release)
+                answered = await run_beside(report, tasks, arm, generate, settings, concurrency)
+            report.arms.append(RoutedArm(name, release, share, answered))
+        return report
+
+    def _best_released(self, scenario: str) -> dict[str, Reference]:
+        """Per task, the best score a release of `scenario` reached, on either side of the
+        evaluations that released them (`reef.evaluation.reference`). The whole chain counts,
+        so a rollback lowers nothing; a canary's release counts once its candidate is released
+        (promoted), never while it runs or after it was rolled back."""
+        return best_released(
+            (release.release_id, release.evaluation)
+            for release in self.chain.releases(scenario)
+            if release.evaluation and self._was_released(release)
+        )
+
+    def _was_released(self, release: Release) -> bool:
+        if release.candidate_id is None:
+            return True
+        try:
+            return self.candidates.get(release.candidate_id).state == "released"
+        except NotFound:
+            return True  # a candidate no longer stored: its release stands
+
+    def _arm_binding(self, release: str) -> Binding:
+        """What a routed arm serves: the model alone, or a release's own parts."""
+        return BASE_BINDING if release == BASE else self._own_binding(self.chain.get(release))
 
     @contextlib.contextmanager
     def _rejected_on_cancel(self, candidate: Candidate) -> Iterator[None]:
@@ -556,6 +594,22 @@ class ReleaseWorkflow:
             others = [f for f in _subfolders(self.checkouts) if f.name not in keep]
             for folder in _newest_first(others)[self.config.retention.checkouts :]:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _routed_releases(candidate: Candidate) -> list[tuple[str, str, int]]:
+    """The releases other than its own parts that the candidate's routing policy sends sessions
+    to: (the first arm's name, the release, the largest share of a route it serves), in order."""
+    policy = candidate.folder / ROUTING_FILE
+    if not policy.is_file():
+        return []
+    routed: dict[str, tuple[str, int]] = {}
+    for route in parse_policy(policy.read_text()):
+        for arm in route.arms:
+            if arm.release == SELF or arm.share == 0:
+                continue
+            name, share = routed.get(arm.release, (arm.name, 0))
+            routed[arm.release] = (name, max(share, arm.share))
+    return [(name, release, share) for release, (name, share) in routed.items()]
 
 
 def _records_return(candidate: Candidate) -> str:

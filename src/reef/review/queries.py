@@ -116,7 +116,7 @@ def _canary(workflow: ReleaseWorkflow, row: dict[str, Any]) -> dict[str, Any] | 
     if row["state"] != "canary" or not row["release_id"]:
         return None
     settings = workflow.config.gate_for(row["scenario"]).canary
-    scores = arm_scores(_store(workflow), row["release_id"])
+    scores = arm_scores(_store(workflow), row["release_id"], settings.score_range)
     started = workflow.candidates.get(row["id"]).updated_at
     return judge(settings, scores, time.time() - started).to_json()
 

@@ -53,7 +53,7 @@ class CanaryJudge:
         if not take_lease(state.store, f"canary:{candidate.scenario}", self.holder, period):
             return None  # another replica judges it
         assert candidate.release_id is not None
-        scores = arm_scores(state.store, candidate.release_id)
+        scores = arm_scores(state.store, candidate.release_id, settings.score_range)
         return judge(settings, scores, time.time() - candidate.updated_at)
 
     async def follow(self) -> None:

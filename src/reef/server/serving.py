@@ -34,7 +34,7 @@ from reef.protocol import ChatRequest, Completion, StreamItem
 from reef.server.cancellation import until_disconnected
 from reef.server.http import sse
 from reef.server.state import CallContext, ServerState
-from reef.server.teacher import Lesson
+from reef.server.teacher import OUTRIGHT, Lesson
 from reef.store import Record, Report
 
 log = logging.getLogger("reef.server")
@@ -63,7 +63,7 @@ async def served_whole(
     started = time.perf_counter()
     completion, lesson = await _answered(request, state, call, chat)
     if lesson is not None:
-        call = call.taught()
+        call = call.taught(replaced_answer=lesson.reason != OUTRIGHT)
     headers = await stored(state, call, body, completion, started, record_id, raw_body)
     if lesson is not None and "x-reef-agent-record-id" in headers:
         await demonstrated(state, call, headers["x-reef-agent-record-id"], lesson)
@@ -77,7 +77,7 @@ async def _answered(
     its share of sessions, or when the engine's answer fails its check (`reef.server.teacher`)."""
     teacher = state.teachers.get(call.scenario)
     if teacher is not None and teacher.takes_session(call.session):
-        lesson = await until_disconnected(request, teacher.answer(chat, "share"))
+        lesson = await until_disconnected(request, teacher.answer(chat, OUTRIGHT))
         if lesson is not None:
             return lesson.completion, lesson
     completion = await until_disconnected(
@@ -320,6 +320,7 @@ def record_of(
         ttft_ms=completion.ttft_ms,
         routing_release_id=call.route[0] if call.route else None,
         arm=call.route[1] if call.route else None,
+        failed_arm=call.failed_arm,
         request_json=None if raw_body is None else raw_body.decode(),
         response_json=None if raw_response is None else raw_response.decode(),
     )

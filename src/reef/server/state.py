@@ -35,11 +35,23 @@ class CallContext:
     # Under a routing policy: (the release whose policy routed the call, the arm it took).
     route: tuple[str, str] | None = None
     answered_by: str | None = None  # who answered instead of the engine (the teacher)
+    failed_arm: str | None = None  # the arm whose answer the teacher replaced
 
-    def taught(self) -> CallContext:
-        """This call as the scenario's teacher answered it (`reef.server.teacher`)."""
-        route = (self.release_id, TEACHER_ARM)
-        return dataclasses.replace(self, route=route, answered_by=TEACHER_ARM)
+    def taught(self, replaced_answer: bool) -> CallContext:
+        """This call as the scenario's teacher answered it (`reef.server.teacher`): outright, or
+        in place of the student's answer (`replaced_answer`), which under a routing policy
+        failed the arm the call took (a canary counts it as that arm's failure)."""
+        if self.route is None:
+            return dataclasses.replace(
+                self, route=(self.release_id, TEACHER_ARM), answered_by=TEACHER_ARM
+            )
+        policy, arm = self.route
+        return dataclasses.replace(
+            self,
+            route=(policy, TEACHER_ARM),
+            answered_by=TEACHER_ARM,
+            failed_arm=arm if replaced_answer else None,
+        )
 
     @property
     def release_id(self) -> str:

@@ -41,6 +41,7 @@ from reef.protocol import ChatRequest, Completion
 
 log = logging.getLogger("reef.teacher")
 TEACHER_ARM = "teacher"
+OUTRIGHT = "share"  # the reason of a call the teacher takes without asking the student
 PASSING = 0.5  # a scorer's score at or above it passes
 
 

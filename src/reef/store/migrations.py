@@ -252,6 +252,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX shadow_records_candidate ON shadow_records (candidate_id, seq);
         """,
     ),
+    (
+        "0016_records_failed_arm",
+        # A call the teacher took over because the student's answer failed its check: the arm
+        # that answer came from, which a canary counts as that arm's failure.
+        """
+        ALTER TABLE records ADD COLUMN failed_arm TEXT;
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from reef.config import ReefConfig
 from reef.errors import BadRequest, Conflict, NotFound
 from reef.learning.recipe import RecipeError, recipe_class
+from reef.releases.canary import running_canary_of
 from reef.releases.routing import Routing
 from reef.scenario import check_scenario
 from reef.server.http import parse, query_int, read_json
@@ -64,9 +65,12 @@ class ReportRequest(BaseModel):
 async def report(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     body = parse(ReportRequest, await read_json(request, state.config.server.max_body_bytes))
+    scenario = scenario_from(request.headers)
+    if body.score is not None:
+        await run_in_threadpool(_check_canary_score, state, scenario, body.score, body.references)
     fields: dict[str, Any] = {"id": body.report_id} if body.report_id else {}
     new = Report(
-        scenario=scenario_from(request.headers),
+        scenario=scenario,
         references=body.references,
         score=body.score,
         feedback=body.feedback,
@@ -80,6 +84,24 @@ async def report(request: Request) -> Response:
     except ReportConflict as error:
         raise Conflict(str(error), code="report_id_conflict") from None
     return JSONResponse(stored, status_code=201 if created else 200)
+
+
+def _check_canary_score(
+    state: ServerState, scenario: str, score: float, references: list[str]
+) -> None:
+    """A score outside `gate.canary.score_range` may not judge a running canary."""
+    low, high = state.config.gate_for(scenario).canary.score_range
+    if low <= score <= high:
+        return
+    routed = running_canary_of(state.store, references)
+    if routed is not None:
+        record, candidate = routed
+        raise BadRequest(
+            f"score {score} is outside gate.canary.score_range [{low}, {high}]: record "
+            f"{record} was served on the canary of {candidate}, whose reports must score "
+            f"within that range; send a score from {low} to {high}",
+            code="score_out_of_range",
+        )
 
 
 def list_records(request: Request) -> Response:

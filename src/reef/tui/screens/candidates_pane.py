@@ -183,8 +183,7 @@ def canary_summary(verdict: dict[str, Any]) -> str:
     if verdict.get("difference") is not None:
         low, high = verdict["interval"]
         lines.append(
-            f"\ndifference {verdict['difference']:+.3f}, interval {low:+.3f} to {high:+.3f}, "
-            f"P(worse) {verdict['p_worse']:.3f}"
+            f"\ndifference {verdict['difference']:+.3f}, interval {low:+.3f} to {high:+.3f}"
         )
     lines.append(f"\nnext: it {NEXT[verdict['action']]}")
     return "".join(lines)
