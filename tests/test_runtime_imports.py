@@ -21,6 +21,7 @@ import textwrap
 # Module prefixes documented as needing an extra, and the extra.
 EXTRA_MODULES = {
     "reef.training.": "train",  # torch, peft, transformers, gguf (reef.training itself is lazy)
+    "reef.testing.tiny": "train",  # torch, transformers: the tiny random model for training tests
 }
 NOT_IMPORTED = ["reef.__main__"]  # `python -m reef`: importing it runs the CLI
 

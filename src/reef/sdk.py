@@ -1,11 +1,16 @@
-"""Everything a learning recipe needs, from one module: `from reef.sdk import Recipe, ...`.
+"""The recipe SDK: what a learning recipe imports, all from here (`from reef.sdk import Recipe`).
 
-The built-in recipes (reef.recipes) and the one `reef recipe new` writes import from here only.
+The recipe world in one place: the contract is `reef.learning.recipe` (a `Recipe` reads an
+`ExperienceView` and returns a `Proposal`, which the worker gates and releases); the built-in
+recipes are the top-level `recipes/` folder, installed as `reef.recipes`; `reef recipe new`
+writes a project's own recipe and its test from templates/recipe/. All of them import from this
+module only, so its names are the ones a recipe may rely on:
 
 - the contract: `Recipe`, its `RecipeSettings`, the `StepContext` a step gets, the `Proposal` it
   returns, `ProposalRefused` (nothing usable this step) and `RecipeError` (a bad setting);
 - experience: `ExperienceView`, its `Trajectory`s and their `Turn`s;
 - evaluation: `EvalTask`, `ScorerSpec`, `FEEDBACK_GROUP` (the group of a recipe's own tasks),
+  `failing_prompts` (the prompts a recipe learned from failing, as a proposal's extra tasks),
   `Evaluated` (a candidate's scores, for recipes that search);
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `relabel` (an answer that
   meets the feedback and still answers the question), `with_hint`;
@@ -38,6 +43,7 @@ from reef.learning.recipe import (
     RecipeError,
     RecipeSettings,
     StepContext,
+    failing_prompts,
 )
 from reef.learning.view import ExperienceView, Trajectory, Turn
 from reef.learning.weights import (
@@ -66,7 +72,7 @@ if TYPE_CHECKING:
         encode_completion,
         train_lora,
     )
-    from reef.training.lora import load_lora
+    from reef.training.adapter import load_lora
     from reef.training.loss import fit
 
 _TRAINING = {
@@ -76,7 +82,7 @@ _TRAINING = {
     "completion_logprobs": "reef.training",
     "encode_completion": "reef.training",
     "train_lora": "reef.training",
-    "load_lora": "reef.training.lora",
+    "load_lora": "reef.training.adapter",
     "fit": "reef.training.loss",
 }
 
@@ -117,6 +123,7 @@ __all__ = [
     "current_adapter",
     "demonstrations",
     "encode_completion",
+    "failing_prompts",
     "files_of",
     "fit",
     "hints",

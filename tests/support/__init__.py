@@ -1,1 +1,2 @@
-"""Code the tests load by name, such as python scorers."""
+"""The project's own test helpers: code the tests load by name (python scorers, a harness server)
+and fixtures they share (training.py). What users' tests may import is reef.testing."""

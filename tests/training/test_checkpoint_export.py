@@ -12,22 +12,22 @@ import torch
 
 from reef.engines.llamacpp import embedded_model_path
 from reef.errors import Conflict
+from reef.testing.tiny import tiny_tokenizer
 from reef.training import Base, TrainedAdapter
 from reef.training.checkpoint import CHECKPOINT_GGUF, export_checkpoint, merge_into_gguf
 from reef.training.export import GgufLora, gguf_lora, write_gguf_lora
-from reef.training.tiny import tiny_tokenizer
+from tests.support.training import (
+    base,
+    correlation,
+    llama_cpp_last_logits,
+    one_thread,
+)
 from tests.training.test_export_architectures import (
     LLAMA_PROJECTIONS,
     PROMPT,
     random_lora,
     tiny_model,
     write_base_gguf,
-)
-from tests.training.training_fixtures import (
-    base,
-    correlation,
-    llama_cpp_last_logits,
-    one_thread,
 )
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name

@@ -37,10 +37,10 @@ from reef.training import (
     train_lora,
     train_policy,
 )
+from reef.training.adapter import new_lora
 from reef.training.distributed import shard, shard_loss
-from reef.training.lora import new_lora
 from reef.training.loss import Batch, batch_loss, make_batch
-from tests.training.training_fixtures import base, one_thread
+from tests.support.training import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
 

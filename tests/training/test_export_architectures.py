@@ -46,6 +46,7 @@ from transformers import (
 )
 
 from reef.errors import Unsupported
+from reef.testing.tiny import tiny_tokenizer
 from reef.training import LoraSettings, TrainedAdapter, export_adapter
 from reef.training import export as export_module
 from reef.training.export import (
@@ -57,8 +58,7 @@ from reef.training.export import (
     permute_rows,
     write_gguf_lora,
 )
-from reef.training.tiny import tiny_tokenizer
-from tests.training.training_fixtures import correlation, llama_cpp_last_logits, one_thread
+from tests.support.training import correlation, llama_cpp_last_logits, one_thread
 
 __all__ = ["one_thread"]  # shared fixtures, used by name
 

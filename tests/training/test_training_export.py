@@ -24,9 +24,9 @@ from reef.training import (
     train_lora,
 )
 from reef.training import export as export_module
+from reef.training.adapter import new_lora
 from reef.training.export import LLAMA_PROJECTIONS, gguf_lora, permute_rows
-from reef.training.lora import new_lora
-from tests.training.training_fixtures import base, one_thread
+from tests.support.training import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
 

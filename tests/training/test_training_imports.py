@@ -21,4 +21,4 @@ def test_importing_the_package_and_the_server_does_not_import_torch() -> None:
 
 def test_using_a_training_name_imports_its_module() -> None:
     modules = imported_after("from reef.training import LoraSettings")
-    assert {"reef.training.lora", "torch", "peft"} <= modules
+    assert {"reef.training.adapter", "torch", "peft"} <= modules

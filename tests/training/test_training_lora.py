@@ -20,10 +20,10 @@ from reef.training import (
     export_adapter,
     train_lora,
 )
-from reef.training import lora as lora_module
-from reef.training.lora import new_lora
+from reef.training import adapter as adapter_module
+from reef.training.adapter import new_lora
 from reef.training.loss import batch_loss, make_batch
-from tests.training.training_fixtures import base, one_thread
+from tests.support.training import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
 
@@ -143,14 +143,14 @@ def test_nothing_to_train_on_or_nothing_to_resume_is_refused(
 
 
 def test_unsloth_is_not_chosen_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Unsloth path (`lora._unsloth_lora`) is real code for CUDA machines with `unsloth`
-    installed. It did NOT run here: this machine has no CUDA, and Unsloth cannot even be
-    imported without it. This test checks only the choice."""
+    """The Unsloth path (`lora._unsloth_lora`, chosen by `adapter.choose_backend`) is real code
+    for CUDA machines with `unsloth` installed. It did NOT run here: this machine has no CUDA,
+    and Unsloth cannot even be imported without it. This test checks only the choice."""
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the CPU-only choice cannot be observed")
     assert choose_backend() == "peft"
     # Installed but without CUDA: still peft, and unsloth is never imported.
-    monkeypatch.setattr(lora_module.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(adapter_module.importlib.util, "find_spec", lambda name: object())
     assert choose_backend() == "peft"
     # With CUDA (pretended) and the package, Unsloth is chosen.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -18,7 +18,7 @@ from reef.training.policy import (
     policy_loss,
     train_policy,
 )
-from tests.training.training_fixtures import base, one_thread
+from tests.support.training import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
 

@@ -13,6 +13,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 from reef.engines.llamacpp import embedded_model_path
+from reef.testing.tiny import tiny_tokenizer
 from reef.training import (
     Base,
     LoraSettings,
@@ -23,10 +24,9 @@ from reef.training import (
     export_adapter,
     load_base,
 )
+from reef.training.adapter import new_lora
 from reef.training.export import LLAMA_PROJECTIONS, gguf_lora, write_gguf_lora
-from reef.training.lora import new_lora
-from reef.training.tiny import tiny_tokenizer
-from tests.training.training_fixtures import correlation, llama_cpp_last_logits, one_thread
+from tests.support.training import correlation, llama_cpp_last_logits, one_thread
 
 __all__ = ["one_thread"]  # shared fixtures, used by name
 

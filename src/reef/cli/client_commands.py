@@ -16,8 +16,8 @@ from rich.table import Table
 
 from reef.cli.output import add_id_column, console, fail
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
+from reef.learning.trajectories import trajectories
 from reef.protocol import last_user_text, response_text
-from reef.trajectories import trajectories
 
 UrlOption = Annotated[
     str,

@@ -38,8 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.artifacts import files_of
 from reef.errors import ReefError, describe_validation_error
-from reef.evaluation.tasks import EvalTask
-from reef.learning.view import ExperienceView, Trajectory
+from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
+from reef.learning.view import ExperienceView, Trajectory, Turn
 from reef.protocol import Completion
 
 # Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`);
@@ -127,6 +127,22 @@ class Proposal:
     eval_tasks: list[EvalTask] = field(default_factory=list)  # run by the gate beside evals/
     # What the recipe measured while building it (e.g. {"loss": [...]}), kept on the candidate.
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def failing_prompts(turns: list[Turn], scorer: ScorerSpec | None) -> list[EvalTask]:
+    """The prompts of `turns` (those a recipe learned from failing) as a proposal's extra eval
+    tasks, scored by `scorer`, in the `FEEDBACK_GROUP`; none without a scorer."""
+    if scorer is None:
+        return []
+    return [
+        EvalTask(
+            id=f"failing:{turn.record_id}",
+            messages=turn.messages,
+            scorer=scorer,
+            group=FEEDBACK_GROUP,
+        )
+        for turn in turns
+    ]
 
 
 class Recipe:

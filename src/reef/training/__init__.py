@@ -18,11 +18,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from reef.training.adapter import LoraSettings, TrainedAdapter, choose_backend
     from reef.training.base import Base, load_base
     from reef.training.checkpoint import export_checkpoint
     from reef.training.export import export_adapter
     from reef.training.logprobs import completion_logprobs, truncated_ratios
-    from reef.training.lora import LoraSettings, TrainedAdapter, choose_backend, train_lora
+    from reef.training.lora import train_lora
     from reef.training.loss import TrainingExample
     from reef.training.policy import PolicyExample, PolicySettings, train_policy
     from reef.training.tokens import TokenizerMismatch, check_tokenizer, encode_completion
@@ -58,9 +59,9 @@ _WHERE = {
     "check_tokenizer": "tokens",
     "encode_completion": "tokens",
     "TrainingExample": "loss",
-    "LoraSettings": "lora",
-    "TrainedAdapter": "lora",
-    "choose_backend": "lora",
+    "LoraSettings": "adapter",
+    "TrainedAdapter": "adapter",
+    "choose_backend": "adapter",
     "train_lora": "lora",
     "completion_logprobs": "logprobs",
     "truncated_ratios": "logprobs",

@@ -28,9 +28,9 @@ from reef.artifacts import CHECKPOINT_FOLDER
 from reef.errors import Conflict
 
 if TYPE_CHECKING:  # torch and peft: the GGUF merge itself needs neither
+    from reef.training.adapter import TrainedAdapter
     from reef.training.base import Base
     from reef.training.export import GgufLora
-    from reef.training.lora import TrainedAdapter
 
 CHECKPOINT_GGUF = f"{CHECKPOINT_FOLDER}/model.gguf"
 # Header fields the writer makes itself.

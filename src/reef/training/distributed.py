@@ -16,7 +16,7 @@ ways to get the processes (ranks):
   losses: export from rank 0.
 
 Each step, every rank draws the same batch as the single-process run would (the same seeded
-order, `lora._batches`), takes its contiguous shard of it (`shard`: sizes differ by at most one,
+order, `adapter.batches`), takes its contiguous shard of it (`shard`: sizes differ by at most one,
 a rank may get none), and computes its part of the loss. The single-process loss is a mean over
 the batch's *examples* (each example's loss a mean over its completion tokens, `loss.py`), so a
 rank's part is the sum of `weight * loss` over its shard divided by the whole batch's size
@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,31 +57,27 @@ import torch.multiprocessing as mp
 from peft import PeftModel
 
 from reef.errors import BadRequest
-from reef.training.base import Base
-from reef.training.lora import (
+from reef.training.adapter import (
     LoraSettings,
     OnStep,
     TrainedAdapter,
-    _batches,
-    _peft_folder,
     load_lora,
     new_lora,
-    optimise,
+    peft_folder,
     seed_everything,
 )
-from reef.training.loss import Batch, TrainingExample, example_losses, make_batch
-
-if TYPE_CHECKING:
-    from reef.training.policy import PolicyExample, PolicySettings
+from reef.training.base import Base
+from reef.training.loss import Batch, example_losses
 
 __all__ = [
     "Group",
+    "finish_rank",
+    "in_parallel",
     "joined_group",
     "launched",
     "shard",
     "shard_loss",
-    "train_lora_parallel",
-    "train_policy_parallel",
+    "start_model",
 ]
 
 # How long the caller waits for rank 0's result once every rank has exited.
@@ -147,30 +143,7 @@ def launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def train_lora_parallel(
-    base: Base,
-    examples: list[TrainingExample],
-    settings: LoraSettings,
-    on_step: OnStep | None = None,
-    resume_from: Path | None = None,
-) -> TrainedAdapter:
-    """`lora.train_lora` over `settings.processes` ranks: the same update, step for step."""
-    return _in_parallel(_train_lora_rank, base, examples, settings, on_step, resume_from)
-
-
-def train_policy_parallel(
-    base: Base,
-    examples: list[PolicyExample],
-    settings: PolicySettings,
-    on_step: OnStep | None = None,
-    resume_from: Path | None = None,
-) -> TrainedAdapter:
-    """`policy.train_policy` over `settings.processes` ranks, each holding a contiguous shard of
-    the examples for every step: the same update, step for step."""
-    return _in_parallel(_train_policy_rank, base, examples, settings, on_step, resume_from)
-
-
-def _in_parallel(
+def in_parallel(
     rank_job: RankJob,
     base: Base,
     examples: list[Any],
@@ -187,75 +160,10 @@ def _in_parallel(
     return _rebuild(base, settings, resume_from, payload)
 
 
-# What one rank does.
+# What every rank does around its job.
 
 
-def _train_lora_rank(
-    group: Group,
-    base: Base,
-    examples: list[TrainingExample],
-    settings: LoraSettings,
-    resume_from: Path | None,
-    on_step: OnStep | None,
-) -> TrainedAdapter:
-    model = _start_model(group, base, settings, resume_from)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    pad_id = _pad_id(base)
-    batches = _batches(len(examples), settings.batch_size, settings.seed)
-
-    def next_loss() -> torch.Tensor:
-        chosen = next(batches)
-        mine = shard(chosen, group.rank, group.size)
-        if not mine:  # fewer examples in the batch than ranks: this one adds nothing
-            return sum((p.sum() for p in trainable), torch.zeros(())) * 0.0
-        batch = make_batch([examples[i] for i in mine], settings.max_length, pad_id)
-        return shard_loss(model, batch.to(_device(model)), len(chosen))
-
-    trained = optimise(model, settings, next_loss, on_step, "peft", synchronise=group.synchronise)
-    return _finish(group, trained)
-
-
-def _train_policy_rank(
-    group: Group,
-    base: Base,
-    examples: list[PolicyExample],
-    settings: PolicySettings,
-    resume_from: Path | None,
-    on_step: OnStep | None,
-) -> TrainedAdapter:
-    from reef.training.policy import (
-        example_policy_losses,
-        make_policy_batch,
-        reference_logprobs,
-        token_logprobs,
-    )
-
-    model = _start_model(group, base, settings, resume_from)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    mine = [examples[i] for i in shard(range(len(examples)), group.rank, group.size)]
-    if not mine:  # fewer examples than ranks: this rank only joins the collectives
-
-        def next_loss() -> torch.Tensor:
-            return sum((p.sum() for p in trainable), torch.zeros(())) * 0.0
-
-        group.all_reduce(torch.zeros(()))  # the count of trained examples, below
-    else:
-        batch = make_policy_batch(mine, settings.max_length, _pad_id(base)).to(_device(model))
-        old, reference = reference_logprobs(model, batch.batch)
-        # The policy loss is a mean over the examples that have trained tokens, all ranks' of them.
-        trained_here = (batch.mask.sum(dim=1) > 0).float().sum().cpu()
-        trained_total = group.all_reduce(trained_here.clone()).clamp(min=1.0).to(old.device)
-
-        def next_loss() -> torch.Tensor:
-            new = token_logprobs(model, batch.batch)
-            per_example, trained = example_policy_losses(new, old, reference, batch, settings)
-            return (per_example * trained).sum() / trained_total
-
-    trained = optimise(model, settings, next_loss, on_step, "peft", synchronise=group.synchronise)
-    return _finish(group, trained)
-
-
-def _start_model(
+def start_model(
     group: Group, base: Base, settings: LoraSettings, resume_from: Path | None
 ) -> PeftModel:
     """The same LoRA on every rank: seeded as one process seeds it, then rank 0's weights."""
@@ -266,7 +174,7 @@ def _start_model(
     return model
 
 
-def _finish(group: Group, trained: TrainedAdapter) -> TrainedAdapter:
+def finish_rank(group: Group, trained: TrainedAdapter) -> TrainedAdapter:
     """The largest peak resident memory of any rank, on every rank."""
     peak = group.all_reduce(torch.tensor(trained.peak_memory_bytes), dist.ReduceOp.MAX)
     trained.peak_memory_bytes = int(peak)
@@ -439,8 +347,8 @@ def _rebuild(
 def _check(base: Base, processes: int, resume_from: Path | None) -> None:
     """Refuse here, in the caller, what every rank would refuse."""
     if resume_from is not None:
-        _peft_folder(resume_from)
-    device = _device(base.model)
+        peft_folder(resume_from)
+    device = device_of(base.model)
     if device.type != "cpu":
         raise BadRequest(
             f"data-parallel training (processes {processes}) runs on the CPU, with gloo; the "
@@ -448,11 +356,11 @@ def _check(base: Base, processes: int, resume_from: Path | None) -> None:
         )
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _pad_id(base: Base) -> int:
+def pad_id(base: Base) -> int:
     pad = base.tokenizer.pad_token_id
     return int(pad) if pad is not None else 0
 

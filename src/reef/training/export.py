@@ -38,7 +38,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from reef.errors import Conflict, Unsupported
-from reef.training.lora import TrainedAdapter
+from reef.training.adapter import TrainedAdapter
 
 
 @dataclass(frozen=True)

@@ -42,14 +42,23 @@ from peft import PeftModel
 from pydantic import Field
 
 from reef.errors import BadRequest
-from reef.training.base import Base
-from reef.training.lora import (
+from reef.training.adapter import (
     LoraSettings,
     TrainedAdapter,
     load_lora,
     new_lora,
     optimise,
     seed_everything,
+)
+from reef.training.base import Base
+from reef.training.distributed import (
+    Group,
+    device_of,
+    finish_rank,
+    in_parallel,
+    pad_id,
+    shard,
+    start_model,
 )
 from reef.training.loss import Batch, TrainingExample, fit, make_batch
 
@@ -221,14 +230,12 @@ def train_policy(
     if not examples:
         raise BadRequest("no policy examples: nothing to train on")
     if settings.processes > 1:
-        from reef.training.distributed import train_policy_parallel
-
-        return train_policy_parallel(base, examples, settings, on_step, resume_from)
+        return in_parallel(_train_policy_rank, base, examples, settings, on_step, resume_from)
     seed_everything(settings.seed)
     model = load_lora(base, resume_from) if resume_from is not None else new_lora(base, settings)
     device = next(model.parameters()).device
-    pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
-    batch = make_policy_batch(examples, settings.max_length, pad_id).to(device)
+    pad = pad_id(base)
+    batch = make_policy_batch(examples, settings.max_length, pad).to(device)
     old, reference = reference_logprobs(model, batch.batch)
 
     def next_loss() -> torch.Tensor:
@@ -246,3 +253,36 @@ def reference_logprobs(model: PeftModel, batch: Batch) -> tuple[torch.Tensor, to
         with model.disable_adapter():
             base = token_logprobs(model, batch)
     return old, base
+
+
+def _train_policy_rank(
+    group: Group,
+    base: Base,
+    examples: list[PolicyExample],
+    settings: PolicySettings,
+    resume_from: Path | None,
+    on_step: OnStep | None,
+) -> TrainedAdapter:
+    model = start_model(group, base, settings, resume_from)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    mine = [examples[i] for i in shard(range(len(examples)), group.rank, group.size)]
+    if not mine:  # fewer examples than ranks: this rank only joins the collectives
+
+        def next_loss() -> torch.Tensor:
+            return sum((p.sum() for p in trainable), torch.zeros(())) * 0.0
+
+        group.all_reduce(torch.zeros(()))  # the count of trained examples, below
+    else:
+        batch = make_policy_batch(mine, settings.max_length, pad_id(base)).to(device_of(model))
+        old, reference = reference_logprobs(model, batch.batch)
+        # The policy loss is a mean over the examples that have trained tokens, all ranks' of them.
+        trained_here = (batch.mask.sum(dim=1) > 0).float().sum().cpu()
+        trained_total = group.all_reduce(trained_here.clone()).clamp(min=1.0).to(old.device)
+
+        def next_loss() -> torch.Tensor:
+            new = token_logprobs(model, batch.batch)
+            per_example, trained = example_policy_losses(new, old, reference, batch, settings)
+            return (per_example * trained).sum() / trained_total
+
+    trained = optimise(model, settings, next_loss, on_step, "peft", synchronise=group.synchronise)
+    return finish_rank(group, trained)

@@ -1,4 +1,5 @@
-"""Fixtures the training tests share: one torch thread, and the tiny random model's base."""
+"""What the training tests share: one torch thread, the tiny random model's base, and llama.cpp's
+logits to compare training's with."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from reef.engines.llamacpp.weights import load_model
+from reef.testing.tiny import tiny_model_folder
 from reef.training import Base, load_base
-from reef.training.tiny import tiny_model_folder
 
 
 @pytest.fixture(scope="module", autouse=True)

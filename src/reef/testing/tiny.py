@@ -4,6 +4,8 @@ Two layers, 64 wide, 4 attention heads over 2 key-value heads (so the GGUF expor
 permutation has real work to do), one token per byte plus ChatML's special tokens. A training
 step on it takes a few hundredths of a second, so tests of training code need not load a real
 model. It is random: its answers mean nothing.
+
+It imports torch and transformers: it needs the `train` extra.
 """
 
 from __future__ import annotations
