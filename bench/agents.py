@@ -1,6 +1,6 @@
 """A real coding agent's first session through `reef serve` as the README starts it, timed.
 
-    .venv/bin/python bench/agents.py [--agents pi,codex,claude,opencode] [--limit 60]
+    .venv/bin/python -m bench.agents [--agents pi,codex,claude,opencode] [--limit 60]
 
 One server with Reef's defaults (the embedded SmolLM2-135M, llama.cpp, 4 slots of 8192 tokens,
 `generation.max_tokens` auto: 1024, loops stopped) and no release: each agent is installed into
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
-from results import OUT
+from bench.results import OUT
 
 from reef.testing.processes import free_port, reef_serve
 

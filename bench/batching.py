@@ -1,7 +1,7 @@
 """Batched decoding, per-slot prompt caching and the gate in a batch (issue 11, goals 1 to 3).
 
-    .venv/bin/python bench/batching.py                 # all three parts, ~15 min on 2 idle cores
-    .venv/bin/python bench/batching.py --part agents   # one part: throughput, agents or gate
+    .venv/bin/python -m bench.batching                 # all three parts, ~15 min on 2 idle cores
+    .venv/bin/python -m bench.batching --part agents   # one part: throughput, agents or gate
 
 Part `throughput`: completion tokens/s of all requests together, and p50 latency, for Reef's
 llama.cpp engine and the stock `llama_cpp.server` at concurrency 1 and 4, side by side on
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from decode_ceiling import decode_ceiling, describe
-from results import OUT
-from serving_load import drive
-from serving_servers import running, stock_llama_server, write_reef_config
+from bench.decode_ceiling import decode_ceiling, describe
+from bench.results import OUT
+from bench.serving.load import drive
+from bench.serving.servers import running, stock_llama_server, write_reef_config
 
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.runner import EvalSettings, beside_traffic, model_generate, run_paired

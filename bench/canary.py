@@ -16,7 +16,7 @@ The baseline is the stable arm of the same canary, over the same period. The ben
 run's decision, the reports and mean score of each arm, the share of sessions the canary served,
 and the time to decide; it draws the running estimate and its interval (`docs/canary.png`).
 
-    .venv/bin/python bench/canary.py [--share 20] [--min-reports 15]
+    .venv/bin/python -m bench.canary [--share 20] [--min-reports 15]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
-from results import OUT
+from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 

@@ -1,6 +1,6 @@
 """What batching can gain on this machine: llama.cpp's own decode speed at batch 1 and batch 4.
 
-    .venv/bin/python bench/decode_ceiling.py [--threads 2] [--steps 25] [--rounds 8] [--model GGUF]
+    .venv/bin/python -m bench.decode_ceiling [--threads 2] [--steps 25] [--rounds 8] [--model GGUF]
 
 No server, no sampling, no Python per token beyond filling the batch: `llama_decode` on the
 embedded model (or `--model`), one token per sequence per call, 1, 2 or 4 sequences at once,
@@ -9,7 +9,7 @@ interleaved rounds. Printed per batch size: tokens/s and milliseconds per call, 
 the rounds. The ratios are the ceiling for any server built on llama.cpp here: tokens/s at batch
 4 over batch 1 bounds a server's throughput at concurrency 4 over 1, and the time of a batch-4
 call over a batch-1 call bounds from below its latency ratio.
-`bench/batching.py --part throughput` runs this beside Reef and prints Reef against it.
+`python -m bench.batching --part throughput` runs this beside Reef and prints Reef against it.
 """
 
 from __future__ import annotations

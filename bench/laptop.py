@@ -1,6 +1,6 @@
 """Reef on a laptop: a busy CPU, a lone request's speed, and memory, beside the stock server.
 
-    .venv/bin/python bench/laptop.py [--rounds 3] [--requests 4] [--tokens 128]
+    .venv/bin/python -m bench.laptop [--rounds 3] [--requests 4] [--tokens 128]
 
 Three servers on the embedded SmolLM2-135M, 2 threads each, started in turn:
 
@@ -10,7 +10,7 @@ Three servers on the embedded SmolLM2-135M, 2 threads each, started in turn:
   as it was before this benchmark's changes (the baseline for "no more than 5% slower when
   quiet");
 - **llama_cpp.server**, the stock server of the same llama.cpp, with Reef's weight kernels
-  (bench/stock_server.py), `--n_ctx 2048`, one sequence.
+  (bench/serving/stock_server.py), `--n_ctx 2048`, one sequence.
 
 Each round measures every server quiet, then under one competing busy process (a Python loop
 spinning on one core): completion tokens/s of `--requests` sequential requests of `--tokens`
@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from results import OUT
-from serving_servers import running, stock_llama_server, write_reef_config
+from bench.results import OUT
+from bench.serving.servers import running, stock_llama_server, write_reef_config
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 

@@ -13,7 +13,7 @@ feedback beside them; answers that meet the scorer become worked examples) and o
 proposer (the served model itself reflecting on the failures), and draws both curves into
 bench/out/learning_curve.png.
 
-    .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/learning_curve.py [--rounds 4]
+    .venv/bin/pip install -e '.[bench]' && .venv/bin/python -m bench.learning_curve [--rounds 4]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
-from results import OUT
+from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 

@@ -1,6 +1,6 @@
 """One model per machine: memory and model mappings of `reef serve` with and without learning.
 
-    python bench/one_engine.py
+    python -m bench.one_engine
 
 Starts the server on the embedded model twice, in fresh folders: once without a recipe (the
 baseline), once with `learning.recipe: harness_evolve`, whose worker process evaluates on the

@@ -1,6 +1,6 @@
 """Does a preference said only in the next message get learned? openclaw_rl, round by round.
 
-    .venv/bin/python bench/openclaw.py [--rounds 3] [--sessions 2] [--budget 900]
+    .venv/bin/python -m bench.openclaw [--rounds 3] [--sessions 2] [--budget 900]
 
 In a fresh project: `reef serve` on the embedded SmolLM2-135M with `openclaw_rl` (the keyword
 judge: the 135M model's own votes are close to noise) and the default `no_regression` gate on

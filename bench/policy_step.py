@@ -1,6 +1,6 @@
 """One policy update of the RL recipes, on the CPU and (where there is one) on the GPU.
 
-    .venv/bin/python bench/policy_step.py [--steps 2] [--rollouts 8] [--threads N]
+    .venv/bin/python -m bench.policy_step [--steps 2] [--rollouts 8] [--threads N]
 
 The update `tttd` makes each step: `train_policy` on `--rollouts` rollouts of 300 prompt and 260
 completion tokens (a 26-circle packing), with a rank-8 LoRA on q/k/v/o, on a randomly initialised
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from reef.testing.tiny import tiny_tokenizer
 from reef.training import Base, PolicyExample, PolicySettings, train_policy
-from reef.training.tiny import tiny_tokenizer
 
 PROMPT, COMPLETION = 300, 260
 SMOLLM2_135M = LlamaConfig(

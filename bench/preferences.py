@@ -1,6 +1,6 @@
 """Is a preference said only in feedback learned, without forgetting the rest? Preference x recipe.
 
-    .venv/bin/python bench/preferences.py [--preferences sure,short] [--recipes sft]
+    .venv/bin/python -m bench.preferences [--preferences sure,short] [--recipes sft]
         [--policies no_regression,improve] [--rounds 3] [--budget 300]
 
 For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from results import OUT
+from bench.results import OUT
 
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import (

@@ -9,7 +9,7 @@ response stamped with the new release. It compares the latency of requests that 
 during a switch with the latency of requests in a window without switches (the baseline,
 measured in the same run).
 
-    .venv/bin/python bench/release_swap.py [--swaps 6] [--concurrency 2]
+    .venv/bin/python -m bench.release_swap [--swaps 6] [--concurrency 2]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from results import OUT
+from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 

@@ -13,7 +13,7 @@ measured, several times. Two settings, same machine, same run:
 - the baseline, a shared SQLite file, which cannot notify: replicas poll the remote every
   `releases.poll_s` (1 s, the default).
 
-    .venv/bin/python bench/replicas.py [--replicas 3] [--releases 5]
+    .venv/bin/python -m bench.replicas [--replicas 3] [--releases 5]
 
 Target (the issue's): every replica serves a new release within 2 s. Figures also go to
 bench/out/replicas.json.
@@ -32,8 +32,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from proxy_servers import fake_upstream
-from results import OUT
+from bench.proxy.servers import fake_upstream
+from bench.results import OUT
 
 from reef.releases.chain import ReleaseChain
 from reef.testing.postgres import PostgresServer, postgres_available

@@ -1,6 +1,6 @@
 """A copy of the embedded model in another llama.cpp weight format, for the benchmarks' `--model`.
 
-    .venv/bin/python bench/requantize.py q4_0   # bench/out/SmolLM2-135M-Instruct.q4_0.gguf
+    .venv/bin/python -m bench.requantize q4_0   # bench/out/SmolLM2-135M-Instruct.q4_0.gguf
 
 How much a batch gains depends on the weights' format: llama.cpp has matrix-matrix kernels for
 some formats on this CPU (Q4_0 weights are repacked at load for them) and falls back to one
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from results import OUT
+from bench.results import OUT
 
 from reef.engines.llamacpp import embedded_model_path
 

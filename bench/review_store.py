@@ -1,7 +1,7 @@
 """How fast `reef review` opens and refreshes on a big project: 100,000 records with feedback on
 a third of them, and 1,000 candidates with their evaluations.
 
-    .venv/bin/python bench/review_store.py [--records N] [--candidates N]
+    .venv/bin/python -m bench.review_store [--records N] [--candidates N]
 
 Builds the store in a temporary folder with the real stores' code, then times, against a plain
 `SELECT COUNT(*) FROM records` measured in the same run: opening the source, each tab's read (a

@@ -9,7 +9,7 @@ copy of every live call on idle capacity: llama.cpp's background jobs; rejected 
 its block), `--rounds` times. The target: the shadow blocks' p50 within 10% of the baseline
 blocks'. It also counts what became of the copies (answered, preempted, dropped).
 
-    .venv/bin/python bench/shadow.py [--rounds 3] [--calls 15] [--think 0.5]
+    .venv/bin/python -m bench.shadow [--rounds 3] [--calls 15] [--think 0.5]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
-from results import OUT
+from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 

@@ -1,15 +1,15 @@
 """Records per second into PostgreSQL against SQLite, through Reef's proxy path, in one run
 (issue 20).
 
-A fast fake upstream (`bench/fake_upstream.py`) stands in for the model, so what is measured is
-Reef recording: two `reef serve --engine upstream` in front of it, one with its default SQLite
-store, one with `REEF_STORE_URL` on a throwaway PostgreSQL server on loopback (fsync and
-`synchronous_commit` on, as in production; `reef.testing.postgres`). One aiohttp client sends
-the same short chat request to each, at concurrency 32 for records/s and at 1 for latency, in
-interleaved rounds. Every 200 must carry a receipt, and every receipt must be in its store
-afterwards. The baseline is SQLite, measured in the same run.
+A fast fake upstream (`bench/proxy/fake_upstream.py`) stands in for the model, so what is
+measured is Reef recording: two `reef serve --engine upstream` in front of it, one with its
+default SQLite store, one with `REEF_STORE_URL` on a throwaway PostgreSQL server on loopback
+(fsync and `synchronous_commit` on, as in production; `reef.testing.postgres`). One aiohttp
+client sends the same short chat request to each, at concurrency 32 for records/s and at 1 for
+latency, in interleaved rounds. Every 200 must carry a receipt, and every receipt must be in its
+store afterwards. The baseline is SQLite, measured in the same run.
 
-    .venv/bin/python bench/store_backends.py [--rounds 3] [--c32 3000] [--c1 300]
+    .venv/bin/python -m bench.store_backends [--rounds 3] [--c32 3000] [--c1 300]
 
 Figures also go to bench/out/store_backends.json.
 """
@@ -24,11 +24,9 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from proxy import BODY, SCENARIO
-from proxy_load import Block, Target, run_block
-from proxy_servers import fake_upstream, new_key, pid_of, started
-from results import OUT
-
+from bench.proxy.load import Block, Target, run_block
+from bench.proxy.servers import BODY, SCENARIO, fake_upstream, new_key, pid_of, started
+from bench.results import OUT
 from reef.store import ExperienceStore
 from reef.testing.postgres import PostgresServer, postgres_available
 from reef.testing.processes import free_port, reef_serve

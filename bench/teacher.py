@@ -13,7 +13,7 @@ Each round the user asks the training prompts (recorded, so learned from) and th
 counted from the responses' `x-reef-arm`. Round 0, before any learning, is the baseline. The
 curve goes to docs/teacher_share.png, the figures to bench/out/teacher.json.
 
-    .venv/bin/python bench/teacher.py [--rounds 3] [--budget 600]
+    .venv/bin/python -m bench.teacher [--rounds 3] [--budget 600]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
-from results import OUT
+from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 from starlette.requests import Request

@@ -1,6 +1,6 @@
 """One LoRA training step on the embedded model: Reef's trainer against plain peft, same settings.
 
-    .venv/bin/python bench/train_step.py [--steps 3] [--threads 1]
+    .venv/bin/python -m bench.train_step [--steps 3] [--threads 1]
 
 Both train a rank-8 LoRA on q/k/v/o of SmolLM2-135M (dequantised from the served GGUF, cached),
 with AdamW at the same learning rate, on the same batch of 4 examples of 128 tokens (64 prompt,

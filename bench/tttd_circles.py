@@ -1,7 +1,7 @@
 """TTT-Discover on circle packing (26 circles): the best verified sum of radii, step by step,
 against the base model's best of the same number of samples, in the same run.
 
-    .venv/bin/python bench/tttd_circles.py [--steps 6] [--starts 2] [--group 4] [--budget 3600]
+    .venv/bin/python -m bench.tttd_circles [--steps 6] [--starts 2] [--group 4] [--budget 3600]
 
 In a fresh project, `reef serve` on the embedded SmolLM2-135M with `learning.recipe: tttd` in
 manual mode. First the baseline: the base model answers the starting state's prompt as many

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving_config import console
+from bench.serving.config import console
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 NOISY_CORES = 0.15  # a block during which others used more than this is measured again

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
-from serving_config import (
+
+from bench.serving.config import (
     BASELINE_A,
     ENGINE_CONCURRENCY,
     MAX_ADDED_P50_MS,
@@ -34,8 +35,8 @@ from serving_config import (
     SEED,
     Options,
 )
-from serving_cpu import NOISY_CORES
-from serving_stats import Measurement, median
+from bench.serving.cpu import NOISY_CORES
+from bench.serving.stats import Measurement, median
 
 
 @dataclass(frozen=True)

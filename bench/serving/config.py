@@ -1,7 +1,7 @@
 """What the serving benchmark measures: the requests, the settings' names, the targets, options.
 
 Every module of the benchmark reads its constants from here, so the figures a run prints can be
-traced back to one place. `Options` is what the command line chose (`bench/serving.py`).
+traced back to one place. `Options` is what the command line chose (`bench/serving/__main__.py`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from results import OUT
 from rich.console import Console
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.results import OUT
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 DEFAULT_OUT = OUT / "serving.json"
 
 # The engine part: one prompt that makes the model write at length, greedy, same for everyone.

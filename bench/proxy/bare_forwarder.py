@@ -1,11 +1,11 @@
 """The least a Python proxy can do: forward each POST's bytes to the upstream and its answer back.
 
 An aiohttp server on uvloop with one pooled aiohttp client (the stack Reef's proxy path uses),
-no parsing, no validation, no record, no log line. `bench/proxy.py` measures it beside Reef:
+no parsing, no validation, no record, no log line. `python -m bench.proxy` measures it beside Reef:
 its added latency over the direct call is what one Python hop costs on this machine, the floor
 under Reef's.
 
-    python bench/bare_forwarder.py --port 9200 --upstream http://127.0.0.1:9100
+    python -m bench.proxy.bare_forwarder --port 9200 --upstream http://127.0.0.1:9100
 """
 
 from __future__ import annotations

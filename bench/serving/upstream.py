@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from serving_config import (
+from bench.serving.config import (
     PEER_DIRECT,
     REEF_DEFAULTS,
     REEF_NORMAL,
@@ -21,9 +21,9 @@ from serving_config import (
     Options,
     console,
 )
-from serving_load import Load, measure_rounds, warm_up
-from serving_servers import new_folder, openai_peer, pids_of, reef_upstream_server, running
-from serving_stats import Measurement
+from bench.serving.load import Load, measure_rounds, warm_up
+from bench.serving.servers import new_folder, openai_peer, pids_of, reef_upstream_server, running
+from bench.serving.stats import Measurement
 
 
 def upstream_body() -> dict[str, Any]:

@@ -5,7 +5,8 @@ It parses only what it must (the end of the headers and Content-Length), so its 
 request is a few tens of microseconds and the benchmark measures the proxies, not the upstream.
 `GET /v1/models` answers the model list, so a proxy's readiness checks pass.
 
-Run it alone with `python bench/fake_upstream.py --port 9100`.
+Run it alone with `python -m bench.proxy.fake_upstream --port 9100` from the repository root;
+`bench/proxy/servers.py` starts it by its file path, from any folder.
 """
 
 from __future__ import annotations

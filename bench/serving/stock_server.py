@@ -1,5 +1,6 @@
-"""`python bench/stock_server.py ARGS…`: the stock `llama_cpp.server` with ARGS, on the weight
-kernels Reef uses on this machine.
+"""`python -m bench.serving.stock_server ARGS…`: the stock `llama_cpp.server` with ARGS, on the
+weight kernels Reef uses on this machine. `servers.stock_llama_server` starts it by its file path
+(for the serving benchmark, `bench/laptop.py` and `bench/batching.py`).
 
 llama-cpp-python's server has no `--no-repack` flag, and the llama.cpp it pins crashes in its AMX
 kernels where a build has them (see src/reef/engines/llamacpp_weights.py). This launcher gives its

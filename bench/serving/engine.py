@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving_config import (
+from bench.serving.config import (
     BASELINE_A,
     BASELINE_B,
     ENGINE_CONCURRENCY,
@@ -27,8 +27,8 @@ from serving_config import (
     Options,
     console,
 )
-from serving_load import Load, measure_rounds, warm_up
-from serving_servers import (
+from bench.serving.load import Load, measure_rounds, warm_up
+from bench.serving.servers import (
     new_folder,
     pids_of,
     reef_llamacpp_server,
@@ -36,8 +36,7 @@ from serving_servers import (
     stock_llama_server,
     stored_records,
 )
-from serving_stats import Measurement
-
+from bench.serving.stats import Measurement
 from reef.testing.processes import ServerProcess
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from serving_config import ENGINE_TIMEOUT_S, Options, console
-from serving_cpu import ATTEMPTS, NOISY_CORES, cpu_snapshot, other_cores, wait_for_quiet
-from serving_stats import Block, Measurement, Sample
+
+from bench.serving.config import ENGINE_TIMEOUT_S, Options, console
+from bench.serving.cpu import ATTEMPTS, NOISY_CORES, cpu_snapshot, other_cores, wait_for_quiet
+from bench.serving.stats import Block, Measurement, Sample
 
 
 async def send_chat(

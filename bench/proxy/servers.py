@@ -1,7 +1,7 @@
-"""The servers `bench/proxy.py` compares, each a real process on a free loopback port: the fake
-upstream (the stand-in for a remote model), Reef in front of it with its defaults, and the LiteLLM
-proxy in front of it. Also what the run reports beside them: the cost of one durable SQLite commit
-on the same disk, each server's memory, and the records Reef stored.
+"""The servers `python -m bench.proxy` compares, each a real process on a free loopback port: the
+fake upstream (the stand-in for a remote model), Reef in front of it with its defaults, and the
+LiteLLM proxy in front of it. Also what the run reports beside them: the cost of one durable
+SQLite commit on the same disk, each server's memory, and the records Reef stored.
 
 LiteLLM runs from its own virtual environment (`bench/out/litellm-venv`, made on first use):
 `litellm[proxy]` pins `rich<14` and Reef's `textual` needs `rich>=14.2`, so the two cannot share
@@ -10,6 +10,7 @@ one environment (nor one `pip install -e '.[bench]'`).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sqlite3
@@ -21,14 +22,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
-from results import OUT
-from serving_config import console
 
+from bench.results import OUT
+from bench.serving.config import console
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 HERE = Path(__file__).resolve().parent
 LITELLM_VENV = OUT / "litellm-venv"
 MODEL = "fake-model"
+# What every client sends: one short chat request, tagged with a scenario Reef records it under.
+SCENARIO = "bench"
+BODY = json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}]}
+).encode()
 
 
 def fake_upstream(folder: Path) -> ServerProcess:

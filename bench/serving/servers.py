@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from serving_config import N_CTX, N_THREADS, SEED
 
+from bench.serving.config import N_CTX, N_THREADS, SEED
 from reef.engines.llamacpp import embedded_model_path
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 

@@ -1,16 +1,16 @@
 """Reef as a recording proxy in front of a remote model, against calling the model directly and
 against the LiteLLM proxy, in one run (issue 11, goal 4).
 
-A fast fake upstream (`bench/fake_upstream.py`) stands in for the remote model. Reef serves in
-front of it with its defaults (every call recorded and fsync'd before it is answered), LiteLLM
-in front of it with a master key and no database, and a bare Python forwarder
-(`bench/bare_forwarder.py`: bytes in, bytes out, no record) beside them, whose added latency is
+A fast fake upstream (`fake_upstream.py`, beside this file) stands in for the remote model. Reef
+serves in front of it with its defaults (every call recorded and fsync'd before it is answered),
+LiteLLM in front of it with a master key and no database, and a bare Python forwarder
+(`bare_forwarder.py`: bytes in, bytes out, no record) beside them, whose added latency is
 the floor of any Python hop here. One aiohttp client sends the same short chat request to each:
 at concurrency 1 for latency, at 32 for requests/s, in interleaved rounds.
 
-    .venv/bin/python bench/proxy.py            # about 6 minutes on a quiet machine
+    .venv/bin/python -m bench.proxy            # about 6 minutes on a quiet machine
                                                # (and 2 more the first time: LiteLLM)
-    .venv/bin/python bench/proxy.py --help
+    .venv/bin/python -m bench.proxy --help
 
 Targets: Reef adds at most 1 ms at p50, concurrency 1, over the direct call; Reef's requests/s
 at concurrency 32 are at least 10x LiteLLM's. Figures also go to bench/out/proxy.json.
@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy_load import Block, Target, run_block
-from proxy_servers import (
+from bench.proxy.load import Block, Target, run_block
+from bench.proxy.servers import (
+    BODY,
     LITELLM_VENV,
-    MODEL,
+    SCENARIO,
     bare_forwarder,
     commit_probe_ms,
     complete_records,
@@ -47,14 +48,10 @@ from proxy_servers import (
     started,
     stored_receipts,
 )
-from results import OUT
-from serving_config import console
-from serving_cpu import NOISY_CORES, wait_for_quiet
+from bench.results import OUT
+from bench.serving.config import console
+from bench.serving.cpu import NOISY_CORES, wait_for_quiet
 
-SCENARIO = "bench"
-BODY = json.dumps(
-    {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}]}
-).encode()
 DIRECT, REEF, LITELLM = "direct (no proxy)", "Reef", "LiteLLM"
 BARE = "bare Python forwarder"
 ADDED_P50_TARGET_MS = 1.0
@@ -95,7 +92,9 @@ class Series:
 
 
 def parse_options() -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.proxy", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--c1", type=int, default=1000, help="requests per round at c=1")
     parser.add_argument("--c32", type=int, default=4000, help="requests per round at c=32")

@@ -1,6 +1,7 @@
-"""The load generator of `bench/proxy.py`: one aiohttp client on uvloop, keep-alive connections,
-the request body encoded once. Its own cost is a small part of each proxy's, so the client is not
-what limits the requests/s measured (it still shares the two cores with the servers).
+"""The load generator of `python -m bench.proxy`: one aiohttp client on uvloop, keep-alive
+connections, the request body encoded once. Its own cost is a small part of each proxy's, so the
+client is not what limits the requests/s measured (it still shares the two cores with the
+servers).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import uvloop
-from serving_cpu import cpu_snapshot, other_cores
+
+from bench.serving.cpu import cpu_snapshot, other_cores
 
 RECEIPT = "x-reef-agent-record-id"
 

@@ -1,6 +1,6 @@
 """Serving benchmark: Reef against the servers it stands in for, measured in one run.
 
-    .venv/bin/pip install -e '.[bench]' && .venv/bin/python bench/serving.py
+    .venv/bin/pip install -e '.[bench]' && .venv/bin/python -m bench.serving
 
 `--quick` is a smoke run with small counts; `--part engine|upstream` runs one part; `--help`
 lists the rest. The figures are printed as tables and written to bench/out/serving.json.
@@ -21,15 +21,15 @@ median of the rounds. Before each block of requests the script waits for other p
 leave the CPUs alone, and measures a block again when they did not. Every load is bounded in
 requests and in seconds.
 
-The benchmark reads top to bottom in these modules, beside this one:
+The benchmark reads top to bottom in these modules of `bench/serving/`, beside this one:
 
-- `serving_config.py`: the requests, the settings' names, the targets, the options;
-- `serving_servers.py`: the servers compared (the stock llama.cpp server, the peer, Reef);
-- `serving_load.py`: the load generator (timed bursts of requests, interleaved rounds);
-- `serving_cpu.py`: how busy the rest of the machine was while a burst ran;
-- `serving_stats.py`: samples, blocks and measurements, medians and percentiles;
-- `serving_engine.py` and `serving_upstream.py`: the two parts, with their checks;
-- `serving_report.py`: the tables, the targets, the machine, the JSON.
+- `config.py`: the requests, the settings' names, the targets, the options;
+- `servers.py`: the servers compared (the stock llama.cpp server, the peer, Reef);
+- `load.py`: the load generator (timed bursts of requests, interleaved rounds);
+- `cpu.py`: how busy the rest of the machine was while a burst ran;
+- `stats.py`: samples, blocks and measurements, medians and percentiles;
+- `engine.py` and `upstream.py`: the two parts, with their checks;
+- `report.py`: the tables, the targets, the machine, the JSON.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
-from serving_config import (
+
+from bench.serving.config import (
     BASELINE_A,
     DEFAULT_OUT,
     N_CTX,
@@ -53,8 +54,8 @@ from serving_config import (
     Options,
     console,
 )
-from serving_engine import run_engine_part
-from serving_report import (
+from bench.serving.engine import run_engine_part
+from bench.serving.report import (
     Target,
     engine_table,
     engine_targets,
@@ -64,7 +65,7 @@ from serving_report import (
     upstream_targets,
     write_json,
 )
-from serving_upstream import run_upstream_part
+from bench.serving.upstream import run_upstream_part
 
 
 def count_pair(text: str) -> tuple[int, int]:
@@ -80,7 +81,8 @@ def count_pair(text: str) -> tuple[int, int]:
 
 def parse_options(argv: list[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(
-        description="Benchmark Reef's serving against stock servers, in one run."
+        prog="python -m bench.serving",
+        description="Benchmark Reef's serving against stock servers, in one run.",
     )
     parser.add_argument("--part", choices=["engine", "upstream", "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
@@ -176,7 +178,7 @@ def header(options: Options, argv: list[str] | None) -> dict[str, Any]:
     )
     return {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": [Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)],
+        "command": ["python", "-m", "bench.serving", *(sys.argv[1:] if argv is None else argv)],
         "machine": host,
         "options": {
             "part": options.part,
