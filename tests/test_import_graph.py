@@ -1,6 +1,11 @@
 """The house's floors point one way: no import cycle among Reef's modules or packages, and an API's
-room imports no other API's room. Imports inside functions and under TYPE_CHECKING do not count:
-they run late, or never."""
+room imports no other API's room.
+
+Imports inside functions and under TYPE_CHECKING run late, or never, so they cannot break an
+import; but they are dependencies all the same, and a cycle hidden in them is one concept spread
+over two rooms. So the module graph is checked twice: the top-level imports alone, then with
+every import inside a function or under TYPE_CHECKING too. An import inside a function must be of
+a module in `LAZY`, where the reason it waits is written down."""
 
 from __future__ import annotations
 
@@ -9,6 +14,20 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 ROOMS = ("chat", "completions", "embeddings", "responses", "messages")
+
+# What may be imported inside a function (a module or the package above it), and why it waits.
+LAZY = {
+    # torch, peft and transformers: the server and the CLI load them only when they train.
+    "reef.training": "the train extra",
+    # The engine the config names, and only that one (llama.cpp loads its shared library).
+    "reef.engines.llamacpp": "an engine",
+    "reef.engines.upstream": "an engine",
+    "reef.engines.vllm": "an engine",
+    # `reef review` only: Textual's app and the review's data sources stay out of every other
+    # command's start-up.
+    "reef.tui": "the review",
+    "reef.review": "the review",
+}
 
 
 def module_name(path: Path) -> str:
@@ -37,6 +56,63 @@ def imported(path: Path, name: str, modules: set[str]) -> set[str]:
 def import_graph() -> dict[str, set[str]]:
     paths = {module_name(path): path for path in SOURCE.rglob("*.py")}
     return {name: imported(path, name, set(paths)) for name, path in paths.items()}
+
+
+def late_imports(path: Path, name: str, modules: set[str]) -> dict[str, set[str]]:
+    """The Reef modules `path` imports after its top level, by where: "function" (inside a
+    function's body) or "typing" (under `if TYPE_CHECKING:`)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: dict[str, set[str]] = {"function": set(), "typing": set()}
+
+    def visit(node: ast.AST, where: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom) and where is not None:
+                found[where] |= _targets(child, package, modules) - {name}
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(child, where or "function")
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                visit(child, where or "typing")
+            else:
+                visit(child, where)
+
+    visit(ast.parse(path.read_text()), None)
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, package: str, modules: set[str]) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in modules}
+    base = node.module or ""
+    if node.level:
+        anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+        base = f"{anchor}.{base}" if base else anchor
+    found = set()
+    for alias in node.names:
+        target = f"{base}.{alias.name}"
+        found.add(target if target in modules else base)
+    return {module for module in found if module in modules}
+
+
+def whole_graph() -> dict[str, set[str]]:
+    """Every import, wherever it is written."""
+    paths = {module_name(path): path for path in SOURCE.rglob("*.py")}
+    graph = import_graph()
+    for name, path in paths.items():
+        for targets in late_imports(path, name, set(paths)).values():
+            graph[name] |= targets
+    return graph
+
+
+def lazy_reason(target: str) -> str | None:
+    parts = target.split(".")
+    return next(
+        (
+            LAZY[".".join(parts[:n])]
+            for n in range(len(parts), 0, -1)
+            if ".".join(parts[:n]) in LAZY
+        ),
+        None,
+    )
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -68,6 +144,23 @@ def test_no_module_imports_itself_round_a_cycle() -> None:
     assert cycle(graph) == []
 
 
+def test_no_cycle_hides_in_imports_inside_functions_or_for_types() -> None:
+    graph = whole_graph()
+    assert "reef.training" in graph["reef.learning.weights"]  # a lazy import is counted
+    assert cycle(graph) == []
+
+
+def test_an_import_inside_a_function_is_of_a_module_that_has_a_reason_to_wait() -> None:
+    paths = {module_name(path): path for path in SOURCE.rglob("*.py")}
+    unexplained = {
+        f"{name} -> {target}"
+        for name, path in paths.items()
+        for target in late_imports(path, name, set(paths))["function"]
+        if lazy_reason(target) is None and not target.startswith(f"{name}.")
+    }
+    assert not unexplained, f"imports inside functions without a reason in LAZY: {unexplained}"
+
+
 def test_no_package_imports_itself_round_a_cycle() -> None:
     def package(module: str) -> str:
         return ".".join(module.split(".")[:2])
@@ -97,6 +190,18 @@ def test_an_api_room_imports_no_other_api_room() -> None:
             continue
         crossings = {target for target in targets if room_of(target) not in (None, room)}
         assert not crossings, f"{module} imports another API's room: {sorted(crossings)}"
+
+
+def test_a_cycle_through_a_function_s_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def late():\n    import a\n")
+    (tmp_path / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n"
+    )
+    modules = {"a", "b", "c"}
+    assert late_imports(tmp_path / "b.py", "b", modules) == {"function": {"a"}, "typing": set()}
+    assert late_imports(tmp_path / "c.py", "c", modules) == {"function": set(), "typing": {"a"}}
+    assert cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
 
 
 def test_the_cycle_finder_finds_one() -> None:

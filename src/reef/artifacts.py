@@ -10,7 +10,7 @@ A release carries the whole agent, or a part of it:
   llama.cpp) and/or a Hugging Face model folder (`checkpoint/config.json` with its safetensors,
   vLLM). They replace the served model's weights; an adapter beside them applies to them;
 - the **routing** policy: `routing.yaml`, which release serves which share of sessions
-  (`reef.releases.routing`). Any kind may carry one; a proposal never keeps the serving one.
+  (`reef.inference.routing`). Any kind may carry one; a proposal never keeps the serving one.
 
 Any other file (a README, a PEFT run's `training_args.bin`) belongs to neither part: it travels
 with the release, and a proposal keeps the serving release's unless it brings its own.

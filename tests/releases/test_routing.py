@@ -9,8 +9,8 @@ import pytest
 
 from reef.config import CanaryConfig
 from reef.errors import ReefError
+from reef.inference.routing import Arm, Routing, canary_policy, check_policy, parse_policy
 from reef.releases.canary import judge
-from reef.releases.routing import Arm, Routing, canary_policy, check_policy, parse_policy
 
 SPLIT = """\
 routes:

@@ -23,16 +23,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, KIND_PARTS, folder_files, parts_of
 from reef.errors import ReefError, describe_validation_error
+from reef.inference.routing import Routing
 from reef.protocol import ChatRequest
-
-if TYPE_CHECKING:
-    from reef.releases.routing import Routing
 
 BASE_RELEASE = "base"
 # Request fields a harness's settings.json may default.
@@ -59,9 +57,9 @@ class Binding:
     examples: tuple[tuple[str, str], ...] = ()  # (user, assistant) exchanges shown before the call
     adapter: Path | None = None  # a LoRA artifact's folder, for the engine to load
     checkpoint: Path | None = None  # a checkpoint artifact's `checkpoint/` folder: full weights
-    # A release with a routing policy: the arm each call takes (`reef.releases.routing.Routing`),
+    # A release with a routing policy: the arm each call takes (`reef.inference.routing.Routing`),
     # each with its own binding; this binding's own parts serve the arms named `self`.
-    routing: Routing | None = None
+    routing: Routing[Binding] | None = None
 
     def apply(self, request: ChatRequest) -> ChatRequest:
         """The request as the engine should see it under this release."""

@@ -1,7 +1,7 @@
 """A canary: a candidate serves a share of sessions, and their reports decide its release.
 
 Starting one publishes a release holding the candidate's files and a routing policy
-(`reef.releases.routing.canary_policy`): `share` percent of sessions on the release's own parts
+(`reef.inference.routing.canary_policy`): `share` percent of sessions on the release's own parts
 (arm `canary`), the rest on the release that served before (arm `stable`). Every record says
 which arm served it (`routing_release_id`, `arm`), so both arms are judged over the same period.
 

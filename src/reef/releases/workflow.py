@@ -42,16 +42,7 @@ from reef.evaluation.runner import (
 )
 from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
-from reef.releases.chain import (
-    Release,
-    ReleaseChain,
-    ReleaseConflict,
-    check_path,
-    read_folder,
-    scenario_of,
-)
-from reef.releases.gate import decide
-from reef.releases.routing import (
+from reef.inference.routing import (
     BASE,
     SELF,
     Arm,
@@ -61,6 +52,15 @@ from reef.releases.routing import (
     check_policy,
     parse_policy,
 )
+from reef.releases.chain import (
+    Release,
+    ReleaseChain,
+    ReleaseConflict,
+    check_path,
+    read_folder,
+    scenario_of,
+)
+from reef.releases.gate import decide
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate, CandidateStore
@@ -129,7 +129,9 @@ class ReleaseWorkflow:
             self._prune_checkouts()
         return binding_for(release.release_id, release.kind, folder)
 
-    def _routing(self, release: Release, own: Binding, routes: tuple[RouteSpec, ...]) -> Routing:
+    def _routing(
+        self, release: Release, own: Binding, routes: tuple[RouteSpec, ...]
+    ) -> Routing[Binding]:
         """The policy with each arm's binding: `self` this release's own parts, `base` the
         model alone, another release its own parts (never its routing)."""
 

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from reef.config import ReefConfig
 from reef.engines.base import Engine
@@ -21,8 +21,14 @@ from reef.server.in_flight import InFlight
 from reef.server.teacher import TEACHER_ARM, Teacher
 from reef.store import ExperienceStore
 
-if TYPE_CHECKING:  # it reads the state: imported where it is made (server/run.py)
-    from reef.server.shadow import ShadowRunner
+
+class Shadows(Protocol):
+    """What the state asks of its shadow runner (`reef.server.shadow.ShadowRunner`, which reads
+    the state, so the state knows it only by this)."""
+
+    def offer(self, scenario: str, record_id: str) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ class ServerState:
     # The latest verdict of each running canary this server judges (candidate id -> Verdict).
     canaries: dict[str, Verdict] = field(default_factory=dict)
     # Candidates answering copies of live calls, once serving.
-    shadows: ShadowRunner | None = None
+    shadows: Shadows | None = None
     # Scenario -> its teacher, started with the server.
     teachers: dict[str, Teacher] = field(default_factory=dict)
 

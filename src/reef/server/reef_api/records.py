@@ -21,9 +21,10 @@ from starlette.routing import Route
 
 from reef.config import ReefConfig
 from reef.errors import BadRequest, Conflict, NotFound
+from reef.inference.binding import Binding
+from reef.inference.routing import Routing
 from reef.learning.recipe import RecipeError, recipe_class
 from reef.releases.canary import running_canary_of
-from reef.releases.routing import Routing
 from reef.scenario import check_scenario
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
@@ -212,7 +213,7 @@ def _recipe_name(reference: str) -> str:
         return reference
 
 
-def _routing_status(routing: Routing) -> dict[str, Any]:
+def _routing_status(routing: Routing[Binding]) -> dict[str, Any]:
     routes = [
         {
             "when": {"headers": dict(route.headers)} if route.headers else None,

@@ -25,15 +25,12 @@ import hashlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 import yaml
 
 from reef.errors import ReefError
 from reef.yamlfile import DuplicateKey, refuse_duplicate_keys
-
-if TYPE_CHECKING:
-    from reef.inference.binding import Binding
 
 POLICY_FILE = "routing.yaml"
 SELF = "self"
@@ -41,6 +38,9 @@ BASE = "base"
 _ROUTE_KEYS = {"when", "arms"}
 _ARM_KEYS = {"name", "release", "share"}
 _CONDITIONS = {"headers"}
+# What an arm serves: a `reef.inference.binding.Binding` (which holds a `Routing` in turn, so
+# routing names it only as a type parameter).
+Served = TypeVar("Served")
 
 
 @dataclass(frozen=True)
@@ -61,22 +61,22 @@ class RouteSpec:
 
 
 @dataclass(frozen=True)
-class Arm:
+class Arm(Generic[Served]):
     """An arm as it serves: its name and what serves it (a `reef.inference.binding.Binding`)."""
 
     name: str
     share: int
-    binding: Binding
+    binding: Served
 
 
 @dataclass(frozen=True)
-class Routing:
+class Routing(Generic[Served]):
     """The routing policy of the release `release_id`, each arm with its binding."""
 
     release_id: str
-    routes: tuple[tuple[RouteSpec, tuple[Arm, ...]], ...]
+    routes: tuple[tuple[RouteSpec, tuple[Arm[Served], ...]], ...]
 
-    def choose(self, headers: Mapping[str, str], session: str | None) -> Arm:
+    def choose(self, headers: Mapping[str, str], session: str | None) -> Arm[Served]:
         """The arm that serves a call with these headers and this session."""
         for route, arms in self.routes:
             if route.matches(headers):
@@ -93,7 +93,7 @@ class Routing:
         return list(dict.fromkeys(arm.name for _, arms in self.routes for arm in arms))
 
 
-def _by_share(arms: tuple[Arm, ...], percent: float) -> Arm:
+def _by_share(arms: tuple[Arm[Served], ...], percent: float) -> Arm[Served]:
     edge = 0.0
     for arm in arms:
         edge += arm.share
