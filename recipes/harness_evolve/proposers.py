@@ -1,8 +1,9 @@
 """Proposers: reflect on failing turns and propose one harness mutation.
 
 `HindsightProposer` shows what the user wanted as worked examples (small models follow examples
-far better than rules): answers users wrote themselves, and the failing prompts asked again with
-the feedback beside them, whose answers meet the scorer. `RuleProposer` keeps the feedback as a
+far better than rules): answers users wrote themselves, and the served model's failing answers
+rewritten as the feedback asks or asked again with the feedback beside them, those that meet the
+scorer (`reef.learning.hindsight.relabel`). `RuleProposer` keeps the feedback as a
 rule, for models that follow rules.
 `ModelProposer` asks a model (the served one, or any OpenAI-compatible endpoint) to reflect and
 answer with a JSON mutation, and is told about recent rejections so that it does not repeat them.
@@ -56,23 +57,40 @@ def describe_failures(turns: list[Turn], limit: int = 6) -> str:
 
 class HindsightProposer:
     """Worked examples of what the user wanted: answers the user wrote themselves (feedback
-    `{"demonstration": "..."}`), and failing prompts answered again under their feedback whose
-    answers meet `scorer`. The newest replace the oldest beyond `max_examples`."""
+    `{"demonstration": "..."}`), and failing answers rewritten under their feedback or failing
+    prompts answered again beside it, that meet `scorer` (`relabel`). The newest replace the
+    oldest beyond `max_examples`."""
 
     def __init__(
-        self, generate: Generate, scorer: ScorerSpec | None, max_examples: int = 4, samples: int = 4
+        self,
+        generate: Generate,
+        scorer: ScorerSpec | None,
+        max_examples: int = 4,
+        samples: int = 4,
+        revisions: int = 2,
+        reviser: Generate | None = None,  # the model that rewrites (default: `generate`)
     ) -> None:
         self.generate = generate
         self.scorer = scorer
         self.max_examples = max_examples
         self.samples = samples
+        self.revisions = revisions
+        self.reviser = reviser
 
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
         shown_by_user = [(t.prompt, text.strip()) for t in failures for text in demonstrations(t)]
         hinted = [t for t in failures if hints(t) and not demonstrations(t)]
         if not shown_by_user and not hinted:
             return "the failing turns carry no feedback text or demonstration to act on"
-        answers = relabel(hinted, self.generate, self.scorer, self.samples, keep=1)
+        answers = relabel(
+            hinted,
+            self.generate,
+            self.scorer,
+            self.samples,
+            keep=1,
+            revisions=self.revisions,
+            reviser=self.reviser,
+        )
         found = shown_by_user + [(item.turn.prompt, item.answer.strip()) for item in answers]
         if not found:
             return "no answer given under the feedback met the scorer"

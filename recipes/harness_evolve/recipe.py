@@ -15,9 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from reef.sdk import (
-    FEEDBACK_GROUP,
     HARNESS,
-    EvalTask,
     Evaluated,
     ExperienceView,
     Proposal,
@@ -28,6 +26,8 @@ from reef.sdk import (
     StepContext,
     Trajectory,
     Turn,
+    asking,
+    failing_prompts,
     files_of,
 )
 
@@ -39,13 +39,18 @@ class HarnessEvolveSettings(RecipeSettings):
     batch_size: int = 2
     threshold: float = 0.5
     # llm: a model reflects and proposes a mutation (learning.proposer_*); hindsight: answers
-    # users wrote (demonstrations) and the served model's answers to the failing prompts with the
-    # feedback in view that meet `scorer` become worked examples; rule: the feedback becomes a rule.
+    # users wrote (demonstrations), and the served model's rewrites of its failing answers and
+    # answers with the feedback in view, those that meet `scorer`, become worked examples; rule:
+    # the feedback becomes a rule.
     proposer: Literal["llm", "hindsight", "rule"] = "llm"
     max_examples: int = 4
     hindsight_samples: int = Field(4, ge=1, le=16)
+    # Rewrites of a failing answer asked under its feedback (0: none), of the served model or of
+    # the proposer model (learning.proposer_*: a stronger one, where configured).
+    hindsight_revisions: int = Field(2, ge=0, le=16)
+    reviser: Literal["served", "proposer"] = "served"
     # Scores the failing prompts as extra gate tasks, and hindsight answers; without it only
-    # evals/<scenario>.jsonl runs and every hindsight answer counts.
+    # evals/<scenario>.jsonl runs and the served model judges hindsight answers.
     scorer: ScorerSpec | None = None
     # incumbent: mutate the current release; pareto: mutate a tree from the Pareto set of earlier
     # candidates across tasks (GEPA-style), so strengths on different tasks are all explored.
@@ -86,11 +91,15 @@ class HarnessEvolve(Recipe):
         elif self.settings.proposer == "hindsight":
             if context.generate is None:
                 raise RecipeError("the hindsight proposer needs the served model: none was given")
+            # The proposer model revises where the settings choose it, else the served model.
+            ask = context.ask if self.settings.reviser == "proposer" else None
             proposer = HindsightProposer(
                 context.generate,
                 self.settings.scorer,
                 self.settings.max_examples,
                 self.settings.hindsight_samples,
+                self.settings.hindsight_revisions,
+                asking(ask) if ask is not None else None,
             )
             proposal = proposer.propose(failures, context)
         else:
@@ -105,7 +114,7 @@ class HarnessEvolve(Recipe):
             files=files,
             reason=f"{proposal.op} {proposal.path}: {proposal.reason}",
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=self._failing_prompts(failures),
+            eval_tasks=failing_prompts(failures, self.settings.scorer),
         )
 
     def parent(self, context: StepContext) -> dict[str, bytes]:
@@ -116,19 +125,6 @@ class HarnessEvolve(Recipe):
         if not front:
             return context.files_of(HARNESS)
         return files_of(front[len(context.evaluated) % len(front)].files, HARNESS)
-
-    def _failing_prompts(self, failures: list[Turn]) -> list[EvalTask]:
-        if self.settings.scorer is None:
-            return []
-        return [
-            EvalTask(
-                id=f"failing:{turn.record_id}",
-                messages=turn.messages,
-                scorer=self.settings.scorer,
-                group=FEEDBACK_GROUP,
-            )
-            for turn in failures
-        ]
 
 
 def pareto_front(evaluated: list[Evaluated]) -> list[Evaluated]:

@@ -16,6 +16,10 @@ says it did not, and also what was wanted). A step:
      the prompt with the hint beside the user's message (the teacher) and under the prompt
      alone (the student); each token gets `w_opd * (teacher log-prob - student log-prob)`,
      so the tokens the hint makes less likely are pushed down, the others up;
+   - hindsight answers, for a turn judged -1: the served model rewrites its answer as the user's
+     words ask (their next message, or the report's words), by `reef.learning.hindsight.relabel`,
+     the path sft's and harness_evolve's report feedback takes; a rewrite it judges to do what
+     they ask, that still says what the answer said, is trained on with advantage `w_rl`;
 3. **trains** the LoRA with the PPO-style clipped loss (clip 0.2 low, 0.28 high) and a KL
    penalty to the base (β 0.02) of `reef.training.policy`, continuing the scenario's adapter;
 4. proposes it as a `lora` candidate; the gate compares it with the current release.
@@ -39,12 +43,14 @@ from reef.sdk import (
     Recipe,
     RecipeError,
     RecipeSettings,
+    Relabelled,
     StepContext,
     Trajectory,
     Turn,
     current_adapter,
     policy_update,
     proposal_kind,
+    relabel,
     rendered_prompt,
     reporter,
     require_weights,
@@ -76,6 +82,8 @@ class OpenClawRLSettings(LoraRecipeSettings):
     votes: int = Field(3, ge=1, le=15)
     w_rl: float = Field(1.0, ge=0.0)  # weight of binary RL's advantage
     w_opd: float = Field(1.0, ge=0.0)  # weight of hindsight distillation's advantage
+    # Rewrites of an answer judged -1 asked of the served model under the user's words (0: none).
+    revisions: int = Field(2, ge=0, le=8)
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.28, ge=0.0)
     kl_beta: float = Field(0.02, ge=0.0)
@@ -220,7 +228,13 @@ class OpenClawRL(Recipe):
         self, judged: list[tuple[Turn, Judgement]], context: StepContext
     ) -> tuple[list[Any], int]:
         """A policy example per judged answer, and how many got a distillation term."""
-        from reef.sdk import PolicyExample, TrainingExample, completion_logprobs, fit
+        from reef.sdk import (
+            PolicyExample,
+            TrainingExample,
+            completion_logprobs,
+            encode_completion,
+            fit,
+        )
 
         base = self._base.get(context)
         model = self._policy_now(base, context)
@@ -228,6 +242,13 @@ class OpenClawRL(Recipe):
         prompts: dict[str, list[int]] = {}
         examples = []
         distilled = 0
+        for item in self.hindsight_answers(judged, context):
+            prompt = served_prompt(context, item.turn, prompts)
+            completion = encode_completion(base.tokenizer, item.answer)
+            prompt, completion = fit(TrainingExample(prompt, completion), length)
+            examples.append(
+                PolicyExample(prompt, completion, [self.settings.w_rl] * len(completion))
+            )
         for turn, judgement in judged:
             # The prompt as served and its answer, cut as the update will cut them: teacher and
             # student below score exactly the context the update trains on.
@@ -250,6 +271,20 @@ class OpenClawRL(Recipe):
             behaviour = served_logprobs(turn, len(completion))
             examples.append(PolicyExample(prompt, completion, advantages, None, behaviour))
         return examples, distilled
+
+    def hindsight_answers(
+        self, judged: list[tuple[Turn, Judgement]], context: StepContext
+    ) -> list[Relabelled]:
+        """For each turn judged -1, a rewrite of its answer by the served model that does what
+        the user's words ask, if one does (`relabel`, judged by the same model)."""
+        wanting = [turn for turn, judgement in judged if judgement.score < 0]
+        if not wanting or not self.settings.revisions or context.generate is None:
+            return []
+        found = relabel(
+            wanting, context.generate, None, samples=0, keep=1, revisions=self.settings.revisions
+        )
+        log.info("openclaw_rl: %d hindsight answer(s) for %d turn(s)", len(found), len(wanting))
+        return found
 
     def _policy_now(self, base: Any, context: StepContext) -> Any:
         """The model as the scenario serves it now (the base with its current adapter)."""

@@ -5,10 +5,11 @@ A step gathers training examples, each a prompt as the engine renders it and a c
 - **good answers**: turns scored at or above `threshold`, the prompt and the answer's tokens as
   served (a record without its prompt's tokens is rendered again, with its call's tools);
 - **demonstrations**: feedback `{"demonstration": "..."}` on a turn, the user's own answer;
-- **hindsight answers**: a turn scored below `threshold` whose feedback says what was wanted is
-  asked again with that feedback beside the user's message (`reef.learning.hindsight`): the
-  answers the `scorer` accepts (any, without a scorer) are what the model should have said, and
-  it learns to say them to the original prompt, without the hint.
+- **hindsight answers**: for a turn scored below `threshold` whose feedback says what was wanted,
+  the served model rewrites its answer as the feedback asks, and is asked again with that
+  feedback beside the user's message (`reef.learning.hindsight`): the answers the `scorer`
+  accepts (the model as judge, without a scorer) that still answer the question are what the
+  model should have said, and it learns to say them to the original prompt, without the hint.
 
 Beside them it replays what the agent already does elsewhere, so that learning one thing does
 not cost it the rest: the current release's own greedy answers to `replay` other questions (the
@@ -28,14 +29,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from reef.sdk import (
-    FEEDBACK_GROUP,
     BaseWeights,
-    EvalTask,
     ExperienceView,
     LoraRecipeSettings,
     Proposal,
@@ -46,7 +45,9 @@ from reef.sdk import (
     StepContext,
     Trajectory,
     Turn,
+    asking,
     demonstrations,
+    failing_prompts,
     hints,
     proposal_kind,
     relabel,
@@ -76,6 +77,10 @@ class SFTSettings(LoraRecipeSettings):
     scorer: ScorerSpec | None = None
     hindsight_samples: int = Field(4, ge=1, le=16)
     hindsight_keep: int = Field(2, ge=1, le=16)  # answers kept per failing turn
+    # Rewrites of a failing answer asked under its feedback (0: none), of the served model or of
+    # the proposer model (learning.proposer_*: a stronger one, where configured).
+    hindsight_revisions: int = Field(2, ge=0, le=16)
+    reviser: Literal["served", "proposer"] = "served"
     max_tokens: int = Field(128, ge=8)  # for hindsight and replayed answers
     train_batch_size: int = Field(4, ge=1)  # examples per LoRA step (see LoraRecipeSettings)
     # Other questions whose current answers are trained on beside the new examples, so the
@@ -158,7 +163,7 @@ class SFT(Recipe):
                 f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=self._failing_prompts(failing),
+            eval_tasks=failing_prompts(failing, self.settings.scorer),
             metrics={"loss": losses, "examples": learned, "replayed": len(examples) - learned},
         )
 
@@ -173,6 +178,8 @@ class SFT(Recipe):
                 pairs.append((turn, list(turn.completion_token_ids)))
             pairs.extend((turn, text) for text in demonstrations(turn))
         failing = [turn for turn in turns if self.failing_with_hint(turn)]
+        # The proposer model revises where the settings choose it, else the served model.
+        ask = context.ask if self.settings.reviser == "proposer" else None
         for item in relabel(
             failing,
             context.generate,
@@ -180,6 +187,8 @@ class SFT(Recipe):
             samples=self.settings.hindsight_samples,
             keep=self.settings.hindsight_keep,
             max_tokens=self.settings.max_tokens,
+            revisions=self.settings.hindsight_revisions,
+            reviser=asking(ask) if ask is not None else None,
         ):
             pairs.append((item.turn, item.completion_token_ids or item.answer))
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))
@@ -238,16 +247,3 @@ class SFT(Recipe):
         )
         on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
         return train_lora(base, examples, settings, on_step=on_step, resume_from=resume_from)
-
-    def _failing_prompts(self, failing: list[Turn]) -> list[EvalTask]:
-        if self.settings.scorer is None:
-            return []
-        return [
-            EvalTask(
-                id=f"failing:{turn.record_id}",
-                messages=turn.messages,
-                scorer=self.settings.scorer,
-                group=FEEDBACK_GROUP,
-            )
-            for turn in failing
-        ]

@@ -13,7 +13,8 @@ module only, so its names are the ones a recipe may rely on:
   `failing_prompts` (the prompts a recipe learned from failing, as a proposal's extra tasks),
   `Evaluated` (a candidate's scores, for recipes that search);
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `relabel` (an answer that
-  meets the feedback and still answers the question), `with_hint`;
+  meets the feedback and still answers the question), `with_hint`, `asking` (the proposer model
+  as the model that revises);
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
   `proposal_kind`, `policy_update`, `reporter`;
@@ -34,7 +35,15 @@ from typing import TYPE_CHECKING, Any
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, files_of
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.inference.model import answer_text
-from reef.learning.hindsight import Generate, Relabelled, demonstrations, hints, relabel, with_hint
+from reef.learning.hindsight import (
+    Generate,
+    Relabelled,
+    asking,
+    demonstrations,
+    hints,
+    relabel,
+    with_hint,
+)
 from reef.learning.recipe import (
     Evaluated,
     Proposal,
@@ -121,6 +130,7 @@ __all__ = [
     "answer_text",
     "completion_logprobs",
     "current_adapter",
+    "asking",
     "demonstrations",
     "encode_completion",
     "failing_prompts",

@@ -1,5 +1,6 @@
 """Hindsight relabelling's pieces that need no model: hints, demonstrations, the hinted prompt,
-and which sampled answers are kept (the samples scripted)."""
+edits of the first answer, and which sampled answers are kept (the samples scripted; the
+model's revisions are tested in test_revision.py)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ def test_an_answer_that_only_meets_the_preference_is_not_kept() -> None:
     )
     found = turn("Start your answer with the word 'Sure!'")
     sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
-    kept = relabel([found], lambda body: reply(next(sampled)), sure, samples=4, keep=2)
+    kept = relabel(
+        [found], lambda body: reply(next(sampled)), sure, samples=4, keep=2, revisions=0
+    )
     # The first answer edited, then the one sampled answer that still says it.
     assert [item.answer for item in kept] == ["Sure! A pear.", "Sure! Pear, sweet."]
     assert not answers_the_question("Sure! Sure!", found, "Start your answer with 'Sure!'")
@@ -76,7 +79,8 @@ def test_a_cut_answer_and_a_repeat_are_not_kept() -> None:
         [reply("Sure! A pear", "length"), reply("Sure! A pear."), reply("Sure! A pear.")]
     )
     found = turn("Start with Sure")
-    kept = relabel([found], lambda body: next(sampled), None, samples=3, keep=3)
+    sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
+    kept = relabel([found], lambda body: next(sampled), sure, samples=3, keep=3, revisions=0)
     assert [item.answer for item in kept] == ["Sure! A pear."]
 
 
@@ -94,7 +98,7 @@ def test_the_text_feedback_asks_for_is_what_it_quotes_or_what_follows_its_colon(
 def test_an_instruction_after_a_colon_is_never_added_to_the_answer() -> None:
     found = turn("Too long: reply in five words.", answer="Paris.", question="Capital of France?")
     short = ScorerSpec(type="regex", pattern=r"^\W*(\S+\s+){0,4}\S+\W*$")
-    kept = relabel([found], no_model_unless_sampled, short, samples=0, keep=2)
+    kept = relabel([found], no_model_unless_sampled, short, samples=0, keep=2, revisions=0)
     assert all("reply" not in item.answer for item in kept)
 
 
@@ -119,7 +123,7 @@ def test_feedback_asking_for_two_texts_is_met_by_one_edit_with_both() -> None:
 
 
 def no_model_unless_sampled(body: dict) -> Completion:
-    raise AssertionError("samples=0: nothing is sampled")
+    raise AssertionError("samples=0, revisions=0: nothing is asked")
 
 
 def no_model(body: dict) -> Completion:
@@ -143,12 +147,16 @@ def test_a_shorter_first_sentence_is_an_edit_a_length_scorer_can_keep() -> None:
     assert [item.answer for item in kept] == ["Pears are sweet fruit."]
 
 
-def test_without_a_scorer_nothing_is_edited_only_sampled() -> None:
-    asked: list[dict] = []
+def test_without_a_scorer_nothing_is_edited_and_the_model_judges() -> None:
+    """No scorer: no edit is tried (they are guesses only a scorer confirms); the sampled answer
+    is kept once the model, asked whether it does what the feedback asks, says yes."""
+    asked: list[str] = []
 
-    def sample(body: dict) -> Completion:
-        asked.append(body)
-        return reply("Sure! A pear.")
+    def model(body: dict) -> Completion:
+        content = body["messages"][-1]["content"]
+        asked.append("judge" if "Reply with yes or no" in content else "sample")
+        return reply("Yes." if asked[-1] == "judge" else "Sure! A pear.")
 
-    kept = relabel([turn("Start with 'Sure!'")], sample, None, samples=1, keep=2)
-    assert [item.answer for item in kept] == ["Sure! A pear."] and len(asked) == 1
+    kept = relabel([turn("Start with 'Sure!'")], model, None, samples=1, keep=2, revisions=0)
+    assert [(item.answer, item.source) for item in kept] == [("Sure! A pear.", "sample")]
+    assert asked == ["sample", "judge"]

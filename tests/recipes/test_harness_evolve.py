@@ -110,7 +110,7 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
         turn(f"r{n}", prompt, "An answer.", feedback=wanted) for n, prompt in enumerate(prompts)
     ]
     scorer = ScorerSpec(type="regex", pattern="^\\W*Sure")
-    result = HindsightProposer(generate, scorer, max_examples=4, samples=4).propose(
+    result = HindsightProposer(generate, scorer, max_examples=4, samples=4, revisions=0).propose(
         failures, context()
     )
 
@@ -146,7 +146,9 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
         assert {e["user"]: e["assistant"] for e in examples} == qualifying
     unreachable = ScorerSpec(type="contains", value="zebra-quartz-91")
     sampled.clear()
-    refused = HindsightProposer(generate, unreachable, samples=2).propose(failures, context())
+    refused = HindsightProposer(generate, unreachable, samples=2, revisions=0).propose(
+        failures, context()
+    )
     assert refused == "no answer given under the feedback met the scorer"
     assert len(sampled) == 2 * len(prompts)
 

@@ -1,27 +1,42 @@
 """Hindsight relabelling: what the model would have answered had it known what the user wanted.
 
-A turn the user scored low, with feedback text, is asked again with that feedback put next to the
-user's message (small models follow text there far better than in a system prompt), and several
-answers are sampled. Before sampling, where the recipe has a scorer to confirm them, the first
-answer itself is edited as feedback often asks (`edits`: the text the feedback quotes put before
-or after it, the answer cut to its first sentence, the answer as a bullet point): a model too
-small to follow the hint still said something worth keeping. An answer is kept when the
-recipe's scorer accepts it (any, without a scorer) *and* it still answers the question: beyond
-the feedback's own words, it says something, and mostly what the question or the first answer
-said (`evaluation.content.grounded`). "Sure!" alone meets "start with Sure" and says nothing;
-"Sure! Paris." keeps the answer. Kept answers are the training signal: a LoRA learns to give
-them without the hint (`sft`), or a harness shows them as worked examples (`harness_evolve`).
-No preference is coded here: the scorer decides which answers meet the feedback. (A correction
-whose whole content is in the feedback, "No: 9", is better given as a demonstration.)
+A turn the user scored low, with feedback, becomes answers the model should have given. The
+feedback is the user's own words, whatever their form: a report's text (`hints`) or, in a
+conversation, the user's next message (`next_message`, the signal openclaw_rl reads); both take
+the same path (`relabel`). Candidates, in order:
+
+- **edits** of the first answer, where the recipe has a scorer to confirm them (`edits`): the
+  text the feedback quotes put before or after it, its first sentence, a bullet point. Guesses
+  from the feedback's form, one more source, never the only one;
+- **revisions**: a model (the served one, or any `reviser` a recipe passes) is asked to rewrite
+  its first answer so that it does what the feedback asks and keeps what it said
+  (`REVISION_PROMPT`), `revisions` times with seeds, the first greedy; what it puts around the
+  answer ("Here is the rewritten answer:", quotes) is taken off (`unwrapped`). The model reads
+  the feedback's meaning: no code here parses its wording, so "start with Sure", "why do you
+  never say sure first?" and "no, say sure" all work;
+- **samples**: the question asked again with the feedback beside the user's message (small
+  models follow text there far better than in a system prompt), `samples` times, the first greedy.
+
+A candidate is kept when it still answers the question: beyond the feedback's own words, it says
+something, and mostly what the question or the first answer said (`answers_the_question`, with
+`evaluation.content.grounded`): "Sure!" alone meets "start with Sure" and says nothing, "Sure!
+Paris." keeps the answer. And when it meets the feedback: the recipe's scorer accepts it, or,
+without a scorer, the reviser as judge says it does what the feedback asks (`follows`, a yes/no
+question; a model that small says yes too easily, which the content check bounds). Kept answers
+are the training signal: a LoRA learns to give them without the hint (`sft`, and `openclaw_rl` as
+answers with a positive advantage), or a harness shows them as worked examples (`harness_evolve`).
+No preference is coded here. (A correction whose whole content is in the feedback, "No: 9", is
+better given as a demonstration.)
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import string
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import permutations
-from typing import Any
+from typing import Any, Literal
 
 from reef.evaluation.content import content_words, grounded
 from reef.evaluation.scorers import score
@@ -32,17 +47,43 @@ from reef.protocol import Completion, message_text
 # Runs an OpenAI chat request body on the model under the scenario's current release, unrecorded.
 Generate = Callable[[dict[str, Any]], Completion]
 HINT_TEMPLATE = "{message} {hint}"  # right after the request: where small models listen
+REVISION_PROMPT = """A user asked:
+{question}
+
+You answered:
+{answer}
+
+The user's feedback on your answer:
+{feedback}
+
+Rewrite your answer so that it does what the feedback asks, and keep what it says. Reply with \
+the rewritten answer only."""
+JUDGE_PROMPT = """A user asked:
+{question}
+
+Their feedback on an earlier answer:
+{feedback}
+
+A new answer:
+{answer}
+
+Does the new answer do what the feedback asks? Reply with yes or no."""
+JUDGE_TOKENS = 4  # "yes" or "no", and room for a full stop
 
 
 @dataclass
 class Relabelled:
-    """An answer given under the hint that meets it, for the turn's original messages."""
+    """An answer that meets the feedback, for the turn's original messages."""
 
     turn: Turn
-    hint: str
+    hint: str  # the feedback it meets
     answer: str
     completion_token_ids: list[int]  # as the model produced them, ending with its end token;
-    # empty for an edit of the first answer (`edits`): train on `answer`'s text
+    # empty for an edit or a revision (given to another prompt): train on `answer`'s text
+    source: Literal["edit", "revision", "sample"] = "sample"
+
+
+# -- what the user said ---------------------------------------------------------------------------
 
 
 def hints(turn: Turn) -> list[str]:
@@ -65,6 +106,20 @@ def demonstrations(turn: Turn) -> list[str]:
     return shown
 
 
+def next_message(turn: Turn) -> str | None:
+    """The user's next message, where the conversation went on ("no, shorter"); None else."""
+    for message in turn.next_state or []:
+        if message.get("role") == "user":
+            return message_text(message.get("content")).strip() or None
+    return None
+
+
+def feedback_of(turn: Turn) -> list[str]:
+    """What the user said about the turn: their reports' words, else their next message."""
+    said = next_message(turn)
+    return hints(turn) or ([said] if said else [])
+
+
 def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
     """The messages with `hint` appended to the last user message."""
     hinted = [dict(m) for m in messages]
@@ -75,6 +130,8 @@ def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]
             return hinted
     return [*hinted, {"role": "user", "content": hint}]
 
+
+# -- does a candidate still answer, and meet the feedback ---------------------------------------
 
 # Of an answer's content words beyond the feedback's, the share the question or the first answer
 # must have said.
@@ -88,6 +145,117 @@ def answers_the_question(answer: str, turn: Turn, hint: str) -> bool:
     own = " ".join(sorted(content_words(answer) - feedback))
     return grounded(own, [turn.prompt, turn.answer_text]) >= GROUNDED
 
+
+def meets(scorer: ScorerSpec | None, answer: str, messages: list[dict[str, Any]]) -> bool:
+    """Whether `scorer` accepts `answer` (any non-empty answer, without a scorer)."""
+    if scorer is None:
+        return bool(answer.strip())
+    task = EvalTask(id="hindsight", messages=messages, scorer=scorer)
+    return score(scorer, answer, task) >= 0.5
+
+
+def follows(judge: Generate, answer: str, turn: Turn, hint: str) -> bool:
+    """Whether the `judge` model says `answer` does what the feedback `hint` asks: its greedy
+    reply to `JUDGE_PROMPT` starts with yes."""
+    prompt = JUDGE_PROMPT.format(question=turn.prompt, feedback=hint, answer=answer)
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0.0,
+        "seed": 0,
+        "max_tokens": JUDGE_TOKENS,
+    }
+    reply = _text(judge(body))
+    return reply.lstrip(string.punctuation + string.whitespace).lower().startswith("yes")
+
+
+def accepted(
+    scorer: ScorerSpec | None, judge: Generate, answer: str, turn: Turn, hint: str
+) -> bool:
+    """Whether `answer` meets the feedback: the scorer says so, or, without one, the judge."""
+    if scorer is not None:
+        return meets(scorer, answer, turn.messages)
+    return bool(answer.strip()) and follows(judge, answer, turn, hint)
+
+
+# -- revisions ------------------------------------------------------------------------------------
+
+
+def revision_request(
+    turn: Turn, hint: str, seed: int, temperature: float, max_tokens: int
+) -> dict[str, Any]:
+    """The request asking a model to rewrite the turn's answer as the feedback asks (the first,
+    seed 0, greedy)."""
+    prompt = REVISION_PROMPT.format(question=turn.prompt, answer=turn.answer_text, feedback=hint)
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0.0 if seed == 0 else temperature,
+        "seed": seed,
+        "max_tokens": max_tokens,
+    }
+
+
+# A first clause ending with a colon and a space or line break, over the model's revision (never
+# over the feedback): "Here is the rewritten answer:\n..." or "Revised: ...". Not "10:30".
+_PREFACE = re.compile(r"([^\n:]*):\s+(?=\S)")
+_AROUND = [("```", "```"), ('"', '"'), ("\u201c", "\u201d"), ("'", "'"), ("\u2018", "\u2019")]
+_AROUND += [("`", "`"), ("\u00ab", "\u00bb")]
+
+
+def unwrapped(revision: str, turn: Turn) -> str:
+    """The rewritten answer alone, without what the model put around it: a preface (a first
+    clause ending with a colon that says nothing the question or the first answer said: "Here
+    is the rewritten answer:"; "Paris: the capital" stays), and quotes, backticks or a code
+    fence around the whole; taken off one at a time until none is left."""
+    text = revision.strip()
+    while (inner := _unwrapped_once(text, turn)) != text:
+        text = inner
+    return text
+
+
+def _unwrapped_once(text: str, turn: Turn) -> str:
+    preface = _PREFACE.match(text)
+    if preface and grounded(preface.group(1), [turn.prompt, turn.answer_text]) < GROUNDED:
+        return text[preface.end() :].strip()
+    for opening, closing in _AROUND:
+        inner = text[len(opening) : len(text) - len(closing)]
+        if text.startswith(opening) and text.endswith(closing) and closing not in inner:
+            return inner.strip() or text
+    return text
+
+
+def asking(ask: Callable[..., str]) -> Generate:
+    """A `Generate` over a recipe's `ask` (`StepContext.ask`: the proposer model, which
+    `learning.proposer_url` may make a stronger one than the served model), to revise and judge
+    with. It samples as the proposer does (no seed; the worker's temperature), and its reply
+    counts as finished: `ask` does not say whether it was cut short."""
+
+    def generate(body: dict[str, Any]) -> Completion:
+        text = ask(body["messages"], max_tokens=body.get("max_tokens", 400))
+        choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        return Completion(response={"choices": [choice]}, model="proposer")
+
+    return generate
+
+
+def revisions_of(
+    turn: Turn,
+    hint: str,
+    reviser: Generate,
+    count: int,
+    temperature: float,
+    max_tokens: int,
+) -> Iterator[str]:
+    """The reviser's finished rewrites of the turn's answer under `hint`, `count` asked with
+    seeds 0.. (the first greedy), one at a time: each unwrapped, then as it came (a preface that
+    was the answer's own start, "Sure: a pear.", is then not lost)."""
+    for seed in range(count):
+        completion = reviser(revision_request(turn, hint, seed, temperature, max_tokens))
+        if _finished(completion):
+            text = _text(completion)
+            yield from dict.fromkeys([unwrapped(text, turn), text.strip()])
+
+
+# -- edits: the first answer changed as feedback's form suggests, with no model -------------------
 
 # Text the feedback asks for word for word: 'quoted' (an apostrophe inside a word, as in
 # "don't", opens no quote), "quoted", or what follows a colon after a word naming a text ("end
@@ -131,11 +299,7 @@ def edits(answer: str, hint: str) -> list[str]:
     return [text for text in dict.fromkeys(edited) if text != answer]
 
 
-def meets(scorer: ScorerSpec | None, answer: str, messages: list[dict[str, Any]]) -> bool:
-    if scorer is None:
-        return bool(answer.strip())
-    task = EvalTask(id="hindsight", messages=messages, scorer=scorer)
-    return score(scorer, answer, task) >= 0.5
+# -- relabelling ----------------------------------------------------------------------------------
 
 
 def relabel(
@@ -146,41 +310,70 @@ def relabel(
     keep: int = 2,
     temperature: float = 0.8,
     max_tokens: int = 128,
+    revisions: int = 2,
+    reviser: Generate | None = None,
 ) -> list[Relabelled]:
-    """Up to `keep` distinct answers per turn that meet `scorer` and still answer the question:
-    edits of the first answer (with a scorer), then answers sampled under the hint, `samples` at
-    most. The first sample is greedy (temperature 0): often the best a small model gives."""
+    """Up to `keep` distinct answers per turn with feedback (`feedback_of`: its reports' words,
+    else the user's next message) that still answer the question and meet the feedback: edits
+    of the first answer (with a scorer), then `revisions` rewrites by `reviser` (default: the
+    `generate` model), then `samples` answers of `generate` under the hint; each asked only
+    while fewer than `keep` are kept. Without a scorer, the reviser judges (`follows`)."""
+    reviser = reviser or generate
     kept: list[Relabelled] = []
     for turn in turns:
-        for hint in hints(turn)[:1]:
-            hinted = with_hint(turn.messages, hint)
+        for hint in feedback_of(turn)[:1]:
+            found = candidates(
+                turn, hint, generate, reviser, scorer, samples, revisions, temperature, max_tokens
+            )
             answers: set[str] = set()
-            for answer in edits(turn.answer_text, hint) if scorer is not None else []:
-                if len(answers) >= keep:
-                    break
-                if meets(scorer, answer, turn.messages) and answers_the_question(
-                    answer, turn, hint
-                ):
-                    answers.add(answer)
-                    kept.append(Relabelled(turn, hint, answer, []))
-            for sample in range(samples if len(answers) < keep else 0):
-                completion = generate(
-                    {
-                        "messages": hinted,
-                        "temperature": 0.0 if sample == 0 else temperature,
-                        "seed": sample,
-                        "max_tokens": max_tokens,
-                    }
-                )
-                choice = completion.response["choices"][0]
-                answer = str(choice["message"].get("content") or "")
-                cut_short = choice.get("finish_reason") != "stop"
-                if cut_short or answer in answers or not meets(scorer, answer, turn.messages):
+            for candidate in found:
+                if candidate.answer in answers or candidate.answer == turn.answer_text.strip():
+                    continue  # a repeat, or the very answer the feedback found wanting
+                if not answers_the_question(candidate.answer, turn, hint):
                     continue
-                if not answers_the_question(answer, turn, hint):
+                if not accepted(scorer, reviser, candidate.answer, turn, hint):
                     continue
-                answers.add(answer)
-                kept.append(Relabelled(turn, hint, answer, list(completion.token_ids or [])))
+                answers.add(candidate.answer)
+                kept.append(candidate)
                 if len(answers) >= keep:
                     break
     return kept
+
+
+def candidates(
+    turn: Turn,
+    hint: str,
+    generate: Generate,
+    reviser: Generate,
+    scorer: ScorerSpec | None,
+    samples: int,
+    revisions: int,
+    temperature: float,
+    max_tokens: int,
+) -> Iterator[Relabelled]:
+    """The answers `relabel` considers for one turn, in its order, each made when asked for."""
+    for answer in edits(turn.answer_text, hint) if scorer is not None else []:
+        yield Relabelled(turn, hint, answer, [], "edit")
+    for answer in revisions_of(turn, hint, reviser, revisions, temperature, max_tokens):
+        yield Relabelled(turn, hint, answer, [], "revision")
+    hinted = with_hint(turn.messages, hint)
+    for sample in range(samples):
+        body = {
+            "messages": hinted,
+            "temperature": 0.0 if sample == 0 else temperature,
+            "seed": sample,
+            "max_tokens": max_tokens,
+        }
+        completion = generate(body)
+        if _finished(completion):
+            token_ids = list(completion.token_ids or [])
+            yield Relabelled(turn, hint, _text(completion), token_ids, "sample")
+
+
+def _text(completion: Completion) -> str:
+    return str(completion.response["choices"][0]["message"].get("content") or "")
+
+
+def _finished(completion: Completion) -> bool:
+    """Whether the model ended its answer itself (an answer cut short is never kept)."""
+    return completion.response["choices"][0].get("finish_reason") == "stop"
