@@ -6,6 +6,7 @@ documented on each field (`REEF_TOKEN`, `REEF_UPSTREAM_URL`, ...), command-line 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -15,9 +16,11 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -30,6 +33,8 @@ from reef.urls import without_password
 from reef.yamlfile import DuplicateKey, load_yaml
 
 DEFAULT_CONFIG_FILE = "reef.yaml"
+# The seed's top-level block for the learning recipe: `learning` by another name.
+SEED_LEARNING = "reef"
 DEFAULT_PORT = 8900
 
 EngineKind = Literal["auto", "llamacpp", "vllm", "upstream"]
@@ -423,10 +428,24 @@ class ReefConfig(_Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    learning: LearningConfig = Field(default_factory=LearningConfig)
+    # `reef:` is the seed's spelling of the same block (`reef: {recipe: ..., <its settings>}`);
+    # both in one file is refused (`load_config`).
+    learning: LearningConfig = Field(
+        default_factory=LearningConfig, validation_alias=AliasChoices("learning", SEED_LEARNING)
+    )
     scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    # Which key configured the default learning block, for errors: `learning` or `reef`.
+    _learning_key: str = PrivateAttr("learning")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_learning_key(cls, data: Any, handler: Any) -> ReefConfig:
+        config: ReefConfig = handler(data)
+        if isinstance(data, dict) and SEED_LEARNING in data:
+            config._learning_key = SEED_LEARNING
+        return config
 
     @field_validator("state_dir", "evals_dir")
     @classmethod
@@ -468,7 +487,7 @@ class ReefConfig(_Section):
         for name in dict.fromkeys([*self.learning.scenarios, *own]):
             scenario = own.get(name)
             mine = scenario.choices() if scenario else []
-            key = f"scenarios.{name}.learning" if mine else "learning"
+            key = f"scenarios.{name}.learning" if mine else self._learning_key
             recipes = mine or self.learning.choices()
             mode = (scenario.mode if scenario else None) or self.learning.mode
             if recipes:
@@ -562,6 +581,7 @@ def load_config(
         path = Path(DEFAULT_CONFIG_FILE)
     if path is not None:
         data = _read_yaml(path, env)
+        _check_seed_learning(data, path)
         _anchor_folders(data, path.parent)
     _apply_environment(data, env)
     _merge_overrides(data, overrides or {})
@@ -594,7 +614,7 @@ def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
         given = Path(store["url"]).expanduser()
         store["url"] = str(given if given.is_absolute() else folder / given)
     scenarios = data.get("scenarios")
-    learnings = [data.get("learning")]
+    learnings = [data.get("learning"), data.get(SEED_LEARNING)]
     if isinstance(scenarios, dict):
         learnings += [s.get("learning") for s in scenarios.values() if isinstance(s, dict)]
     for learning in learnings:
@@ -611,6 +631,51 @@ def _anchor_recipe(section: dict[str, Any], folder: Path) -> None:
         location, _, name = recipe.rpartition(":")
         if location.endswith(".py") and not Path(location).expanduser().is_absolute():
             section["recipe"] = f"{folder / location}:{name}"
+        elif _DOTTED.fullmatch(location):
+            section["recipe"] = f"{_project_module(location, folder)}:{name}"
+
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _project_module(module: str, folder: Path) -> str:
+    """Where `module` (`recipes.sao.recipe`) of a `module:Class` recipe is found: a file of the
+    project (the config's folder, then each folder above it up to the project's root, the first
+    with a pyproject.toml or .git); else, for `recipes.X` that Reef ships, Reef's own recipe as
+    the wheel installs it, `reef.recipes.X`; else an installed module. Nothing joins `sys.path`."""
+    relative = Path(*module.split(".")).with_suffix(".py")
+    for candidate in [folder.resolve(), *folder.resolve().parents]:
+        if (candidate / relative).is_file():
+            return str(candidate / relative)
+        if (candidate / "pyproject.toml").is_file() or (candidate / ".git").exists():
+            break
+    if module.startswith("recipes.") and _importable(f"reef.{module}"):
+        return f"reef.{module}"
+    return module
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package that is not there
+        return False
+
+
+def _check_seed_learning(data: dict[str, Any], path: Path) -> None:
+    """The seed's `reef:` block is `learning:` by another name: one of them, with a recipe."""
+    seed = data.get(SEED_LEARNING)
+    if seed is None:
+        return
+    if "learning" in data:
+        raise ConfigError(
+            f"{path}: reef and learning both configure the learning recipe: keep one (reef: is "
+            "the seed's name for learning:, with the recipe's settings beside it)"
+        )
+    if not isinstance(seed, dict) or not (seed.get("recipe") or seed.get("recipes")):
+        raise ConfigError(
+            f"{path}: reef: needs recipe, the learning recipe (a built-in name, an entry point, "
+            "path/file.py:Class or module.path:Class), with its settings beside it"
+        )
 
 
 def _tokens(env: dict[str, str], variable: str) -> list[SecretStr]:

@@ -23,8 +23,12 @@ module only, so its names are the ones a recipe may rely on:
   (`StepContext.files_of(part)` gives the current release's files of one), `files_of` for any
   artifact's files;
 - training (torch, the `train` extra): `TrainingExample`, `PolicyExample`, `LoraSettings`,
-  `train_lora`, `load_lora`, `completion_logprobs`, `encode_completion`, `fit` (an example cut to
-  a length as training cuts it), imported on first use,
+  `train_lora`, `distill` with its `DistillExample` and `DistillSettings` (a student pulled
+  toward a teacher's distributions: the model with more context, or a separate one),
+  `train_sao` with its `SAOExample` and `SAOSettings` (one scored rollout a step, with a
+  critic), `load_base` (another model's weights), `load_lora`, `completion_logprobs`,
+  `encode_completion`, `fit` (an example cut to a length as training cuts it), imported on
+  first use,
   so that importing this module never loads torch (the server loads recipes too).
 """
 
@@ -74,25 +78,38 @@ from reef.training import import_training_module
 
 if TYPE_CHECKING:
     from reef.training import (
+        DistillExample,
+        DistillSettings,
         LoraSettings,
         PolicyExample,
         TrainingExample,
         completion_logprobs,
         encode_completion,
+        load_base,
         train_lora,
     )
     from reef.training.adapter import load_lora
+    from reef.training.distill import distill
     from reef.training.loss import fit
+    from reef.training.sao import SAOExample, SAOSettings, train_sao
 
 _TRAINING = {
+    "DistillExample": "reef.training",
+    "DistillSettings": "reef.training",
+    # The function, not its module (reef.training.distill once imported).
+    "distill": "reef.training.distill",
     "LoraSettings": "reef.training",
     "PolicyExample": "reef.training",
     "TrainingExample": "reef.training",
     "completion_logprobs": "reef.training",
     "encode_completion": "reef.training",
+    "load_base": "reef.training",
     "train_lora": "reef.training",
     "load_lora": "reef.training.adapter",
     "fit": "reef.training.loss",
+    "SAOExample": "reef.training.sao",
+    "SAOSettings": "reef.training.sao",
+    "train_sao": "reef.training.sao",
 }
 
 
@@ -109,6 +126,8 @@ __all__ = [
     "HARNESS",
     "BaseWeights",
     "Completion",
+    "DistillExample",
+    "DistillSettings",
     "EvalTask",
     "Evaluated",
     "ExperienceView",
@@ -122,21 +141,25 @@ __all__ = [
     "RecipeError",
     "RecipeSettings",
     "Relabelled",
+    "SAOExample",
+    "SAOSettings",
     "ScorerSpec",
     "StepContext",
     "TrainingExample",
     "Trajectory",
     "Turn",
     "answer_text",
+    "asking",
     "completion_logprobs",
     "current_adapter",
-    "asking",
     "demonstrations",
+    "distill",
     "encode_completion",
     "failing_prompts",
     "files_of",
     "fit",
     "hints",
+    "load_base",
     "load_lora",
     "message_text",
     "policy_update",
@@ -148,6 +171,7 @@ __all__ = [
     "served_prompt",
     "train_lora",
     "train_on_current",
+    "train_sao",
     "training_length",
     "training_source",
     "with_hint",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from reef.training.adapter import LoraSettings, TrainedAdapter, choose_backend
     from reef.training.base import Base, load_base
     from reef.training.checkpoint import export_checkpoint
+    from reef.training.distill import DistillExample, DistillSettings
     from reef.training.export import export_adapter
     from reef.training.logprobs import completion_logprobs, truncated_ratios
     from reef.training.lora import train_lora
@@ -67,6 +68,8 @@ _WHERE = {
     "truncated_ratios": "logprobs",
     "export_adapter": "export",
     "export_checkpoint": "checkpoint",
+    "DistillExample": "distill",
+    "DistillSettings": "distill",  # distill() itself: reef.training.distill.distill
     "PolicyExample": "policy",
     "PolicySettings": "policy",
     "train_policy": "policy",
@@ -74,6 +77,8 @@ _WHERE = {
 
 __all__ = [
     "Base",
+    "DistillExample",
+    "DistillSettings",
     "LoraSettings",
     "PolicyExample",
     "PolicySettings",

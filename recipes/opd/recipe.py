@@ -1,0 +1,173 @@
+"""opd: on-policy distillation from a frozen teacher, on the answers the model itself gave.
+
+The student samples (the engine serves the scenario's calls); a frozen teacher of the same
+vocabulary scores the exact tokens the student produced, and the student is trained on the
+sampled reverse KL: at each answer token, log p_student - log p_teacher, a per-token penalty
+whose gradient is the policy gradient with advantage log p_teacher - log p_student
+(`reef.training.distill`, divergence `sampled_reverse`), each token weighted by the capped ratio
+between the trainer's and the engine's probability of it. This is on-policy distillation as
+Agarwal et al. (GKD, arXiv 2306.13649) and Thinking Machines' "On-Policy Distillation" describe
+it: dense, per-token teaching on the student's own mistakes, no reward, no judge. No feedback
+is needed: every answer whose tokens were recorded is a sample.
+
+The teacher (`teacher`):
+
+- `base`: the weights the scenario trains on, the adapter switched off (the served model, or
+  the serving release's checkpoint): it pulls a served adapter back toward them, a regulariser
+  more than a teacher;
+- a folder or a GGUF file: another checkpoint of the same vocabulary (a stronger model, a
+  checkpoint release written out), loaded once and kept; refused when its vocabulary is not
+  the served model's. A relative path is relative to the folder Reef runs in.
+
+What runs here: both, on the CPU (torch and peft). A teacher behind an upstream endpoint would
+have to return the log-probabilities of given tokens, which the OpenAI chat API does not do,
+so that is not offered.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from reef.sdk import (
+    BaseWeights,
+    ExperienceView,
+    LoraRecipeSettings,
+    Proposal,
+    ProposalRefused,
+    Recipe,
+    RecipeError,
+    RecipeSettings,
+    StepContext,
+    Trajectory,
+    Turn,
+    proposal_kind,
+    reporter,
+    require_weights,
+    served_prompt,
+    train_on_current,
+    training_length,
+)
+
+log = logging.getLogger("reef.learning")
+
+
+class OPDSettings(LoraRecipeSettings):
+    batch_size: int = 4  # answers with recorded tokens needed for a step
+    teacher: str = "base"  # `base`, or the path of a checkpoint folder or GGUF file
+    tis_cap: float | None = Field(2.0, gt=0.0)  # none: no importance-sampling correction
+    skip_tokens: int = Field(0, ge=0)
+    train_batch_size: int = Field(4, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    steps: int = Field(8, ge=1)
+
+
+class OPD(Recipe):
+    name = "opd"
+    trains_weights = True
+    signal = "a frozen teacher's log-probabilities of the model's own answers"
+    experience = "reactive, from live traffic: the answers as served (on policy)"
+    target = "model (LoRA)"
+    Settings = OPDSettings
+    settings: OPDSettings
+
+    def __init__(self, settings: RecipeSettings) -> None:
+        super().__init__(settings)
+        self._base = BaseWeights()
+        self._teacher: tuple[Path, Any] | None = None
+
+    @staticmethod
+    def sampled(turn: Turn) -> bool:
+        return bool(turn.completion_token_ids)
+
+    def ready(self, view: ExperienceView) -> bool:
+        return sum(self.sampled(turn) for turn in view.turns()) >= self.settings.batch_size
+
+    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
+        batch: list[Trajectory] = []
+        count = 0
+        for trajectory in view.trajectories:
+            if count >= self.settings.batch_size:
+                break
+            sampled = sum(self.sampled(turn) for turn in trajectory.turns)
+            if sampled:
+                batch.append(trajectory)
+                count += sampled
+        return batch
+
+    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
+        require_weights(context, self.name)
+        from reef.sdk import DistillExample
+
+        turns = [turn for t in batch for turn in t.turns if self.sampled(turn)]
+        if not turns:
+            raise ProposalRefused("nothing to distil: no answer with recorded tokens")
+        prompts: dict[str, list[int]] = {}
+        examples = []
+        for turn in turns:
+            answer = list(turn.completion_token_ids or [])
+            served = turn.completion_logprobs
+            behaviour = list(served) if served and len(served) == len(answer) else None
+            prompt = served_prompt(context, turn, prompts)  # the teacher reads the same prompt
+            examples.append(DistillExample(prompt, prompt, answer, behaviour))
+        files, trained = train_on_current(
+            context,
+            lambda resume_from: self._train(examples, context, resume_from),
+            merge_into=self._base.get(context) if self.settings.checkpoint else None,
+        )
+        losses = trained.losses
+        return Proposal(
+            kind=proposal_kind(self.settings),
+            files=files,
+            reason=(
+                f"on-policy distillation from {self.settings.teacher} on {len(examples)} "
+                f"answer(s), LoRA r{self.settings.rank}, {self.settings.steps} steps, "
+                f"log-ratio {losses[0]:.4f} -> {losses[-1]:.4f}"
+            ),
+            consumed_record_ids=[turn.record_id for turn in turns],
+            metrics={"loss": losses, "examples": len(examples)},
+        )
+
+    def teacher_model(self, context: StepContext, base: Any) -> Any:
+        """The frozen teacher checkpoint, loaded once (None for `base`); refused unless its
+        vocabulary is the served model's."""
+        from reef.sdk import load_base
+
+        if self.settings.teacher == "base":
+            return None
+        assert context.work_dir is not None
+        path = Path(self.settings.teacher).expanduser().resolve()
+        if self._teacher is None or self._teacher[0] != path:
+            if not path.exists():
+                raise RecipeError(f"opd's teacher {path} does not exist")
+            loaded = load_base(path, context.work_dir / "teacher", progress=log.info)
+            if loaded.tokenizer.get_vocab() != base.tokenizer.get_vocab():
+                raise RecipeError(
+                    f"opd's teacher {path} has another vocabulary than the served model: "
+                    "it cannot score the student's tokens"
+                )
+            self._teacher = (path, loaded.model)
+        return self._teacher[1]
+
+    def _train(self, examples: list[Any], context: StepContext, resume_from: Path | None) -> Any:
+        import torch
+
+        from reef.sdk import DistillSettings, distill
+
+        torch.set_num_threads(self.settings.threads)
+        base = self._base.get(context)
+        teacher = self.teacher_model(context, base)
+        settings = DistillSettings.shared_with(
+            self.settings,
+            divergence="sampled_reverse",
+            teacher="base" if teacher is None else "model",
+            batch_size=self.settings.train_batch_size,
+            max_length=training_length(self.settings, base),
+        )
+        on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
+        return distill(
+            base, examples, settings, on_step, resume_from=resume_from, teacher_model=teacher
+        )

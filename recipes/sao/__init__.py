@@ -1,0 +1,1 @@
+"""sao: Single-rollout Asynchronous Optimisation, and its GRPO control arm (sao_grpo)."""

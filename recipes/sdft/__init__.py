@@ -1,0 +1,1 @@
+"""sdft: self-distillation fine-tuning, from demonstrations, on the model's own answers."""

@@ -1,0 +1,1 @@
+"""sdpo: self-distillation from the model's own correct attempts at the same prompt."""
