@@ -44,12 +44,12 @@ from reef.sdk import (
     StepContext,
     Trajectory,
     Turn,
+    distill_example,
+    distillation,
     proposal_kind,
     reporter,
     require_weights,
-    served_prompt,
     train_on_current,
-    training_length,
 )
 
 log = logging.getLogger("reef.learning")
@@ -100,19 +100,12 @@ class OPD(Recipe):
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         require_weights(context, self.name)
-        from reef.sdk import DistillExample
-
         turns = [turn for t in batch for turn in t.turns if self.sampled(turn)]
         if not turns:
             raise ProposalRefused("nothing to distil: no answer with recorded tokens")
         prompts: dict[str, list[int]] = {}
-        examples = []
-        for turn in turns:
-            answer = list(turn.completion_token_ids or [])
-            served = turn.completion_logprobs
-            behaviour = list(served) if served and len(served) == len(answer) else None
-            prompt = served_prompt(context, turn, prompts)  # the teacher reads the same prompt
-            examples.append(DistillExample(prompt, prompt, answer, behaviour))
+        # The teacher, another model, reads the same prompt as the student.
+        examples = [distill_example(context, turn, None, prompts, "") for turn in turns]
         files, trained = train_on_current(
             context,
             lambda resume_from: self._train(examples, context, resume_from),
@@ -153,21 +146,16 @@ class OPD(Recipe):
         return self._teacher[1]
 
     def _train(self, examples: list[Any], context: StepContext, resume_from: Path | None) -> Any:
-        import torch
-
-        from reef.sdk import DistillSettings, distill
-
-        torch.set_num_threads(self.settings.threads)
+        on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
         base = self._base.get(context)
         teacher = self.teacher_model(context, base)
-        settings = DistillSettings.shared_with(
+        return distillation(
             self.settings,
+            base,
+            examples,
+            on_step,
+            resume_from,
+            teacher_model=teacher,
             divergence="sampled_reverse",
             teacher="base" if teacher is None else "model",
-            batch_size=self.settings.train_batch_size,
-            max_length=training_length(self.settings, base),
-        )
-        on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
-        return distill(
-            base, examples, settings, on_step, resume_from=resume_from, teacher_model=teacher
         )

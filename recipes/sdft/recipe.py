@@ -49,14 +49,13 @@ from reef.sdk import (
     Trajectory,
     Turn,
     demonstrations,
+    distill_example,
+    distillation,
     hints,
     proposal_kind,
-    rendered_prompt,
     reporter,
     require_weights,
-    served_prompt,
     train_on_current,
-    training_length,
     with_hint,
 )
 
@@ -156,34 +155,16 @@ class SDFT(Recipe):
     def examples(self, turns: list[Turn], context: StepContext) -> list[Any]:
         """One example per turn and teacher context: the answer as served, under the prompt as
         served (the student) and under the prompt with the context (the teacher)."""
-        from reef.sdk import DistillExample
-
         prompts: dict[str, list[int]] = {}
-        examples = []
-        for turn in turns:
-            answer = list(turn.completion_token_ids or [])
-            served = turn.completion_logprobs
-            behaviour = list(served) if served and len(served) == len(answer) else None
-            student = served_prompt(context, turn, prompts)
-            for index, messages in enumerate(self.contexts(turn)):
-                key = f"{turn.record_id}+sdft{index}"
-                teacher = rendered_prompt(context, messages, prompts, key, tools=turn.tools)
-                examples.append(DistillExample(student, teacher, answer, behaviour))
+        examples = [
+            distill_example(context, turn, messages, prompts, f"{turn.record_id}+sdft{index}")
+            for turn in turns
+            for index, messages in enumerate(self.contexts(turn))
+        ]
         log.info("sdft: %d example(s) from %d turn(s)", len(examples), len(turns))
         return examples
 
     def _train(self, examples: list[Any], context: StepContext, resume_from: Path | None) -> Any:
-        import torch
-
-        from reef.sdk import DistillSettings, distill
-
-        torch.set_num_threads(self.settings.threads)
-        base = self._base.get(context)
-        settings = DistillSettings.shared_with(
-            self.settings,
-            teacher="ema",
-            batch_size=self.settings.train_batch_size,
-            max_length=training_length(self.settings, base),
-        )
         on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
-        return distill(base, examples, settings, on_step=on_step, resume_from=resume_from)
+        base = self._base.get(context)
+        return distillation(self.settings, base, examples, on_step, resume_from, teacher="ema")

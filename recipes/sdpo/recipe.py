@@ -43,13 +43,12 @@ from reef.sdk import (
     StepContext,
     Trajectory,
     Turn,
+    distill_example,
+    distillation,
     proposal_kind,
-    rendered_prompt,
     reporter,
     require_weights,
-    served_prompt,
     train_on_current,
-    training_length,
     with_hint,
 )
 
@@ -166,38 +165,22 @@ class SDPO(Recipe):
         )
 
     def examples(self, paired: list[tuple[Turn, Turn | None]], context: StepContext) -> list[Any]:
-        from reef.sdk import DistillExample
-
+        """One example per attempt: the teacher reads its correct sibling beside the question;
+        an attempt without one is in the mean with weight 0 (no target)."""
         prompts: dict[str, list[int]] = {}
         examples = []
         for turn, sibling in paired:
-            answer = list(turn.completion_token_ids or [])
-            served = turn.completion_logprobs
-            behaviour = list(served) if served and len(served) == len(answer) else None
-            student = served_prompt(context, turn, prompts)
-            if sibling is None:  # no target: in the mean with weight 0
-                examples.append(DistillExample(student, student, answer, behaviour, weight=0.0))
+            if sibling is None:
+                examples.append(distill_example(context, turn, None, prompts, "", weight=0.0))
                 continue
             block = self.settings.template.format(solution=sibling.answer_text)
-            messages = with_hint(turn.messages, block)
             key = f"{turn.record_id}+sdpo:{sibling.record_id}"
-            teacher = rendered_prompt(context, messages, prompts, key, tools=turn.tools)
-            examples.append(DistillExample(student, teacher, answer, behaviour))
+            teacher = with_hint(turn.messages, block)
+            examples.append(distill_example(context, turn, teacher, prompts, key))
         log.info("sdpo: %d example(s)", len(examples))
         return examples
 
     def _train(self, examples: list[Any], context: StepContext, resume_from: Path | None) -> Any:
-        import torch
-
-        from reef.sdk import DistillSettings, distill
-
-        torch.set_num_threads(self.settings.threads)
-        base = self._base.get(context)
-        settings = DistillSettings.shared_with(
-            self.settings,
-            teacher="ema",
-            batch_size=self.settings.train_batch_size,
-            max_length=training_length(self.settings, base),
-        )
         on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
-        return distill(base, examples, settings, on_step=on_step, resume_from=resume_from)
+        base = self._base.get(context)
+        return distillation(self.settings, base, examples, on_step, resume_from, teacher="ema")

@@ -17,7 +17,8 @@ module only, so its names are the ones a recipe may rely on:
   as the model that revises);
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
-  `proposal_kind`, `policy_update`, `reporter`;
+  `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
+  teacher's context, distilled with the recipe's shared settings), `reporter`;
 - messages: `message_text`, `answer_text`, `Completion`;
 - artifacts: `HARNESS`, `ADAPTER` and `CHECKPOINT`, the parts a release carries
   (`StepContext.files_of(part)` gives the current release's files of one), `files_of` for any
@@ -63,6 +64,8 @@ from reef.learning.weights import (
     BaseWeights,
     LoraRecipeSettings,
     current_adapter,
+    distill_example,
+    distillation,
     policy_update,
     proposal_kind,
     rendered_prompt,
@@ -154,6 +157,8 @@ __all__ = [
     "current_adapter",
     "demonstrations",
     "distill",
+    "distill_example",
+    "distillation",
     "encode_completion",
     "failing_prompts",
     "files_of",

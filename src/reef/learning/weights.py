@@ -40,7 +40,9 @@ from reef.learning.view import Turn
 from reef.releases.chain import read_folder
 
 if TYPE_CHECKING:
-    from reef.training import Base, PolicyExample, TrainedAdapter
+    import torch
+
+    from reef.training import Base, DistillExample, PolicyExample, TrainedAdapter
 
 log = logging.getLogger("reef.learning")
 PEFT_CONFIG = "peft/adapter_config.json"
@@ -270,3 +272,57 @@ def policy_update(
     shared["max_length"] = training_length(settings, base)
     policy = PolicySettings(**{**shared, **overrides})
     return train_policy(base, examples, policy, on_step=on_step, resume_from=resume_from)
+
+
+def distill_example(
+    context: StepContext,
+    turn: Turn,
+    teacher_messages: list[dict[str, Any]] | None,
+    cache: dict[str, list[int]],
+    key: str,
+    weight: float = 1.0,
+) -> DistillExample:
+    """`turn`'s answer as served, to distil: the student reads the prompt as served, the teacher
+    `teacher_messages` as the engine renders them (None: the same prompt, for a teacher that is
+    another model), with the served log-probs as the behaviour policy where they are whole.
+    `key` names the teacher's prompt in `cache` (one per turn and teacher context)."""
+    from reef.training import DistillExample
+
+    answer = list(turn.completion_token_ids or [])
+    served = turn.completion_logprobs
+    behaviour = list(served) if served and len(served) == len(answer) else None
+    student = served_prompt(context, turn, cache)
+    teacher = (
+        student
+        if teacher_messages is None
+        else rendered_prompt(context, teacher_messages, cache, key, tools=turn.tools)
+    )
+    return DistillExample(student, teacher, answer, behaviour, weight=weight)
+
+
+def distillation(
+    settings: RecipeSettings,
+    base: Base,
+    examples: list[DistillExample],
+    on_step: Callable[[int, float], None],
+    resume_from: Path | None,
+    teacher_model: torch.nn.Module | None = None,
+    **overrides: Any,
+) -> TrainedAdapter:
+    """`reef.training.distill` with every distillation setting the recipe's settings share by
+    name (rank, divergence, teacher_update_rate…), the recipe's `train_batch_size` as the batch
+    and the model's context as the length, `overrides` on top."""
+    import torch
+
+    from reef.training import DistillSettings
+    from reef.training.distill import distill
+
+    torch.set_num_threads(getattr(settings, "threads", 1))
+    chosen = DistillSettings.shared_with(
+        settings,
+        batch_size=getattr(settings, "train_batch_size", 4),
+        max_length=training_length(settings, base),
+        **overrides,
+    )
+    return distill(base, examples, chosen, on_step, resume_from, teacher_model=teacher_model)
+
