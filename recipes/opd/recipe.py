@@ -84,19 +84,10 @@ class OPD(Recipe):
         return bool(turn.completion_token_ids)
 
     def ready(self, view: ExperienceView) -> bool:
-        return sum(self.sampled(turn) for turn in view.turns()) >= self.settings.batch_size
+        return view.holds(self.sampled, self.settings.batch_size)
 
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        batch: list[Trajectory] = []
-        count = 0
-        for trajectory in view.trajectories:
-            if count >= self.settings.batch_size:
-                break
-            sampled = sum(self.sampled(turn) for turn in trajectory.turns)
-            if sampled:
-                batch.append(trajectory)
-                count += sampled
-        return batch
+        return view.batch_of(self.sampled, self.settings.batch_size)
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         require_weights(context, self.name)

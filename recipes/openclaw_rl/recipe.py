@@ -143,20 +143,10 @@ class OpenClawRL(Recipe):
         return has_signal and bool(turn.completion_token_ids)
 
     def ready(self, view: ExperienceView) -> bool:
-        return sum(self.judgeable(turn) for turn in view.turns()) >= self.settings.batch_size
+        return view.holds(self.judgeable, self.settings.batch_size)
 
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        """Whole trajectories, until they hold `batch_size` judgeable turns."""
-        batch: list[Trajectory] = []
-        count = 0
-        for trajectory in view.trajectories:
-            judgeable = sum(self.judgeable(turn) for turn in trajectory.turns)
-            if judgeable:
-                batch.append(trajectory)
-                count += judgeable
-            if count >= self.settings.batch_size:
-                break
-        return batch
+        return view.batch_of(self.judgeable, self.settings.batch_size)
 
     # -- a step ---------------------------------------------------------------------------------
 

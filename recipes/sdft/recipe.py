@@ -112,19 +112,10 @@ class SDFT(Recipe):
         return bool(turn.completion_token_ids) and bool(self.contexts(turn))
 
     def ready(self, view: ExperienceView) -> bool:
-        return sum(self.learnable(turn) for turn in view.turns()) >= self.settings.batch_size
+        return view.holds(self.learnable, self.settings.batch_size)
 
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        batch: list[Trajectory] = []
-        count = 0
-        for trajectory in view.trajectories:
-            learnable = sum(self.learnable(turn) for turn in trajectory.turns)
-            if learnable:
-                batch.append(trajectory)
-                count += learnable
-            if count >= self.settings.batch_size:
-                break
-        return batch
+        return view.batch_of(self.learnable, self.settings.batch_size)
 
     # -- a step ---------------------------------------------------------------------------------
 

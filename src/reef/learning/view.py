@@ -18,6 +18,7 @@ Every recipe gets the same processing:
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,24 @@ class ExperienceView:
 
     def turns(self) -> list[Turn]:
         return [turn for trajectory in self.trajectories for turn in trajectory.turns]
+
+    def holds(self, learnable: Callable[[Turn], bool], count: int) -> bool:
+        """Whether at least `count` turns are ones `learnable` accepts (a recipe's `ready`)."""
+        return sum(learnable(turn) for turn in self.turns()) >= count
+
+    def batch_of(self, learnable: Callable[[Turn], bool], count: int) -> list[Trajectory]:
+        """Whole trajectories, oldest first, until they hold `count` turns `learnable` accepts
+        (a recipe's `build_batch`): a session is learned from whole."""
+        batch: list[Trajectory] = []
+        held = 0
+        for trajectory in self.trajectories:
+            if held >= count:
+                break
+            accepted = sum(learnable(turn) for turn in trajectory.turns)
+            if accepted:
+                batch.append(trajectory)
+                held += accepted
+        return batch
 
 
 def _held_back(record: dict[str, Any], threshold: float) -> bool:
