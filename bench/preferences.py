@@ -1,7 +1,7 @@
 """Is a preference said only in feedback learned, without forgetting the rest? Preference x recipe.
 
     .venv/bin/python -m bench.preferences [--preferences sure,short] [--recipes sft]
-        [--policies no_regression,improve] [--rounds 3] [--budget 300]
+        [--policies no_regression,improve] [--rounds 3] [--budget 300] [--phrasings]
 
 For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
 SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
@@ -18,6 +18,13 @@ it proposed nothing). Measurements are never
 recorded (they are not traffic to learn from). The table gives, under what serves at the end:
 the held-out pass rate and the correctness tasks passed, beside the base's; `improve` (the mean
 alone) is the old default, kept as the baseline policy that forgot.
+
+With `--phrasings`, each preference is said in each of the ways a person would say it
+(`PHRASINGS`: quoted, as the feedback above does; in plain words; as a complaint; as a
+question; and as the user's next message in the same session, with a score of 0 and no
+feedback): one run per phrasing, so a learner that only hears one form of feedback shows up as
+the row that did not move. The phrasings are written here for people, not for a parser: no code
+of the bench or of Reef reads them; the regular expressions only check answers.
 
 A pair (`sure+sign-off`) asks for two preferences at once: an answer meets it (held out) when it
 meets both, and the user's feedback on a miss names only what it misses; the recipes' scorer accepts
@@ -38,14 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from bench.results import OUT
 
+from bench.results import OUT
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import (
     EVALS,
     HELD_OUT,
     TRAINING,
-    ask,
     correct,
     correctness_tasks,
     eval_tasks,
@@ -60,6 +66,7 @@ class Preference:
     feedback: str  # what the scripted user says, once, on each miss
     pattern: str  # what an answer that meets it looks like
     parts: tuple[Preference, ...] = ()  # a pair: both must be met
+    phrasing: str = "quoted"  # how the feedback says it (`PHRASINGS`)
 
     @property
     def progress(self) -> str:
@@ -99,9 +106,67 @@ PREFERENCES = [
     ),
 ]
 PREFERENCES += [pair(PREFERENCES[0], PREFERENCES[2])]  # sure+sign-off
+
+# Each preference as people say it: the quoted form above, and four more. `next-turn` is said
+# as the user's next message, not in a report.
+PHRASINGS: dict[str, dict[str, str]] = {
+    "sure": {
+        "plain": "please begin every reply with the word sure and an exclamation mark",
+        "complaint": "you sound so cold, I want a friendly sure! before anything else",
+        "question": "could you open your answers by saying sure! first?",
+        "next-turn": "ok but next time start with sure! when you reply",
+    },
+    "short": {
+        "plain": "keep it to a handful of words at most",
+        "complaint": "way too wordy, I only needed a few words",
+        "question": "can you say that in five words or less?",
+        "next-turn": "too long for me, just give me a few words next time",
+    },
+    "sign-off": {
+        "plain": "finish each answer by signing it Cheers, Reef on its own line",
+        "complaint": "you never sign off, I want Cheers, Reef at the end",
+        "question": "would you close every reply with Cheers, Reef?",
+        "next-turn": "thanks, and please sign your answers with Cheers, Reef from now on",
+    },
+    "bullet": {
+        "plain": "put the answer in a single bullet point that starts with a dash",
+        "complaint": "a wall of text again, I want one dash bullet point",
+        "question": "could you give it to me as a bullet point starting with a dash?",
+        "next-turn": "next time write it as one bullet point with a dash in front",
+    },
+    "french": {
+        "plain": "reply in french from now on",
+        "complaint": "I can't read english well, I need answers in french",
+        "question": "can you answer me in french please?",
+        "next-turn": "en français s'il vous plaît, answer me in french",
+    },
+}
+NEXT_TURN = "next-turn"
+
+
+def phrased(preference: Preference, phrasing: str) -> Preference:
+    """`preference` with its feedback said another way (`quoted`: as written above)."""
+    if phrasing == "quoted":
+        return preference
+    feedback = PHRASINGS[preference.name][phrasing]
+    name = f"{preference.name}/{phrasing}"
+    return Preference(name, feedback, preference.pattern, preference.parts, phrasing)
+
+
 SFT = {"recipe": "sft", "batch_size": 6, "steps": 30, "max_tokens": 48}
 HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_size": 3}
-RECIPES = {"sft": [SFT], "harness_evolve": [HARNESS_EVOLVE], "both": [HARNESS_EVOLVE, SFT]}
+# The weight recipes that learn without a scorer: from the hint in the teacher's context (sdft),
+# or from the scores alone (sao: one step per scored rollout).
+SDFT = {"recipe": "sdft", "batch_size": 6, "steps": 16}
+SAO = {"recipe": "sao", "batch_size": 1, "max_staleness": 18}
+RECIPES = {
+    "sft": [SFT],
+    "harness_evolve": [HARNESS_EVOLVE],
+    "both": [HARNESS_EVOLVE, SFT],
+    "sdft": [SDFT],
+    "sao": [SAO],
+}
+SCORED = {"sft", "harness_evolve"}  # the recipes that take the preference's scorer
 TOKENS = 32  # max_tokens of every answer measured, and of the gate's
 
 
@@ -123,7 +188,10 @@ def project(folder: Path, preference: Preference, recipe: str, policy: str) -> P
 def learning(preference: Preference, recipe: str) -> dict:
     """The `learning` section: the recipe(s), each accepting answers by the preference."""
     scorer = {"type": "regex", "pattern": preference.progress}
-    recipes = [{**settings, "scorer": scorer} for settings in RECIPES[recipe]]
+    recipes = [
+        {**settings, "scorer": scorer} if settings["recipe"] in SCORED else settings
+        for settings in RECIPES[recipe]
+    ]
     chosen = {"recipes": recipes} if len(recipes) > 1 else recipes[0]
     return {"interval_s": 0.5, **chosen}
 
@@ -159,21 +227,49 @@ def latest_decided(server: ServerProcess) -> dict:
     return next((c for c in listed if c["state"] in ("released", "rejected")), {})
 
 
-def a_round(server: ServerProcess, preference: Preference) -> int:
-    """The scripted user asks every training prompt and scores the answer; how many missed."""
+def a_round(server: ServerProcess, preference: Preference, number: int) -> int:
+    """The scripted user asks every training prompt and scores the answer; how many missed.
+    A `next-turn` user says what it wants in its next message of the session instead."""
     misses = 0
-    for prompt in TRAINING:
-        response = ask(server.url, prompt, max_tokens=TOKENS)
+    for index, prompt in enumerate(TRAINING):
+        session = f"round{number}-{index}"
+        response = ask_in(server.url, prompt, session)
         hit = meets(response, preference.pattern)
-        answer = response.json()["choices"][0]["message"]["content"]
+        answer = response.json()["choices"][0]["message"]["content"] or ""
+        said = {} if hit else {"feedback": preference.feedback_on(answer)}
+        if said and preference.phrasing == NEXT_TURN:
+            follow_up(server.url, prompt, answer, said.pop("feedback"), session)
         report = {
             "references": [response.headers["x-reef-agent-record-id"]],
             "score": 1 if hit else 0,
-            **({} if hit else {"feedback": preference.feedback_on(answer)}),
+            **said,
         }
         httpx.post(f"{server.url}/reef/report", json=report).raise_for_status()
         misses += not hit
     return misses
+
+
+def ask_in(url: str, prompt: str, session: str) -> httpx.Response:
+    """One greedy answer to `prompt`, recorded in `session`."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS}
+    headers = {"x-reef-session": session}
+    response = httpx.post(
+        f"{url}/v1/chat/completions", json={**body, "temperature": 0}, headers=headers, timeout=600
+    )
+    response.raise_for_status()
+    return response
+
+
+def follow_up(url: str, prompt: str, answer: str, message: str, session: str) -> None:
+    """The user's next message in the session, after the answer it did not like."""
+    messages = [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": message},
+    ]
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0}
+    headers = {"x-reef-session": session}
+    httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
 
 
 def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: float) -> dict:
@@ -182,9 +278,9 @@ def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: f
     with reef_serve(folder, free_port()).start() as server:
         before, knew = held_out_rate(server.url, preference), correct(server.url, TOKENS)
         started = time.monotonic()
-        for _ in range(rounds):
+        for number in range(rounds):
             before_round = steps_so_far(server.url)
-            if not a_round(server, preference):
+            if not a_round(server, preference, number):
                 decisions.append("no misses")  # nothing left to learn from
                 break
             outcomes = next_steps(server.url, before_round, len(RECIPES[recipe]), budget)
@@ -198,6 +294,7 @@ def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: f
         last = latest_decided(server)
     return {
         "preference": preference.name,
+        "phrasing": preference.phrasing,
         "recipe": recipe,
         "policy": policy,
         "before": before,
@@ -216,16 +313,25 @@ def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preferences", default=",".join(p.name for p in PREFERENCES))
-    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--recipes", default="sft,harness_evolve,both")
     parser.add_argument("--policies", default="no_regression")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per round")
+    parser.add_argument(
+        "--phrasings", action="store_true", help="each preference in every phrasing (PHRASINGS)"
+    )
     parser.add_argument("--json", type=Path, default=OUT / "preferences.json")
     args = parser.parse_args()
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
+    if args.phrasings:
+        chosen = [
+            phrased(p, phrasing)
+            for p in chosen
+            for phrasing in ["quoted", *PHRASINGS.get(p.name, {})]
+        ]
     rows = []
     print(
-        f"{'preference':10} {'recipe':15} {'policy':14} {'held-out':>13} {'correct':>8} "
+        f"{'preference':18} {'recipe':15} {'policy':14} {'held-out':>13} {'correct':>8} "
         f"{'release':>10} {'parts':>16} {'rounds':>22} {'s':>5}"
     )
     for preference in chosen:
@@ -234,7 +340,7 @@ def main() -> None:
                 row = run(preference, recipe, policy, args.rounds, args.budget)
                 rows.append(row)
                 print(
-                    f"{row['preference']:10} {row['recipe']:15} {row['policy']:14} "
+                    f"{row['preference']:18} {row['recipe']:15} {row['policy']:14} "
                     f"{row['before']:>5.2f} -> {row['after']:<5.2f} "
                     f"{row['correct_before']:>3} -> {row['correct_after']:<2} "
                     f"{row['release']:>10} {'+'.join(row['parts']) or 'base':>16} "
