@@ -11,12 +11,34 @@ A step gathers training examples, each a prompt as the engine renders it and a c
   accepts (the model as judge, without a scorer) that still answer the question are what the
   model should have said, and it learns to say them to the original prompt, without the hint.
 
+- **hint examples** (`hint_distillation`): a failing turn with feedback for which no hindsight
+  answer was kept (on the embedded 135M model, no sampled or revised answer meets plain
+  feedback) still teaches. The model with the feedback in its context is a better teacher than
+  the model without it, so the turn's own answer, its tokens as served (on policy, as
+  OpenClaw-RL's hindsight on-policy distillation and SDFT train), is scored under the prompt
+  with the feedback beside the user's message (`with_hint`, rendered as the engine renders
+  it: the teacher) and under the prompt as served (the student), and the LoRA learns to give,
+  without the feedback, the next-token distributions the model gives with it
+  (`reef.training.distill`, forward KL over the vocabulary by default; `hint_divergence:
+  sampled_reverse` is OPD's per-token log-ratio on the served tokens). No answer is sampled
+  under the hint for it: those samples are what relabelling already asked for and refused, and
+  training on the teacher's tokens would be off-policy imitation, which is what relabelling is.
+
 Beside them it replays what the agent already does elsewhere, so that learning one thing does
 not cost it the rest: the current release's own greedy answers to `replay` other questions (the
 scenario's latest calls outside the batch, else a few general questions) join the examples.
 
 It trains a LoRA on them with `reef.training` (continuing the current release's adapter when the
-scenario already serves one), on prompts as they were served, exports
+scenario already serves one), on prompts as they were served: the supervised examples (good
+answers, demonstrations, hindsight answers and the replayed ones) with the cross-entropy loss
+(`train_lora`, `steps`), then, where there are hint examples, the same adapter further with the
+distillation loss (`distill`, `hint_steps`), the replayed answers beside them as anchors (the
+teacher reads their prompt unchanged, so they hold the model where the first run left it). The
+teacher is that adapter as the distillation run starts, frozen by default (the release that
+served the turns, plus what the first run learned), reading the feedback. One step, one
+candidate. (`distill` has no cross-entropy term, and a distillation example whose teacher reads
+the student's prompt is not one: it pulls toward the teacher's distributions, not the
+completion's tokens, so the two losses run one after the other.) It exports
 it as a PEFT folder and a llama.cpp GGUF adapter, and proposes it as a `lora` candidate: the worker
 keeps the serving harness beside it (an `agent` release when there is one). The worker's gate then
 compares it with the current release on the scenario's eval tasks (and the failing prompts, when a
@@ -47,7 +69,10 @@ from reef.sdk import (
     Turn,
     asking,
     demonstrations,
+    distill_example,
+    distillation,
     failing_prompts,
+    feedback_of,
     hints,
     proposal_kind,
     relabel,
@@ -56,6 +81,7 @@ from reef.sdk import (
     served_prompt,
     train_on_current,
     training_length,
+    with_hint,
 )
 
 log = logging.getLogger("reef.learning")
@@ -86,6 +112,15 @@ class SFTSettings(LoraRecipeSettings):
     # Other questions whose current answers are trained on beside the new examples, so the
     # model keeps answering as it did (0: none).
     replay: int = Field(4, ge=0)
+    # A failing turn with feedback and no hindsight answer kept: its served answer distilled
+    # from the model reading the feedback (see the module's docstring).
+    hint_distillation: bool = True
+    hint_divergence: Literal["forward", "reverse", "jsd", "sampled_reverse"] = "forward"
+    # Each hint example's weight in the distillation loss, against 1 for each replayed answer.
+    hint_weight: float = Field(1.0, gt=0.0)
+    hint_steps: int | None = Field(None, ge=1)  # the distillation run's steps; none: `steps`
+    hint_teacher_update_rate: float = Field(0.0, ge=0.0, le=1.0)  # 0: a frozen teacher
+    hint_tis_cap: float | None = Field(2.0, gt=0.0)  # none: no importance-sampling correction
 
 
 class SFT(Recipe):
@@ -107,27 +142,20 @@ class SFT(Recipe):
         return turn.score is not None and turn.score >= self.settings.threshold
 
     def failing_with_hint(self, turn: Turn) -> bool:
-        failing = turn.score is None or turn.score < self.settings.threshold
-        return failing and bool(hints(turn))
+        """Below `threshold` (or unscored) with feedback in words; a turn scored below it whose
+        conversation went on has the user's next message for feedback (`feedback_of`)."""
+        if turn.score is not None and turn.score < self.settings.threshold:
+            return bool(feedback_of(turn))
+        return turn.score is None and bool(hints(turn))
 
     def learnable(self, turn: Turn) -> bool:
         return self.good(turn) or bool(demonstrations(turn)) or self.failing_with_hint(turn)
 
     def ready(self, view: ExperienceView) -> bool:
-        turns = [turn for t in view.trajectories for turn in t.turns]
-        return sum(self.learnable(turn) for turn in turns) >= self.settings.batch_size
+        return view.holds(self.learnable, self.settings.batch_size)
 
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        batch: list[Trajectory] = []
-        count = 0
-        for trajectory in view.trajectories:
-            learnable = sum(self.learnable(turn) for turn in trajectory.turns)
-            if learnable:
-                batch.append(trajectory)
-                count += learnable
-            if count >= self.settings.batch_size:
-                break
-        return batch
+        return view.batch_of(self.learnable, self.settings.batch_size)
 
     # -- a step ---------------------------------------------------------------------------------
 
@@ -137,35 +165,81 @@ class SFT(Recipe):
 
         turns = [turn for t in batch for turn in t.turns]
         pairs = self._completions(turns, context)
-        if not pairs:
+        to_distil = self._hinted(turns, pairs)
+        if not pairs and not to_distil:
             raise ProposalRefused("nothing to train on: no good answer, demonstration or hint")
         base = self._base.get(context)
         prompts: dict[str, list[int]] = {}  # record id -> rendered prompt, once per turn
+        hinted = self._hint_examples(to_distil, context, prompts)
         examples = [
             TrainingExample(served_prompt(context, turn, prompts), completion)
             for turn, completion in self._tokenized(pairs, base)
         ]
         learned = len(examples)
-        examples += self._replayed(context, {tuple(map(str, t.messages)) for t in turns})
+        replayed = self._replayed(context, {tuple(map(str, t.messages)) for t in turns})
+        runs: dict[str, list[float]] = {}
         files, trained = train_on_current(
             context,
-            lambda resume_from: self._train(base, examples, context, resume_from),
+            lambda resume_from: self._train(
+                base, examples, hinted, replayed, context, resume_from, runs
+            ),
             merge_into=base if self.settings.checkpoint else None,
         )
-        losses = trained.losses
         failing = [turn for turn in turns if self.failing_with_hint(turn)]
+        ran = [
+            f"{name} loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps"
+            for name, losses in runs.items()
+        ]
         return Proposal(
             kind=proposal_kind(self.settings),
             files=files,
             reason=(
-                f"LoRA r{self.settings.rank} on {learned} example(s) from {len(turns)} "
-                f"turn(s) and {len(examples) - learned} replayed, {self.settings.steps} steps, "
-                f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+                f"LoRA r{self.settings.rank} on {learned} example(s) and {len(hinted)} hint "
+                f"example(s) from {len(turns)} turn(s) and {len(replayed)} replayed, "
+                + ", ".join(ran)
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
             eval_tasks=failing_prompts(failing, self.settings.scorer),
-            metrics={"loss": losses, "examples": learned, "replayed": len(examples) - learned},
+            metrics={
+                "loss": trained.losses,
+                "examples": learned + len(hinted),
+                "supervised": learned,
+                "hint_examples": len(hinted),
+                "replayed": len(replayed),
+                **{f"{name}_loss": losses for name, losses in runs.items()},
+            },
         )
+
+    def _hinted(self, turns: list[Turn], pairs: list[tuple[Turn, list[int] | str]]) -> list[Turn]:
+        """The failing turns with feedback that nothing relabelled taught (no hindsight answer
+        kept), with their answer's tokens as served: to distil from the model that reads the
+        feedback."""
+        if not self.settings.hint_distillation:
+            return []
+        taught = {turn.record_id for turn, _ in pairs}
+        return [
+            turn
+            for turn in turns
+            if self.failing_with_hint(turn)
+            and turn.record_id not in taught
+            and turn.completion_token_ids
+        ]
+
+    def _hint_examples(
+        self, turns: list[Turn], context: StepContext, prompts: dict[str, list[int]]
+    ) -> list[Any]:
+        """One distillation example per turn: its answer as served, under the prompt as served
+        (the student) and under the same messages with its first feedback beside the user's
+        message (the teacher), as the engine renders them."""
+        examples = []
+        for turn in turns:
+            teacher = with_hint(turn.messages, feedback_of(turn)[0])
+            key = f"{turn.record_id}+hint"
+            weight = self.settings.hint_weight
+            examples.append(distill_example(context, turn, teacher, prompts, key, weight=weight))
+        if examples:
+            log.info("sft: %d hint example(s) to distil", len(examples))
+        return examples
 
     def _completions(
         self, turns: list[Turn], context: StepContext
@@ -202,7 +276,7 @@ class SFT(Recipe):
         assert context.generate is not None
         questions = [m for m in context.anchors if tuple(map(str, m)) not in learned]
         questions += [[{"role": "user", "content": q}] for q in GENERAL_QUESTIONS]
-        replayed = []
+        replayed: list[Any] = []
         for messages in questions:
             if len(replayed) >= self.settings.replay:
                 break
@@ -227,23 +301,77 @@ class SFT(Recipe):
                 yield turn, completion
 
     def _train(
-        self, base: Any, examples: list[Any], context: StepContext, resume_from: Path | None
+        self,
+        base: Any,
+        examples: list[Any],
+        hinted: list[Any],
+        replayed: list[Any],
+        context: StepContext,
+        resume_from: Path | None,
+        runs: dict[str, list[float]],
     ) -> Any:
+        """The supervised examples (with the replayed answers) with the cross-entropy loss, then
+        the hint examples (with the replayed answers as anchors) with the distillation loss, on
+        the adapter the first run left; `runs` gets each run's losses."""
+        import dataclasses
+        import tempfile
+
         import torch
 
         from reef.sdk import LoraSettings, train_lora
 
         torch.set_num_threads(self.settings.threads)
-        settings = LoraSettings(
-            rank=self.settings.rank,
-            alpha=self.settings.alpha,
-            learning_rate=self.settings.learning_rate,
-            steps=self.settings.steps,
-            batch_size=self.settings.train_batch_size,
-            target_modules=self.settings.target_modules,
-            seed=self.settings.seed,
-            max_length=training_length(self.settings, base),
-            processes=self.settings.processes,
+        trained = None
+        if examples:
+            settings = LoraSettings(
+                rank=self.settings.rank,
+                alpha=self.settings.alpha,
+                learning_rate=self.settings.learning_rate,
+                steps=self.settings.steps,
+                batch_size=self.settings.train_batch_size,
+                target_modules=self.settings.target_modules,
+                seed=self.settings.seed,
+                max_length=training_length(self.settings, base),
+                processes=self.settings.processes,
+            )
+            on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
+            supervised = [*examples, *replayed]
+            trained = train_lora(base, supervised, settings, on_step, resume_from)
+            runs["sft"] = list(trained.losses)
+        if not hinted:
+            assert trained is not None
+            return trained
+        with tempfile.TemporaryDirectory(prefix="reef-sft-") as scratch:
+            if trained is not None:  # the distillation continues the adapter just trained
+                trained.model.save_pretrained(scratch)
+                resume_from, trained = Path(scratch), None
+            distilled = self._distil(base, hinted, replayed, context, resume_from)
+        runs["hint"] = list(distilled.losses)
+        return dataclasses.replace(distilled, losses=[*runs.get("sft", []), *distilled.losses])
+
+    def _distil(
+        self,
+        base: Any,
+        hinted: list[Any],
+        replayed: list[Any],
+        context: StepContext,
+        resume_from: Path | None,
+    ) -> Any:
+        from reef.sdk import DistillExample
+
+        # A replayed answer is scored under its own prompt by both: the frozen teacher holds it.
+        anchors = [DistillExample(e.prompt_ids, e.prompt_ids, e.completion_ids) for e in replayed]
+        steps = self.settings.hint_steps or self.settings.steps
+        on_step = reporter(context, self.name, "distilling the feedback", steps)
+        return distillation(
+            self.settings,
+            base,
+            [*hinted, *anchors],
+            on_step,
+            resume_from,
+            steps=steps,
+            divergence=self.settings.hint_divergence,
+            teacher="ema",
+            teacher_update_rate=self.settings.hint_teacher_update_rate,
+            tis_cap=self.settings.hint_tis_cap,
         )
-        on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
-        return train_lora(base, examples, settings, on_step=on_step, resume_from=resume_from)

@@ -12,9 +12,10 @@ module only, so its names are the ones a recipe may rely on:
 - evaluation: `EvalTask`, `ScorerSpec`, `FEEDBACK_GROUP` (the group of a recipe's own tasks),
   `failing_prompts` (the prompts a recipe learned from failing, as a proposal's extra tasks),
   `Evaluated` (a candidate's scores, for recipes that search);
-- hindsight: `hints` and `demonstrations` (what feedback said to do), `relabel` (an answer that
-  meets the feedback and still answers the question), `with_hint`, `asking` (the proposer model
-  as the model that revises);
+- hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
+  words, or else the user's next message), `relabel` (an answer that meets the feedback and
+  still answers the question), `with_hint`, `asking` (the proposer model as the model that
+  revises);
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
   `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
@@ -45,6 +46,7 @@ from reef.learning.hindsight import (
     Relabelled,
     asking,
     demonstrations,
+    feedback_of,
     hints,
     relabel,
     with_hint,
@@ -161,6 +163,7 @@ __all__ = [
     "distillation",
     "encode_completion",
     "failing_prompts",
+    "feedback_of",
     "files_of",
     "fit",
     "hints",
