@@ -26,8 +26,17 @@ def held_back(record_id: str) -> bool:
     return hashlib.sha256(record_id.encode()).digest()[0] % HOLD_BACK_ONE_IN == 0
 
 
+def trains(report: dict[str, Any]) -> bool:
+    """Whether a report may be learned from: all but those whose metadata says
+    `{"training": {"eligible": false}}` (stored, shown, never trained on or replayed)."""
+    training = (report.get("metadata") or {}).get("training")
+    return not (isinstance(training, dict) and training.get("eligible") is False)
+
+
 def good(record: dict[str, Any], threshold: float) -> bool:
-    scores = [r["score"] for r in record.get("reports", []) if r.get("score") is not None]
+    scores = [
+        r["score"] for r in record.get("reports", []) if r.get("score") is not None and trains(r)
+    ]
     return bool(scores) and statistics.fmean(scores) >= threshold
 
 

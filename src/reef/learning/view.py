@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reef.evaluation.replay import good, held_back
+from reef.evaluation.replay import good, held_back, trains
 from reef.protocol import message_text
 from reef.store import ExperienceStore
 
@@ -158,14 +158,14 @@ def _all_records(store: ExperienceStore, scenario: str) -> list[dict[str, Any]]:
 
 def _deduplicated(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per session and content hash: the latest copy, carrying the reports of every
-    copy. Identical turns of different sessions stay apart, even in rows stored before the
-    hash included the session."""
+    copy that may be learned from (`trains`). Identical turns of different sessions stay apart,
+    even in rows stored before the hash included the session."""
     latest: dict[tuple[str | None, str], dict[str, Any]] = {}
     reports: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
     for record in records:
         key = (record.get("session"), record["content_hash"])
         latest[key] = record
-        reports.setdefault(key, []).extend(record.get("reports", []))
+        reports.setdefault(key, []).extend(filter(trains, record.get("reports", [])))
     kept = sorted(latest.items(), key=lambda item: item[1]["created_at"])
     return [{**record, "reports": reports[key]} for key, record in kept]
 
