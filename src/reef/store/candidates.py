@@ -145,27 +145,37 @@ class CandidateStore:
     def move(
         self, candidate_id: str, allowed_from: tuple[str, ...], to: str, **fields: Any
     ) -> Candidate:
-        """Change a candidate's state if it is in one of `allowed_from` (atomically)."""
+        """Change a candidate's state if it is in one of `allowed_from`: one compare-and-set
+        in SQL (`UPDATE ... WHERE id = ? AND state IN (...)`), so of two processes moving it at
+        once exactly one succeeds and the other gets `Conflict`, on PostgreSQL too, where a
+        read before the update would let both pass. Returns the candidate as moved."""
+        marks = ", ".join(f":_from{i}" for i in range(len(allowed_from))) or "NULL"
+        values = {name: json.dumps(v) if name in _JSON_FIELDS else v for name, v in fields.items()}
+        values = {**values, "state": to, "updated_at": time.time()}
+        assignments = ", ".join(f"{name} = :{name}" for name in values)
+        params = {
+            **values,
+            **{f"_from{i}": state for i, state in enumerate(allowed_from)},
+            "_id": candidate_id,
+        }
 
-        def transition(db: Database) -> None:
-            row = db.execute("SELECT state FROM candidates WHERE id = ?", [candidate_id]).fetchone()
-            if row is None:
+        def transition(db: Database) -> Candidate:
+            moved = db.execute(
+                f"UPDATE candidates SET {assignments} WHERE id = :_id AND state IN ({marks})",
+                params,
+            ).rowcount
+            rows = db.rows("SELECT * FROM candidates WHERE id = ?", [candidate_id])
+            if not rows:
                 raise NotFound(f"no candidate {candidate_id!r}", code="unknown_candidate")
-            if row[0] not in allowed_from:
+            if not moved:
                 raise Conflict(
-                    f"candidate {candidate_id} is {row[0]}; only a candidate that is "
+                    f"candidate {candidate_id} is {rows[0]['state']}; only a candidate that is "
                     f"{' or '.join(allowed_from)} can become {to}",
                     code="candidate_state",
                 )
-            values = {
-                name: json.dumps(v) if name in _JSON_FIELDS else v for name, v in fields.items()
-            }
-            db.update(
-                "candidates", "id", candidate_id, {**values, "state": to, "updated_at": time.time()}
-            )
+            return _decode(rows[0])
 
-        self.store.write(transition).result()
-        return self.get(candidate_id)
+        return self.store.write(transition).result()
 
 
 def _decode(row: dict[str, Any]) -> Candidate:

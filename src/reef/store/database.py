@@ -45,6 +45,11 @@ class Cursor(Protocol):
 
     def fetchall(self) -> list[Any]: ...
 
+    @property
+    def rowcount(self) -> int:
+        """The rows an INSERT, UPDATE or DELETE changed."""
+        ...
+
 
 class Database(ABC):
     """A connection in autocommit mode: transactions are begun and ended explicitly."""
@@ -61,8 +66,13 @@ class Database(ABC):
         """Run one statement with `?` (a sequence) or `:name` (a mapping) parameters."""
 
     @abstractmethod
-    def begin_write(self) -> None:
-        """Begin a transaction that will write, waiting (up to a timeout) for other writers."""
+    def begin_write(self, ordered: bool = False) -> None:
+        """Begin a transaction that will write, waiting (up to a timeout) for other writers.
+
+        `ordered`: it will insert records, whose `seq` readers page by (`?after=`), so it must
+        commit in `seq` order with every other such transaction, of any process: one that
+        drew a lower `seq` never commits after one that drew a higher one. SQLite's write lock
+        does that for every transaction; PostgreSQL takes a lock for it (see there)."""
 
     @abstractmethod
     def begin_write_now(self) -> bool:
@@ -142,6 +152,19 @@ class Database(ABC):
             row,
         )
 
+    def insert_if_absent(self, table: str, row: Mapping[str, Any], key: str) -> bool:
+        """Insert `row` unless a row with its `key` exists (or is being inserted by another
+        transaction, which this waits for); whether it was inserted. One statement: two
+        writers inserting one key at once never fail, one of them inserts it."""
+        columns = list(row)
+        inserted = self.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"VALUES ({', '.join(':' + column for column in columns)}) "
+            f"ON CONFLICT ({key}) DO NOTHING",
+            row,
+        )
+        return inserted.rowcount == 1
+
     def insert_all(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
             self.insert(table, row)
@@ -157,12 +180,12 @@ class Database(ABC):
             row,
         )
 
-    def update(self, table: str, key: str, value: Any, values: Mapping[str, Any]) -> None:
-        """Set `values` on the rows whose `key` column is `value`."""
+    def update(self, table: str, key: str, value: Any, values: Mapping[str, Any]) -> int:
+        """Set `values` on the rows whose `key` column is `value`; how many rows it changed."""
         assignments = ", ".join(f"{column} = :{column}" for column in values)
-        self.execute(
+        return self.execute(
             f"UPDATE {table} SET {assignments} WHERE {key} = :_key", {**values, "_key": value}
-        )
+        ).rowcount
 
     def rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict]:
         """The statement's rows as dicts."""

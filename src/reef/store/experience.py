@@ -180,8 +180,6 @@ class Report:
     def __post_init__(self) -> None:
         if self.score is not None and not math.isfinite(self.score):
             raise ValueError("score must be a finite number")
-        if not self.references:
-            raise ValueError("a report needs at least one reference")
 
     @property
     def content_hash(self) -> str:
@@ -318,7 +316,7 @@ class ExperienceStore:
         writer thread, or on the caller's when `alone`); the future resolves to its id once it
         is committed. `alone`: the caller has no concurrent writes to share a commit with, so an
         idle writer lets it commit on its own thread."""
-        return self._writer.submit(_inserting(record), here=alone)
+        return self._writer.submit(_inserting(record), here=alone, ordered=True)
 
     async def add_record_async(
         self, record: Record | Callable[[], Record], alone: bool = False
@@ -337,9 +335,11 @@ class ExperienceStore:
     async def add_report_async(self, report: Report) -> tuple[dict[str, Any], bool]:
         return await asyncio.wrap_future(self.add_report(report))
 
-    def write(self, work: Callable[[Database], T]) -> Future[T]:
-        """Run `work` in the writer's next transaction (for stores built on this database)."""
-        return self._writer.submit(work)
+    def write(self, work: Callable[[Database], T], ordered: bool = False) -> Future[T]:
+        """Run `work` in the writer's next transaction (for stores built on this database).
+        `ordered`: it inserts records, so that transaction commits in `seq` order with every
+        other process's (`Database.begin_write`)."""
+        return self._writer.submit(work, ordered=ordered)
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -363,7 +363,9 @@ class ExperienceStore:
     def list_records(
         self, scenario: str | None = None, after: str | None = None, limit: int = 50
     ) -> list[dict[str, Any]]:
-        """Records in the order they were stored, oldest first, after the record `after`."""
+        """Records in the order they were committed, oldest first, after the record `after`:
+        `seq` is commit order on both databases (`Database.begin_write`), so a record that
+        commits after a page was read is on a later page, never behind the cursor."""
         where, params = [], []
         if scenario is not None:
             where.append("scenario = ?")
@@ -444,34 +446,38 @@ def _inserting(record: Record | Callable[[], Record]) -> Callable[[Database], st
 
 
 def _insert_report(db: Database, report: Report) -> tuple[dict[str, Any], bool]:
-    existing = db.execute("SELECT content_hash FROM reports WHERE id = ?", [report.id]).fetchone()
-    if existing is not None:
-        if existing[0] != report.content_hash:
-            raise ReportConflict(report.id)
-        return _read_report(db, report.id), False
-    marks = ",".join("?" * len(report.references))
-    found = {
-        row[0]
-        for row in db.execute(
-            f"SELECT id FROM records WHERE scenario = ? AND id IN ({marks})",
-            [report.scenario, *report.references],
-        ).fetchall()
-    }
+    """Insert the report, or answer the one stored under its id: the same content gets it back
+    (a retry, whichever replica it reaches), other content is a `ReportConflict`.
+
+    The insert itself decides who stores a report id (`ON CONFLICT DO NOTHING`), never a read
+    before it: on PostgreSQL two replicas may both find no report and both insert, and the
+    second waits for the first's commit and then inserts nothing, instead of failing."""
+    if db.execute("SELECT 1 FROM reports WHERE id = ?", [report.id]).fetchone() is not None:
+        return _stored_report(db, report)
+    found: set[str] = set()
+    if report.references:  # none: a report that grades no record (and never trains)
+        marks = ",".join("?" * len(report.references))
+        found = {
+            row[0]
+            for row in db.execute(
+                f"SELECT id FROM records WHERE scenario = ? AND id IN ({marks})",
+                [report.scenario, *report.references],
+            ).fetchall()
+        }
     missing = [ref for ref in report.references if ref not in found]
     if missing:
         raise UnknownRecords(missing, report.scenario)
-    db.insert(
-        "reports",
-        {
-            "id": report.id,
-            "scenario": report.scenario,
-            "created_at": report.created_at,
-            "score": report.score,
-            "feedback": None if report.feedback is None else json.dumps(report.feedback),
-            "metadata": None if report.metadata is None else json.dumps(report.metadata),
-            "content_hash": report.content_hash,
-        },
-    )
+    row = {
+        "id": report.id,
+        "scenario": report.scenario,
+        "created_at": report.created_at,
+        "score": report.score,
+        "feedback": None if report.feedback is None else json.dumps(report.feedback),
+        "metadata": None if report.metadata is None else json.dumps(report.metadata),
+        "content_hash": report.content_hash,
+    }
+    if not db.insert_if_absent("reports", row, key="id"):  # another writer stored it just now
+        return _stored_report(db, report)
     db.insert_all(
         "report_references",
         (
@@ -480,6 +486,16 @@ def _insert_report(db: Database, report: Report) -> tuple[dict[str, Any], bool]:
         ),
     )
     return _read_report(db, report.id), True
+
+
+def _stored_report(db: Database, report: Report) -> tuple[dict[str, Any], bool]:
+    """The report stored under `report.id`, if it says what `report` says."""
+    (stored_hash,) = db.execute(
+        "SELECT content_hash FROM reports WHERE id = ?", [report.id]
+    ).fetchone()
+    if stored_hash != report.content_hash:
+        raise ReportConflict(report.id)
+    return _read_report(db, report.id), False
 
 
 def _read_report(db: Database, report_id: str) -> dict[str, Any]:

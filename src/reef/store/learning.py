@@ -29,18 +29,26 @@ def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -
 
 
 def take_instruction(store: ExperienceStore, scenario: str) -> str | None:
-    """The oldest instruction not yet taken for `scenario`, marked taken."""
+    """The oldest instruction not yet taken for `scenario`, marked taken: each instruction is
+    taken once, by one worker, however many take at the same moment."""
 
     def take(db: Database) -> str | None:
-        row = db.execute(
-            "SELECT seq, instruction FROM train_requests "
-            "WHERE scenario = ? AND taken_at IS NULL ORDER BY seq LIMIT 1",
-            [scenario],
-        ).fetchone()
-        if row is None:
-            return None
-        db.execute("UPDATE train_requests SET taken_at = ? WHERE seq = ?", [time.time(), row[0]])
-        return str(row[1])
+        while True:
+            row = db.execute(
+                "SELECT seq, instruction FROM train_requests "
+                "WHERE scenario = ? AND taken_at IS NULL ORDER BY seq LIMIT 1",
+                [scenario],
+            ).fetchone()
+            if row is None:
+                return None
+            # A compare-and-set: another worker may have taken it since the read (on
+            # PostgreSQL the read does not wait for it). Then it is gone: take the next.
+            taken = db.execute(
+                "UPDATE train_requests SET taken_at = ? WHERE seq = ? AND taken_at IS NULL",
+                [time.time(), row[0]],
+            ).rowcount
+            if taken:
+                return str(row[1])
 
     return store.write(take).result()
 
@@ -65,14 +73,21 @@ def save_step(store: ExperienceStore, row: dict[str, Any]) -> None:
 
 
 def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
-    """Changes whenever the scenario gets a record, a report or a candidate."""
+    """Changes whenever the scenario gets a record, a report or a candidate. Records commit in
+    `seq` order across replicas (`Database.begin_write`), so their largest `seq` says it;
+    reports and candidates need not, so a row count goes with theirs: one that commits late
+    with a lower `seq` than a row already seen still changes it (rows are never deleted)."""
     (row,) = store.query(
         "SELECT (SELECT MAX(seq) FROM records WHERE scenario = ?) AS records, "
         "(SELECT MAX(seq) FROM reports WHERE scenario = ?) AS reports, "
-        "(SELECT MAX(seq) FROM candidates WHERE scenario = ?) AS candidates",
-        [scenario] * 3,
+        "(SELECT COUNT(*) FROM reports WHERE scenario = ?) AS reports_n, "
+        "(SELECT MAX(seq) FROM candidates WHERE scenario = ?) AS candidates, "
+        "(SELECT COUNT(*) FROM candidates WHERE scenario = ?) AS candidates_n",
+        [scenario] * 5,
     )
-    return (row["records"], row["reports"], row["candidates"])
+    return tuple(
+        row[name] for name in ("records", "reports", "reports_n", "candidates", "candidates_n")
+    )
 
 
 def learning_status(store: ExperienceStore) -> dict[str, Any]:

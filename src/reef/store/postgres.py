@@ -29,6 +29,9 @@ log = logging.getLogger("reef.store")
 
 # Held while migrations run, by any process of any Reef on this database: "reef" in ASCII.
 MIGRATION_LOCK = 0x72656566
+# Held from the start of a transaction that inserts records to its commit, by every replica:
+# "reefseq" in ASCII. See `PostgresDatabase.begin_write`.
+RECORD_ORDER_LOCK = 0x72656566736571
 
 
 class PostgresDatabase(Database):
@@ -56,8 +59,33 @@ class PostgresDatabase(Database):
             return self.conn.execute(sql)
         return self.conn.execute(_psycopg_sql(sql), values)
 
-    def begin_write(self) -> None:
+    def begin_write(self, ordered: bool = False) -> None:
+        """BEGIN; when `ordered` (the transaction will insert records), then the record-order
+        lock, which it holds to its commit or rollback.
+
+        A record's `seq` is drawn from a sequence when it is inserted, but becomes visible when
+        its transaction commits: without the lock, replica A draws 10 and is still committing
+        while replica B draws 11 and commits, and a reader that pages past 11 (`?after=`, the
+        learner's `MAX(seq)`) never sees 10. With it, transactions that insert records commit
+        one at a time in the order they drew their numbers, as SQLite's write lock makes them,
+        so `seq` is commit order across replicas. It is taken first, before any row lock, so it
+        is in no deadlock; only record-inserting transactions wait for each other (a replica's
+        group commit still shares one)."""
         self._once_more_if_lost(lambda: self.conn.execute("BEGIN"))
+        if not ordered:
+            return
+        try:
+            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", [RECORD_ORDER_LOCK])
+        except BaseException:
+            self._roll_back_quietly()
+            raise
+
+    def _roll_back_quietly(self) -> None:
+        try:
+            if self.in_transaction:
+                self.conn.execute("ROLLBACK")
+        except Exception:  # the connection is gone: so is its transaction
+            pass
 
     def rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict]:
         return self._once_more_if_lost(lambda: super(PostgresDatabase, self).rows(sql, params))

@@ -58,7 +58,9 @@ class SqliteDatabase(Database):
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Cursor:
         return self.conn.execute(sql, params if isinstance(params, Mapping) else list(params))
 
-    def begin_write(self) -> None:
+    def begin_write(self, ordered: bool = False) -> None:
+        # The write lock, held to the commit, orders every writer's commits (`ordered` or not):
+        # a `seq` drawn is committed before any other writer draws the next.
         self.conn.execute("BEGIN IMMEDIATE")
 
     def begin_write_now(self) -> bool:

@@ -39,6 +39,8 @@ class StoreClosed(ReefError):
 @dataclass
 class _Job:
     work: Callable[[Database], Any]
+    # It inserts records: its transaction must commit in `seq` order (`Database.begin_write`).
+    ordered: bool = False
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -57,14 +59,18 @@ class GroupCommitWriter(threading.Thread):
         self._accepting = threading.Lock()
         self._closed = False
 
-    def submit(self, work: Callable[[Database], T], here: bool = False) -> Future[T]:
+    def submit(
+        self, work: Callable[[Database], T], here: bool = False, ordered: bool = False
+    ) -> Future[T]:
         """Queue `work`; the future resolves once the commit holding it is done, or at once
         with `StoreClosed` once the writer is stopped.
 
         `here`: run it now on the calling thread, in a transaction of its own, if no job is
         queued, no group is running and no other process holds the database's write lock (the
-        future is then already resolved); else queue it."""
-        job = _Job(work)
+        future is then already resolved); else queue it. `ordered`: it inserts records, so its
+        transaction commits in `seq` order with every other process's
+        (`Database.begin_write`)."""
+        job = _Job(work, ordered)
         if here and self._ran_here(job):
             return job.future
         self._enqueue(job)
@@ -143,7 +149,7 @@ class GroupCommitWriter(threading.Thread):
 
     def _commit(self, group: list[_Job]) -> None:
         try:
-            self._db.begin_write()
+            self._db.begin_write(ordered=any(job.ordered for job in group))
         except BaseException as error:
             for job in group:
                 if job.future.set_running_or_notify_cancel():
