@@ -69,6 +69,9 @@ class ServerConfig(_Section):
     # Host header values accepted besides loopback names and server.host (DNS rebinding guard);
     # "*" accepts any.
     allowed_hosts: list[str] = Field(default_factory=list)
+    # A call or report naming a scenario nothing configures, releases or created (POST
+    # /reef/scenarios) starts it; false: such a request is a 404 until the scenario is created.
+    allow_implicit_scenario_creation: bool = True
 
 
 class UpstreamConfig(_Section):
@@ -220,9 +223,9 @@ class CanaryConfig(_Section):
 
 
 class ShadowConfig(_Section):
-    """A shadow: a candidate answering copies of live calls, never heard (`reef.server.shadow`).
-    `scorer` (an eval task's scorer: regex, contains, judge, ...) scores the live answer and
-    the shadow's side by side; none: they are stored unscored."""
+    """A shadow: a candidate answering copies of live calls, never heard
+    (`reef.server.background.shadow`). `scorer` (an eval task's scorer: regex, contains, judge,
+    ...) scores the live answer and the shadow's side by side; none: they are stored unscored."""
 
     scorer: dict[str, Any] | None = None
     queue: int = Field(64, ge=1)  # copies waiting for idle capacity; more are dropped

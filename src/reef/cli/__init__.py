@@ -6,6 +6,7 @@ import typer
 
 from reef.cli import (
     client_commands,
+    import_command,
     init_command,
     learning_commands,
     release_commands,
@@ -27,6 +28,7 @@ app.command("status")(client_commands.status)
 app.command("records")(client_commands.records)
 app.command("report")(client_commands.report)
 app.command("export")(client_commands.export)
+app.command("import")(import_command.import_records)
 app.command("learn")(learning_commands.learn)
 app.command("train")(learning_commands.train)
 app.command("review")(review_command.review)

@@ -36,6 +36,7 @@ from reef.releases.chain import (
     read_folder,
     text_diff,
 )
+from reef.releases.shadowing import start_shadow
 from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate
@@ -262,7 +263,7 @@ def canary(
     """Put a held candidate on a canary: SHARE percent of sessions, judged on their reports
     (`gate.canary`), promoted or rolled back automatically; approve or reject ends it early."""
     with _workflow(config) as workflow:
-        candidate = workflow.start_canary(candidate_id, share)
+        candidate = workflow.canaries.start(candidate_id, share)
     _report_candidate(candidate, as_json)
 
 
@@ -275,7 +276,7 @@ def shadow(
     """Have a held candidate answer copies of live calls, never heard, on idle capacity; its
     answers are stored beside the live ones (`reef review` shows them side by side)."""
     with _workflow(config) as workflow:
-        candidate = workflow.start_shadow(candidate_id)
+        candidate = start_shadow(workflow.candidates, candidate_id)
     _report_candidate(candidate, as_json)
 
 

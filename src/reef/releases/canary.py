@@ -42,7 +42,8 @@ looked at as often: 27%). Once each arm has `min_reports` sessions:
 - otherwise wait, until `deadline_s` after the canary started, when `on_deadline` decides.
 
 Ending a canary publishes again: the candidate's files without the policy (promote), or the
-stable release's files (rollback).
+stable release's files (rollback). `Canaries` starts and ends them, for the release workflow (a
+human's decision, or the gate's `canary` outcome) and for the server's judge.
 """
 
 from __future__ import annotations
@@ -50,12 +51,17 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from reef.artifacts import ROUTING_FILE
 from reef.config import CanaryConfig
+from reef.errors import Conflict, ReefError
+from reef.inference.routing import BASE, canary_policy
+from reef.releases.chain import ReleaseChain, ReleaseConflict, read_folder
 from reef.store import ExperienceStore
+from reef.store.candidates import Candidate, CandidateStore
 
 CANARY_ARM = "canary"
 STABLE_ARM = "stable"
@@ -256,3 +262,116 @@ def _narrowest_at(width: float, alpha: float) -> float:
 
 def _summary(scores: ArmScores | Sequence[float]) -> ArmScores:
     return scores if isinstance(scores, ArmScores) else ArmScores.of(scores)
+
+
+# -- starting and ending a canary -----------------------------------------------------------------
+
+
+# How the release workflow rejects a candidate (`ReleaseWorkflow._reject`): the candidate, the
+# states it may be in, why, its evaluation, and whether it was judged on its merits (which says
+# what becomes of the records it consumed).
+Reject = Callable[[Candidate, tuple[str, ...], str, dict[str, Any] | None, bool], Candidate]
+JUDGED, NOT_JUDGED = True, False
+
+
+class Canaries:
+    """Puts candidates on canaries and ends them, as publishes on the chain."""
+
+    def __init__(self, chain: ReleaseChain, candidates: CandidateStore, reject: Reject) -> None:
+        self.chain = chain
+        self.candidates = candidates
+        self.reject = reject
+
+    def start(
+        self,
+        candidate_id: str,
+        share: int,
+        why: str | None = None,
+        evaluation: dict[str, Any] | None = None,
+        allowed_from: tuple[str, ...] = ("held", "proposed"),
+    ) -> Candidate:
+        """Put a candidate on `share` percent of its scenario's sessions: a release of its files
+        and a policy routing the rest to the release it was proposed against. From the gate
+        (`allowed_from` evaluating), a head that moved meanwhile rejects it."""
+        candidate = self.candidates.get(candidate_id)
+        _check_startable(candidate, share, allowed_from)
+        stable = candidate.base_release_id or BASE
+        files = {**read_folder(candidate.folder), ROUTING_FILE: canary_policy(stable, share)}
+        why = why or "put on a canary by a human"
+        try:
+            release = self.chain.publish(
+                candidate.scenario,
+                candidate.kind,
+                files,
+                candidate.base_release_id,
+                candidate_id=candidate.id,
+                evaluation=evaluation or candidate.evaluation,
+                reason=f"canary of {candidate.id} on {share}% of sessions, against {stable}",
+            )
+        except ReleaseConflict as conflict:
+            if "evaluating" not in allowed_from:
+                raise
+            moved = f"{why}, but the head is now {conflict.current}: propose it again"
+            return self.reject(candidate, allowed_from, moved, evaluation, NOT_JUDGED)
+        return self.candidates.move(
+            candidate.id,
+            allowed_from,
+            "canary",
+            decision=f"{why} (canary {release.release_id}, {share}%)",
+            evaluation=evaluation or candidate.evaluation,
+            release_id=release.release_id,
+        )
+
+    def end(self, candidate_id: str, promote: bool, why: str) -> Candidate:
+        """End a candidate's canary: promoted (its files, released without the policy) or rolled
+        back (the stable release's files). A head that moved past the canary ended it already."""
+        candidate = self.candidates.get(candidate_id)
+        canary_release = candidate.release_id
+        head = self.chain.head(candidate.scenario)
+        if candidate.state != "canary" or canary_release is None:
+            raise Conflict(
+                f"candidate {candidate_id} is {candidate.state}, not on a canary",
+                code="candidate_state",
+            )
+        if head is None or head.release_id != canary_release:
+            now = head.release_id if head else "none"
+            moved = f"its canary {canary_release} stopped serving: the head is now {now}"
+            return self.reject(candidate, ("canary",), moved, None, NOT_JUDGED)
+        if promote:
+            return self._promote(candidate, canary_release, why)
+        return self._roll_back(candidate, canary_release, why)
+
+    def _promote(self, candidate: Candidate, canary_release: str, why: str) -> Candidate:
+        release = self.chain.publish(
+            candidate.scenario,
+            candidate.kind,
+            read_folder(candidate.folder),
+            canary_release,
+            candidate_id=candidate.id,
+            evaluation=candidate.evaluation,
+            records_consumed=len(candidate.consumed_record_ids),
+            reason=f"{candidate.reason} (canary: {why})" if candidate.reason else why,
+        )
+        return self.candidates.move(
+            candidate.id, ("canary",), "released", decision=why, release_id=release.release_id
+        )
+
+    def _roll_back(self, candidate: Candidate, canary_release: str, why: str) -> Candidate:
+        stable = candidate.base_release_id
+        reason = f"canary of {candidate.id} rolled back: {why}"
+        if stable is None:  # the model alone served before: an empty release serves it again
+            self.chain.publish(candidate.scenario, "harness", {}, canary_release, reason=reason)
+        else:
+            self.chain.rollback(candidate.scenario, stable, reason, expected_head=canary_release)
+        return self.reject(candidate, ("canary",), f"canary: {why}", None, JUDGED)
+
+
+def _check_startable(candidate: Candidate, share: int, allowed_from: tuple[str, ...]) -> None:
+    if candidate.state not in allowed_from:
+        raise Conflict(
+            f"candidate {candidate.id} is {candidate.state}; only a candidate that is "
+            f"{' or '.join(allowed_from)} can go on a canary",
+            code="candidate_state",
+        )
+    if not 1 <= share <= 99:
+        raise ReefError(f"a canary's share is 1 to 99 percent, not {share}", status=400)

@@ -16,7 +16,13 @@ repository (`.reef/releases.git`) as a copy of the remote:
   remote keeps serving what it has and says so (`RemoteState`).
 
 The URL reaches git through its environment (`GIT_CONFIG_*`, as remote `reef-shared`), never
-its command line, where other users of the machine could read a token in it. The processes
+its command line, where other users of the machine could read a token in it. A user and
+password (or token) in an http(s) URL never reach git as part of the URL, which git would pass on
+to its helper on the command line (`git-remote-https reef-shared URL`) at every poll: git gets
+the URL without them, and they come from a credential helper, set for that URL alone in the
+same environment, that writes them from two variables of git's environment (`REEF_GIT_USERNAME`,
+`REEF_GIT_PASSWORD`, readable only by this user in /proc); the helpers of the user's own git
+configuration are not asked for, nor given (`store`), that URL's credentials. The processes
 sharing one local copy (a server, its learning worker, a `reef` command) take turns with a file
 lock.
 """
@@ -34,15 +40,23 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from reef.errors import ReefError
-from reef.urls import without_password
+from reef.urls import masked, without_password
 
 REMOTE = "reef-shared"  # the remote's name for git, defined in the environment of each call
 HEADS = "refs/reef/*/head"
 MIRROR = "refs/reef-remote"  # where the remote's refs land before local heads move forward
 LOOK_TIMEOUT_S = 30.0  # ls-remote, ref updates
 TRANSFER_TIMEOUT_S = 1800.0  # a push or fetch of LFS objects may be gigabytes
+# The credential helper of a URL that carried its credentials: git runs it with `sh -c`, so its
+# command line is this text, which names the variables and not their values (`printf` is the
+# shell's own, no process of its own). It answers `get` only; `store` and `erase` are no-ops.
+CREDENTIAL_HELPER = (
+    '!f() { cat >/dev/null; if [ "$1" = get ]; then '
+    "printf 'username=%s\\npassword=%s\\n' \"$REEF_GIT_USERNAME\" \"$REEF_GIT_PASSWORD\"; fi; }; f"
+)
 
 
 class RemoteUnreachable(ReefError):
@@ -84,13 +98,26 @@ class ReleaseRemote:
         self._url = url
         self.shown = without_password(url)  # for messages and status
         self.state = RemoteState(self.shown)
+        git_url, credentials = split_credentials(url)
+        config = [(f"remote.{REMOTE}.url", git_url)]
+        if credentials is not None:
+            origin = git_url.split("://", 1)[0] + "://" + urlsplit(git_url).netloc
+            config += [
+                (f"credential.{origin}.helper", ""),  # empty: the user's helpers are not asked
+                (f"credential.{origin}.helper", CREDENTIAL_HELPER),
+            ]
         self._environment = {
             **os.environ,
-            "GIT_CONFIG_COUNT": "1",
-            "GIT_CONFIG_KEY_0": f"remote.{REMOTE}.url",
-            "GIT_CONFIG_VALUE_0": url,
+            "GIT_CONFIG_COUNT": str(len(config)),
             "GIT_TERMINAL_PROMPT": "0",  # a missing credential is an error, not a prompt
         }
+        for index, (key, value) in enumerate(config):
+            self._environment[f"GIT_CONFIG_KEY_{index}"] = key
+            self._environment[f"GIT_CONFIG_VALUE_{index}"] = value
+        if credentials is not None:
+            self._environment["REEF_GIT_USERNAME"], self._environment["REEF_GIT_PASSWORD"] = (
+                credentials
+            )
         self._fetched_heads: dict[str, str] | None = None  # the remote's, at the last catch-up
         self._lfs_fetched: set[str] = set()  # heads whose LFS objects are here
         self._lfs_missing: set[str] = set()  # heads whose LFS objects could not be fetched yet
@@ -253,7 +280,7 @@ class ReleaseRemote:
 
     def _said(self, result: subprocess.CompletedProcess[str]) -> str:
         """What git said, without the URL's password."""
-        return result.stderr.strip().replace(self._url, self.shown)
+        return masked(result.stderr.strip(), self._url)
 
     def _run(self, timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
         """git `args` in the local copy; on a timeout, git and its helpers (ssh, git-lfs,
@@ -275,6 +302,21 @@ class ReleaseRemote:
             process.communicate()
             return subprocess.CompletedProcess(args, 1, "", f"no answer within {timeout:.0f} s")
         return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """An http(s) URL without its user and password, and them (percent-decoded; a user alone is
+    a token, with an empty password); any other URL as it is (an ssh user is no secret)."""
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return url, None
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return url, None
+    host = parts.netloc.rsplit("@", 1)[1]
+    bare = urlunsplit(parts._replace(netloc=host))
+    return bare, (unquote(user or ""), unquote(password or ""))
 
 
 def _has_lfs() -> bool:

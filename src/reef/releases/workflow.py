@@ -1,5 +1,9 @@
 """The release workflow over the two stores: propose a candidate, gate it, approve or reject it.
 
+This module is the decision flow; canaries start and end in `reef.releases.canary`, shadows
+start in `reef.releases.shadowing`, and the folders it writes are pruned by
+`reef.releases.housekeeping`.
+
 Everything here acts on `.reef/experience.db` and `.reef/releases.git` directly, so it works the
 same from the CLI with the server stopped, from the CLI while it runs, and from the server's own
 routes. A running server notices a moved head by itself.
@@ -15,9 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,10 +50,10 @@ from reef.inference.routing import (
     Arm,
     RouteSpec,
     Routing,
-    canary_policy,
     check_policy,
     parse_policy,
 )
+from reef.releases.canary import Canaries
 from reef.releases.chain import (
     Release,
     ReleaseChain,
@@ -61,6 +63,8 @@ from reef.releases.chain import (
     scenario_of,
 )
 from reef.releases.gate import decide
+from reef.releases.housekeeping import Housekeeping, evaluator_running, mark_used
+from reef.releases.shadowing import SHADOW
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate, CandidateStore
@@ -68,8 +72,6 @@ from reef.store.candidates import Candidate, CandidateStore
 log = logging.getLogger("reef.releases")
 
 INTERRUPTED = "evaluation was interrupted (the process running it stopped)"
-# A candidate folder without its row is a proposal being written, unless it is this old.
-UNFINISHED_PROPOSAL_S = 3600.0
 
 
 # Where a publish tells the other replicas sharing the store (PostgreSQL's NOTIFY) that a head
@@ -102,8 +104,10 @@ class ReleaseWorkflow:
             on_published=lambda release: tell_replicas(store, release),
         )
         self.candidates = CandidateStore(store)
-        self.checkouts = config.state_dir / "checkouts"
-        self.candidate_folders = config.state_dir / "candidates"
+        self.canaries = Canaries(self.chain, self.candidates, self._reject)
+        self.housekeeping = Housekeeping(config, self.chain, self.candidates)
+        self.checkouts = self.housekeeping.checkouts
+        self.candidate_folders = self.housekeeping.candidate_folders
 
     # -- what serves now ----------------------------------------------------------------------
 
@@ -122,11 +126,11 @@ class ReleaseWorkflow:
         """What a release's own parts serve, its files checked out once under .reef/checkouts/."""
         folder = self.checkouts / release.release_id
         if folder.is_dir():
-            _mark_used(folder)
+            mark_used(folder)
         else:
             self.checkouts.mkdir(parents=True, exist_ok=True)
             self.chain.checkout(release.release_id, folder)
-            self._prune_checkouts()
+            self.housekeeping.prune_checkouts()
         return binding_for(release.release_id, release.kind, folder)
 
     def _routing(
@@ -158,12 +162,12 @@ class ReleaseWorkflow:
         process, evaluating right now) is left to it."""
         ended = []
         for candidate in self.candidates.list(state="evaluating"):
-            if _evaluator_running(candidate):
+            if evaluator_running(candidate):
                 continue
             with contextlib.suppress(Conflict):  # it was decided since the listing
                 ended.append(self._end_evaluation(candidate, INTERRUPTED))
         if ended:
-            self._prune_candidates()
+            self.housekeeping.prune_candidates()
         return ended
 
     def propose(
@@ -204,7 +208,7 @@ class ReleaseWorkflow:
             candidate.state, candidate.decision = "rejected", f"refused: {error.message}"
             candidate.unjudged = candidate.records_returned = True  # broken, not the feedback
             self.candidates.add(candidate)
-            self._prune_candidates()
+            self.housekeeping.prune_candidates()
             raise CandidateRefused(f"candidate {candidate.id} refused: {error.message}") from None
         return self.candidates.add(candidate)
 
@@ -239,7 +243,7 @@ class ReleaseWorkflow:
         try:
             return await self._evaluate_and_decide(candidate, generate, on_task, extra_tasks or [])
         finally:
-            self._prune_candidates()
+            self.housekeeping.prune_candidates()
 
     async def _evaluate_and_decide(
         self,
@@ -259,7 +263,7 @@ class ReleaseWorkflow:
             return self._reject(candidate, ("evaluating",), why, evaluation, judged=True)
         if outcome == "canary":
             share = self.config.gate_for(candidate.scenario).canary.share
-            return self.start_canary(candidate.id, share, why, evaluation, ("evaluating",))
+            return self.canaries.start(candidate.id, share, why, evaluation, ("evaluating",))
         if outcome != "released":
             return self.candidates.move(
                 candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
@@ -401,99 +405,7 @@ class ReleaseWorkflow:
         gate = self.config.gate_for(scenario)
         return EvalSettings(gate.temperature, gate.seed, gate.max_tokens)
 
-    # -- canaries (reef.releases.canary) -------------------------------------------------------
-
-    def start_canary(
-        self,
-        candidate_id: str,
-        share: int,
-        why: str | None = None,
-        evaluation: dict[str, Any] | None = None,
-        allowed_from: tuple[str, ...] = ("held", "proposed"),
-    ) -> Candidate:
-        """Put a candidate on `share` percent of its scenario's sessions: a release of its files
-        and a policy routing the rest to the release it was proposed against."""
-        candidate = self.candidates.get(candidate_id)
-        if candidate.state not in allowed_from:
-            raise Conflict(
-                f"candidate {candidate_id} is {candidate.state}; only a candidate that is "
-                f"{' or '.join(allowed_from)} can go on a canary",
-                code="candidate_state",
-            )
-        if not 1 <= share <= 99:
-            raise ReefError(f"a canary's share is 1 to 99 percent, not {share}", status=400)
-        stable = candidate.base_release_id or BASE
-        files = {**read_folder(candidate.folder), ROUTING_FILE: canary_policy(stable, share)}
-        why = why or "put on a canary by a human"
-        try:
-            release = self.chain.publish(
-                candidate.scenario,
-                candidate.kind,
-                files,
-                candidate.base_release_id,
-                candidate_id=candidate.id,
-                evaluation=evaluation or candidate.evaluation,
-                reason=f"canary of {candidate.id} on {share}% of sessions, against {stable}",
-            )
-        except ReleaseConflict as conflict:
-            if "evaluating" not in allowed_from:
-                raise
-            moved = f"{why}, but the head is now {conflict.current}: propose it again"
-            return self._reject(candidate, allowed_from, moved, evaluation, judged=False)
-        return self.candidates.move(
-            candidate.id,
-            allowed_from,
-            "canary",
-            decision=f"{why} (canary {release.release_id}, {share}%)",
-            evaluation=evaluation or candidate.evaluation,
-            release_id=release.release_id,
-        )
-
-    def end_canary(self, candidate_id: str, promote: bool, why: str) -> Candidate:
-        """End a candidate's canary: promoted (its files, released without the policy) or rolled
-        back (the stable release's files). A head that moved past the canary ended it already."""
-        candidate = self.candidates.get(candidate_id)
-        canary_release = candidate.release_id
-        head = self.chain.head(candidate.scenario)
-        if candidate.state != "canary" or canary_release is None:
-            raise Conflict(
-                f"candidate {candidate_id} is {candidate.state}, not on a canary",
-                code="candidate_state",
-            )
-        if head is None or head.release_id != canary_release:
-            now = head.release_id if head else "none"
-            moved = f"its canary {canary_release} stopped serving: the head is now {now}"
-            return self._reject(candidate, ("canary",), moved, None, judged=False)
-        if promote:
-            release = self.chain.publish(
-                candidate.scenario,
-                candidate.kind,
-                read_folder(candidate.folder),
-                canary_release,
-                candidate_id=candidate.id,
-                evaluation=candidate.evaluation,
-                records_consumed=len(candidate.consumed_record_ids),
-                reason=f"{candidate.reason} (canary: {why})" if candidate.reason else why,
-            )
-            return self.candidates.move(
-                candidate.id, ("canary",), "released", decision=why, release_id=release.release_id
-            )
-        stable = candidate.base_release_id
-        reason = f"canary of {candidate.id} rolled back: {why}"
-        if stable is None:  # the model alone served before: an empty release serves it again
-            self.chain.publish(candidate.scenario, "harness", {}, canary_release, reason=reason)
-        else:
-            self.chain.rollback(candidate.scenario, stable, reason, expected_head=canary_release)
-        return self._reject(candidate, ("canary",), f"canary: {why}", None, judged=True)
-
-    # -- shadows (reef.server.shadow) -----------------------------------------------------------
-
-    def start_shadow(self, candidate_id: str) -> Candidate:
-        """Have a held or proposed candidate answer copies of its scenario's live calls, never
-        heard; approve or reject ends it."""
-        return self.candidates.move(
-            candidate_id, ("held", "proposed"), "shadow", decision="answering copies of live calls"
-        )
+    # -- decisions -----------------------------------------------------------------------------
 
     def approve(self, candidate_id: str, reason: str | None = None) -> Candidate:
         """A human releases a held (or not yet evaluated) candidate or one in shadow, or
@@ -501,15 +413,15 @@ class ReleaseWorkflow:
         candidate = self.candidates.get(candidate_id)
         why = reason or "approved by a human"
         if candidate.state == "canary":
-            return self.end_canary(candidate_id, promote=True, why=why)
+            return self.canaries.end(candidate_id, promote=True, why=why)
         approved = self._release(
             candidate.id,
-            ("held", "proposed", "shadow"),
+            ("held", "proposed", SHADOW),
             why,
             candidate.evaluation,
             on_conflict="raise",
         )
-        self._prune_candidates()
+        self.housekeeping.prune_candidates()
         return approved
 
     def reject(self, candidate_id: str, reason: str) -> Candidate:
@@ -517,9 +429,9 @@ class ReleaseWorkflow:
         candidate = self.candidates.get(candidate_id)
         why = f"rejected by a human: {reason}"
         if candidate.state == "canary":
-            return self.end_canary(candidate_id, promote=False, why=why)
-        rejected = self._reject(candidate, ("proposed", "held", "shadow"), why, None, judged=True)
-        self._prune_candidates()
+            return self.canaries.end(candidate_id, promote=False, why=why)
+        rejected = self._reject(candidate, ("proposed", "held", SHADOW), why, None, judged=True)
+        self.housekeeping.prune_candidates()
         return rejected
 
     def _base_release(self, candidate: Candidate) -> Release | None:
@@ -570,33 +482,6 @@ class ReleaseWorkflow:
             release_id=release.release_id,
         )
 
-    # -- housekeeping -------------------------------------------------------------------------
-
-    def _prune_candidates(self) -> None:
-        """Keep the folders of open candidates and of the `retention.candidates` newest decided
-        ones; remove the other decided ones, and folders of proposals that never got a row."""
-        with _housekeeping("candidate folders"):
-            open_ids = self.candidates.open_ids()
-            decided = self.candidates.decided_ids()
-            keep = open_ids | set(decided[: self.config.retention.candidates])
-            known = open_ids | set(decided)
-            for folder in _subfolders(self.candidate_folders):
-                if folder.name in keep:
-                    continue
-                if folder.name in known or _age(folder) > UNFINISHED_PROPOSAL_S:
-                    shutil.rmtree(folder, ignore_errors=True)
-
-    def _prune_checkouts(self) -> None:
-        """Keep the checkouts of every scenario's head and of the releases open candidates are
-        evaluated against, and the `retention.checkouts` most recently used others."""
-        with _housekeeping("release checkouts"):
-            heads = (self.chain.head(scenario) for scenario in self.chain.scenarios())
-            keep = {head.release_id for head in heads if head is not None}
-            keep |= self.candidates.open_base_release_ids()
-            others = [f for f in _subfolders(self.checkouts) if f.name not in keep]
-            for folder in _newest_first(others)[self.config.retention.checkouts :]:
-                shutil.rmtree(folder, ignore_errors=True)
-
 
 def _routed_releases(candidate: Candidate) -> list[tuple[str, str, int]]:
     """The releases other than its own parts that the candidate's routing policy sends sessions
@@ -629,84 +514,6 @@ def _write_files(folder: Path, files: dict[str, bytes]) -> None:
         target = folder / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-
-
-@contextlib.contextmanager
-def _housekeeping(what: str) -> Iterator[None]:
-    """Pruning must never fail the decision or the checkout that triggered it."""
-    try:
-        yield
-    except Exception as error:
-        log.warning("could not prune %s: %s", what, error)
-
-
-def _subfolders(folder: Path) -> list[Path]:
-    """The folders directly inside, without hidden ones (checkouts being written)."""
-    if not folder.is_dir():
-        return []
-    return [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]
-
-
-def _newest_first(folders: list[Path]) -> list[Path]:
-    """By last use (modification time), then by release number; a folder removed meanwhile by
-    another process is left out."""
-    dated = []
-    for folder in folders:
-        with contextlib.suppress(FileNotFoundError):
-            number = folder.name.rpartition("@")[2]
-            dated.append(
-                (folder.stat().st_mtime_ns, int(number) if number.isdigit() else 0, folder)
-            )
-    return [folder for *_, folder in sorted(dated, key=lambda d: d[:2], reverse=True)]
-
-
-def _age(folder: Path) -> float:
-    try:
-        return time.time() - folder.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
-
-
-def _mark_used(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        os.utime(folder)
-
-
-def _evaluator_running(candidate: Candidate) -> bool:
-    """Whether the process that moved `candidate` to evaluating still runs. A pid is reused
-    once its process is gone, so a process started after the evaluation began is another one;
-    a pid of another machine (a replica elsewhere) cannot be checked, so it counts as running."""
-    pid = candidate.evaluating_pid
-    if pid is None:  # evaluated by a Reef that did not record pids
-        return False
-    if candidate.evaluating_host not in (None, socket.gethostname()):
-        return True  # another replica's machine: its pid cannot be checked from here
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    state, started = _process_state(pid)
-    if state == "Z":  # exited, not yet reaped by its parent
-        return False
-    return started is None or started <= candidate.updated_at + 1.0  # boot time is in seconds
-
-
-def _process_state(pid: int) -> tuple[str | None, float | None]:
-    """A process's state letter and start time (seconds since the epoch), from /proc where
-    there is one; (None, None) elsewhere."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, StopIteration, ValueError):
-        return None, None
-    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
-    return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def gate_concurrency(config: ReefConfig) -> int:

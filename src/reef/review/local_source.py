@@ -10,6 +10,7 @@ from typing import Any
 from reef.config import ReefConfig
 from reef.errors import Conflict, NotFound, ReefError
 from reef.releases.chain import Release, ReleaseConflict
+from reef.releases.shadowing import start_shadow
 from reef.releases.workflow import ReleaseWorkflow
 from reef.review import queries
 from reef.review.rows import (
@@ -89,11 +90,11 @@ class LocalSource:
 
     def shadow(self, candidate_id: str) -> None:
         with _decision():
-            self.workflow.start_shadow(candidate_id)
+            start_shadow(self.workflow.candidates, candidate_id)
 
     def canary(self, candidate_id: str, share: int) -> str:
         with _decision():
-            return self.workflow.start_canary(candidate_id, share).release_id or ""
+            return self.workflow.canaries.start(candidate_id, share).release_id or ""
 
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str:
         with _decision():

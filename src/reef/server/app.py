@@ -21,7 +21,7 @@ from reef.server import chat, completions, embeddings, messages, responses
 from reef.server.auth import BearerAuth
 from reef.server.browser import browser_middleware
 from reef.server.in_flight import CountInFlight
-from reef.server.reef_api import harness, internal, records, releases, review
+from reef.server.reef_api import harness, imports, internal, records, releases, review, scenarios
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -68,6 +68,8 @@ def create_app(state: ServerState) -> Starlette:
     """The app for an engine and a store that the caller owns: it starts and closes them."""
     routes: list[BaseRoute] = [
         *records.routes,
+        *imports.routes,
+        *scenarios.routes,
         *chat.routes,
         *completions.routes,
         *embeddings.routes,

@@ -17,7 +17,7 @@ from reef.errors import Forbidden, ReefError, Unauthorized
 
 OPEN_PATHS = frozenset({"/healthz"})
 # Routes of Anthropic's API: their refusals are in Anthropic's error shape.
-ANTHROPIC_PATHS = frozenset({"/v1/messages"})
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 ADMIN_PREFIX = "/reef/scenarios/"
 INTERNAL_PREFIX = "/reef/internal/"
 

@@ -19,10 +19,10 @@ from reef.inference.server_file import RunningServer, advertise, loopback_url, w
 from reef.learning.process import start_worker, stop_worker
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
-from reef.server.canary_judge import CanaryJudge
-from reef.server.follower import HeadFollower
-from reef.server.remote_follower import RemoteFollower
-from reef.server.shadow import ShadowRunner
+from reef.server.background.canary_judge import CanaryJudge
+from reef.server.background.follower import HeadFollower
+from reef.server.background.remote_follower import RemoteFollower
+from reef.server.background.shadow import ShadowRunner
 from reef.server.state import ServerState
 from reef.server.teacher import teachers_of
 

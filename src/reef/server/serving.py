@@ -18,12 +18,11 @@ API has its own error shape (Anthropic's messages, the Responses API) wraps its 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -31,11 +30,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reef.errors import ReefError
 from reef.protocol import ChatRequest, Completion, StreamItem
+from reef.server.call import CallContext
 from reef.server.cancellation import until_disconnected
 from reef.server.http import sse
-from reef.server.state import CallContext, ServerState
-from reef.server.teacher import OUTRIGHT, Lesson
-from reef.store import Record, Report
+from reef.server.state import ServerState
+from reef.server.teacher import Answer
+from reef.store import Record
 
 log = logging.getLogger("reef.server")
 
@@ -61,53 +61,29 @@ async def served_whole(
     `record_id` names the record in advance (an API whose answer's id names its record);
     `raw_body`, the bytes `body` was read from, is stored as they are."""
     started = time.perf_counter()
-    completion, lesson = await _answered(request, state, call, chat)
-    if lesson is not None:
-        call = call.taught(replaced_answer=lesson.reason != OUTRIGHT)
-    headers = await stored(state, call, body, completion, started, record_id, raw_body)
-    if lesson is not None and "x-reef-agent-record-id" in headers:
-        await demonstrated(state, call, headers["x-reef-agent-record-id"], lesson)
-    return completion, headers
+    answer = await _answered(request, state, call, chat)
+    headers = await stored(
+        state, answer.call, body, answer.completion, started, record_id, raw_body
+    )
+    if "x-reef-agent-record-id" in headers:
+        await answer.demonstrate(state.store, headers["x-reef-agent-record-id"])
+    return answer.completion, headers
 
 
 async def _answered(
     request: Request, state: ServerState, call: CallContext, chat: ChatRequest
-) -> tuple[Completion, Lesson | None]:
-    """The engine's answer, or the scenario's teacher's where it takes the call: outright for
-    its share of sessions, or when the engine's answer fails its check (`reef.server.teacher`)."""
+) -> Answer:
+    """The engine's answer, unless the scenario's teacher takes the call over
+    (`reef.server.teacher`)."""
+
+    def student() -> Coroutine[Any, Any, Completion]:
+        binding = call.binding
+        return state.engine.complete(chat, adapter=binding.adapter, checkpoint=binding.checkpoint)
+
     teacher = state.teachers.get(call.scenario)
-    if teacher is not None and teacher.takes_session(call.session):
-        lesson = await until_disconnected(request, teacher.answer(chat, OUTRIGHT))
-        if lesson is not None:
-            return lesson.completion, lesson
-    completion = await until_disconnected(
-        request,
-        state.engine.complete(
-            chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint
-        ),
-    )
     if teacher is None:
-        return completion, None
-    # In a thread: a `judge` scorer asks a model over HTTP.
-    reason = await asyncio.to_thread(teacher.failed_check, chat, completion)
-    if reason is None:
-        teacher.costs.student_calls += 1
-        return completion, None
-    lesson = await until_disconnected(request, teacher.answer(chat, reason))
-    return (lesson.completion, lesson) if lesson is not None else (completion, None)
-
-
-async def demonstrated(
-    state: ServerState, call: CallContext, record_id: str, lesson: Lesson
-) -> None:
-    """The teacher's answer, reported on its record as a demonstration for weight recipes."""
-    report = Report(
-        scenario=call.scenario,
-        references=[record_id],
-        feedback={"demonstration": lesson.text},
-        metadata={"source": "teacher", "reason": lesson.reason},
-    )
-    await asyncio.wrap_future(state.store.add_report(report))
+        return Answer(await until_disconnected(request, student()), call)
+    return await teacher.take_over(request, call, chat, student)
 
 
 async def stored(

@@ -1,8 +1,8 @@
-"""What every route shares: the config, the engine, the store, and per-call context from headers."""
+"""What every route shares: the config, the engine, the store, and per-call context from headers
+(`reef.server.call`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,67 +13,22 @@ from reef.engines.base import Engine
 from reef.errors import BadRequest
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.server_file import new_internal_token
-from reef.protocol import ChatRequest
 from reef.releases.canary import Verdict
 from reef.releases.workflow import ReleaseWorkflow
-from reef.scenario import DEFAULT_SCENARIO, check_scenario
+from reef.scenario import DEFAULT_SCENARIO, RuntimeScenarios, check_scenario
+from reef.server.call import CallContext
 from reef.server.in_flight import InFlight
-from reef.server.teacher import TEACHER_ARM, Teacher
+from reef.server.teacher import Teacher
 from reef.store import ExperienceStore
 
 
 class Shadows(Protocol):
-    """What the state asks of its shadow runner (`reef.server.shadow.ShadowRunner`, which reads
-    the state, so the state knows it only by this)."""
+    """What the state asks of its shadow runner (`reef.server.background.shadow.ShadowRunner`,
+    which reads the state, so the state knows it only by this)."""
 
     def offer(self, scenario: str, record_id: str) -> None: ...
 
     def status(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class CallContext:
-    scenario: str
-    session: str | None
-    capture: bool
-    binding: Binding  # the release serving this call, fixed for the whole call
-    max_tokens: int | None = None  # the scenario's cap on an answer (generation.max_tokens)
-    # Under a routing policy: (the release whose policy routed the call, the arm it took).
-    route: tuple[str, str] | None = None
-    answered_by: str | None = None  # who answered instead of the engine (the teacher)
-    failed_arm: str | None = None  # the arm whose answer the teacher replaced
-
-    def taught(self, replaced_answer: bool) -> CallContext:
-        """This call as the scenario's teacher answered it (`reef.server.teacher`): outright, or
-        in place of the student's answer (`replaced_answer`), which under a routing policy
-        failed the arm the call took (a canary counts it as that arm's failure)."""
-        if self.route is None:
-            return dataclasses.replace(
-                self, route=(self.release_id, TEACHER_ARM), answered_by=TEACHER_ARM
-            )
-        policy, arm = self.route
-        return dataclasses.replace(
-            self,
-            route=(policy, TEACHER_ARM),
-            answered_by=TEACHER_ARM,
-            failed_arm=arm if replaced_answer else None,
-        )
-
-    @property
-    def release_id(self) -> str:
-        return self.binding.release_id
-
-    def release_headers(self) -> dict[str, str]:
-        """The release that serves the call, and the arm it took under a routing policy."""
-        headers = {"x-reef-release-id": self.release_id}
-        if self.route is not None:
-            headers["x-reef-arm"] = self.route[1]
-        return headers
-
-    def served(self, request: ChatRequest) -> ChatRequest:
-        """The request as the engine runs it: under the call's release, within the cap (the
-        record keeps what the client sent)."""
-        return self.binding.apply(request).capped(self.max_tokens)
 
 
 @dataclass
@@ -95,6 +50,8 @@ class ServerState:
     shadows: Shadows | None = None
     # Scenario -> its teacher, started with the server.
     teachers: dict[str, Teacher] = field(default_factory=dict)
+    # Scenarios created at runtime and the training modes chosen for them (in memory).
+    scenarios: RuntimeScenarios = field(default_factory=RuntimeScenarios)
 
     def recorded(self, scenario: str, record_id: str) -> None:
         """A live call's record is stored: its scenario's shadows get a copy."""
@@ -105,7 +62,7 @@ class ServerState:
     in_flight: InFlight = field(default_factory=InFlight)
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:
-        scenario = scenario_from(headers)
+        scenario = self.scenarios.require(scenario_from(headers), self.config, self.bindings)
         session = headers.get("x-reef-session") or None
         if session is not None and len(session) > 256:
             raise BadRequest("x-reef-session must be at most 256 characters")

@@ -16,10 +16,18 @@ engine `teacher`, and a report on it carries the answer as a demonstration
 of calls the teacher takes falls as the student learns. A teacher that cannot answer leaves the
 student's answer in place. Streamed calls stay with the student. What the teacher costs (calls
 by reason, tokens, failures) is in `/reef/status` under `teachers`.
+
+The serving core hands a whole call of a scenario with a teacher to `Teacher.take_over`, with a
+way to ask the student, and gets back an `Answer`: whose completion it serves, the call as its
+record names it (the arm `teacher`, and under a routing policy `failed_arm`, the arm whose
+answer failed its check: a canary counts it as that arm's failure), and the demonstration to
+report once the record is stored.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -27,10 +35,12 @@ import os
 import random
 import statistics
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+from starlette.requests import Request
 
 from reef.config import TeacherConfig
 from reef.engines.upstream import UpstreamEngine
@@ -38,11 +48,17 @@ from reef.errors import ReefError
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import ChatRequest, Completion
+from reef.server.call import CallContext
+from reef.server.cancellation import until_disconnected
+from reef.store import ExperienceStore, Report
 
 log = logging.getLogger("reef.teacher")
 TEACHER_ARM = "teacher"
 OUTRIGHT = "share"  # the reason of a call the teacher takes without asking the student
 PASSING = 0.5  # a scorer's score at or above it passes
+
+# Asks the student (the served engine) for its answer to the call.
+Student = Callable[[], Coroutine[Any, Any, Completion]]
 
 
 @dataclass
@@ -56,6 +72,50 @@ class Lesson:
     def text(self) -> str:
         message = self.completion.response["choices"][0]["message"]
         return str(message.get("content") or "")
+
+    def answer(self, call: CallContext) -> Answer:
+        """The teacher's answer to `call`, the call as its record names it."""
+        return Answer(self.completion, _taught(call, replaced_answer=self.reason != OUTRIGHT), self)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What serves a whole call: the student's completion, or the teacher's with its `lesson`;
+    `call` is the call as its record names it."""
+
+    completion: Completion
+    call: CallContext
+    lesson: Lesson | None = None
+
+    async def demonstrate(self, store: ExperienceStore, record_id: str) -> None:
+        """The teacher's answer, reported on its record as a demonstration for weight recipes
+        (nothing when the student answered)."""
+        if self.lesson is None:
+            return
+        report = Report(
+            scenario=self.call.scenario,
+            references=[record_id],
+            feedback={"demonstration": self.lesson.text},
+            metadata={"source": "teacher", "reason": self.lesson.reason},
+        )
+        await asyncio.wrap_future(store.add_report(report))
+
+
+def _taught(call: CallContext, replaced_answer: bool) -> CallContext:
+    """`call` as the teacher answered it: outright, or in place of the student's answer
+    (`replaced_answer`), which under a routing policy failed the arm the call took (a canary
+    counts it as that arm's failure)."""
+    if call.route is None:
+        return dataclasses.replace(
+            call, route=(call.release_id, TEACHER_ARM), answered_by=TEACHER_ARM
+        )
+    policy, arm = call.route
+    return dataclasses.replace(
+        call,
+        route=(policy, TEACHER_ARM),
+        answered_by=TEACHER_ARM,
+        failed_arm=arm if replaced_answer else None,
+    )
 
 
 @dataclass
@@ -96,6 +156,25 @@ class Teacher:
 
     async def close(self) -> None:
         await self.engine.close()
+
+    async def take_over(
+        self, request: Request, call: CallContext, chat: ChatRequest, student: Student
+    ) -> Answer:
+        """Who answers a whole call: the teacher outright for its share of sessions, else the
+        student, unless its answer fails a check and the teacher can answer in its place. Each
+        model's answer is dropped if the client hangs up (`until_disconnected`)."""
+        if self.takes_session(call.session):
+            lesson = await until_disconnected(request, self.answer(chat, OUTRIGHT))
+            if lesson is not None:
+                return lesson.answer(call)
+        completion = await until_disconnected(request, student())
+        # In a thread: a `judge` scorer asks a model over HTTP.
+        reason = await asyncio.to_thread(self.failed_check, chat, completion)
+        if reason is None:
+            self.costs.student_calls += 1
+            return Answer(completion, call)
+        lesson = await until_disconnected(request, self.answer(chat, reason))
+        return lesson.answer(call) if lesson is not None else Answer(completion, call)
 
     def takes_session(self, session: str | None) -> bool:
         """Whether the teacher answers this session outright (`share` percent, sticky)."""

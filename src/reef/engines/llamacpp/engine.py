@@ -514,6 +514,15 @@ class LlamaCppEngine:
             constraint=constraint,
         )
 
+    def count_prompt_tokens(self, request: ChatRequest) -> int:
+        """The tokens the model reads for `request`: its chat template rendered with the
+        request's tools, as a served call would be (thread-safe, as `_prepare` is)."""
+        if self._model is None:
+            raise EngineUnavailable(
+                "the llama.cpp engine is not loaded (server starting or stopping)"
+            )
+        return len(self._prompt_tokens(request))
+
     def _check_grammar(self, grammar: str) -> None:
         """Refuse, before the request queues, a grammar llama.cpp cannot parse."""
         import llama_cpp

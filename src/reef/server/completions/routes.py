@@ -17,11 +17,12 @@ from starlette.routing import Route
 
 from reef.errors import Unsupported
 from reef.protocol import Completion
+from reef.server.call import CallContext
 from reef.server.cancellation import until_disconnected
 from reef.server.completions.text import TextCompletionRequest, TextStreamShape, text_completion
 from reef.server.http import parse, read_json
 from reef.server.serving import stored, streamed, with_response
-from reef.server.state import CallContext, ServerState
+from reef.server.state import ServerState
 
 
 async def completions(request: Request) -> Response:

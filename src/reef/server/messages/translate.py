@@ -205,6 +205,22 @@ class MessagesRequest(BaseModel):
         return body
 
 
+class CountTokensRequest(BaseModel):
+    """`POST /v1/messages/count_tokens`: a Messages request less what only shapes the answer
+    (`max_tokens`, sampling, `stream`); what it counts is the prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    context_management: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+
+
 def _joined(blocks: list[TextBlock]) -> str:
     return "\n".join(block.text for block in blocks)
 

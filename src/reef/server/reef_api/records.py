@@ -1,4 +1,5 @@
-"""Reef's own routes: feedback reports, reading records, and status.
+"""Reef's own routes: feedback reports, reading records, and status (training instructions and
+the scenario routes are in `scenarios`).
 
 Store reads never run on the event loop: a read can wait for the store's read lock (a review
 search holds it), and meanwhile every other request and stream would stall. The routes that only
@@ -25,11 +26,11 @@ from reef.inference.binding import Binding
 from reef.inference.routing import Routing
 from reef.learning.recipe import RecipeError, recipe_class
 from reef.releases.canary import running_canary_of
-from reef.scenario import check_scenario
+from reef.scenario import RuntimeScenarios
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
 from reef.store import Report, ReportConflict, UnknownRecords
-from reef.store.learning import learning_status, queue_instruction, with_annotations
+from reef.store.learning import learning_status, with_annotations
 
 # pydantic searches a pattern anywhere in the value, so it is anchored; its regex engine's `$`
 # matches only at the very end (a trailing newline is refused).
@@ -37,13 +38,18 @@ REPORT_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class ReportRequest(BaseModel):
+    """A report as Reef and upstream Reef define it: receipts (optional: a report without any is
+    stored and never trains), a score and/or a feedback, opaque metadata, and an idempotency key
+    under either name (`agent_record_id`, upstream's, or `report_id`)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    references: list[str] = Field(min_length=1, max_length=1000)
+    references: list[str] = Field(default_factory=list, max_length=1000)
     score: float | None = None
     feedback: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     report_id: str | None = Field(None, pattern=REPORT_ID)
+    agent_record_id: str | None = Field(None, pattern=REPORT_ID)
 
     @field_validator("score", mode="before")
     @classmethod
@@ -56,20 +62,44 @@ class ReportRequest(BaseModel):
             raise ValueError("score must be finite (not NaN or infinity)")
         return value
 
+    @field_validator("metadata")
+    @classmethod
+    def _training_flag(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Metadata is opaque but for `training.eligible`, which must be a boolean."""
+        training = (value or {}).get("training")
+        if training is None:
+            return value
+        if not isinstance(training, dict):
+            raise ValueError('metadata.training must be an object, e.g. {"eligible": false}')
+        if "eligible" in training and not isinstance(training["eligible"], bool):
+            raise ValueError("metadata.training.eligible must be true or false")
+        return value
+
     @model_validator(mode="after")
     def _has_signal(self) -> ReportRequest:
         if self.score is None and self.feedback is None:
             raise ValueError("send a score, a feedback, or both")
+        both = self.report_id is not None and self.agent_record_id is not None
+        if both and self.report_id != self.agent_record_id:
+            raise ValueError(
+                "agent_record_id and report_id are two names for the report's idempotency key, "
+                "and they differ: send one of them"
+            )
         return self
+
+    @property
+    def key(self) -> str | None:
+        """The idempotency key, whichever name it came under."""
+        return self.agent_record_id or self.report_id
 
 
 async def report(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     body = parse(ReportRequest, await read_json(request, state.config.server.max_body_bytes))
-    scenario = scenario_from(request.headers)
-    if body.score is not None:
+    scenario = state.scenarios.require(scenario_from(request.headers), state.config, state.bindings)
+    if body.score is not None and body.references:
         await run_in_threadpool(_check_canary_score, state, scenario, body.score, body.references)
-    fields: dict[str, Any] = {"id": body.report_id} if body.report_id else {}
+    fields: dict[str, Any] = {"id": body.key} if body.key else {}
     new = Report(
         scenario=scenario,
         references=body.references,
@@ -83,8 +113,13 @@ async def report(request: Request) -> Response:
     except UnknownRecords as error:
         raise NotFound(str(error), code="unknown_record") from None
     except ReportConflict as error:
-        raise Conflict(str(error), code="report_id_conflict") from None
-    return JSONResponse(stored, status_code=201 if created else 200)
+        raise Conflict(
+            f"{error}; agent_record_id and report_id name the same key",
+            code="report_id_conflict",
+        ) from None
+    # Upstream Reef's answer beside Reef's own: the report's id is its record id there.
+    answer = {**stored, "agent_record_id": stored["id"], "request_type": "report"}
+    return JSONResponse(answer, status_code=201 if created else 200)
 
 
 def _check_canary_score(
@@ -188,23 +223,28 @@ def _releases_status(state: ServerState) -> dict[str, Any]:
 def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
     """The store's counts and the learning worker's status (blocking: reads the store, and
     loads the configured recipes for their names)."""
-    learning = _with_plans(state.config, learning_status(state.store))
+    learning = _with_plans(state.config, state.scenarios, learning_status(state.store))
     return state.store.stats(), learning
 
 
-def _with_plans(config: ReefConfig, learning: dict[str, Any]) -> dict[str, Any]:
-    """Each learning scenario's status, with its mode and configured recipes (`plan`: each
-    reference and its name); its `recipes` hold each recipe's step count and last step, by name."""
+def _with_plans(
+    config: ReefConfig, runtime: RuntimeScenarios, learning: dict[str, Any]
+) -> dict[str, Any]:
+    """Each learning scenario's status, with its configured mode, the mode it learns in now
+    (`training_mode`: chosen with POST /reef/scenarios/{s}/update, else the configured one) and
+    its configured recipes (`plan`: each reference and its name); its `recipes` hold each
+    recipe's step count and last step, by name."""
     scenarios = {name: dict(found) for name, found in learning.items()}
     for plan in config.learning_plans():
         found = scenarios.setdefault(plan.scenario, {})
         found["mode"] = plan.mode
-        found["plan"] = [{"recipe": c.recipe, "name": _recipe_name(c.recipe)} for c in plan.recipes]
+        found["training_mode"] = runtime.training_mode(plan.scenario, plan.mode)
+        found["plan"] = [{"recipe": c.recipe, "name": recipe_name(c.recipe)} for c in plan.recipes]
     return scenarios
 
 
 @functools.lru_cache(maxsize=64)
-def _recipe_name(reference: str) -> str:
+def recipe_name(reference: str) -> str:
     """The name a configured recipe's steps are recorded under (loaded once per reference:
     status is polled, and finding an entry point scans every installed package)."""
     try:
@@ -247,35 +287,6 @@ def _engine_status(state: ServerState) -> dict[str, Any]:
     }
 
 
-class TrainRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    scenario: str = "default"
-    instruction: str = Field(min_length=1, max_length=4000)
-
-
-async def train(request: Request) -> Response:
-    """Queue an instruction for the learning worker (manual and hybrid modes act on it)."""
-    state: ServerState = request.app.state.reef
-    body = parse(TrainRequest, await read_json(request, state.config.server.max_body_bytes))
-    scenario = check_scenario(body.scenario)
-    plan = next((p for p in state.config.learning_plans() if p.scenario == scenario), None)
-    if plan is None:
-        raise Conflict(
-            f"scenario {scenario!r} does not learn: set learning.recipe in reef.yaml (or "
-            f"scenarios.{scenario}.learning.recipe)",
-            code="no_recipe",
-        )
-    if plan.mode == "auto":
-        raise Conflict(
-            f"{scenario} learns in auto mode: instructions need mode manual or hybrid "
-            f"({plan.key}.mode)",
-            code="wrong_mode",
-        )
-    request_id = await run_in_threadpool(queue_instruction, state.store, scenario, body.instruction)
-    return JSONResponse({"id": request_id, "scenario": scenario}, status_code=202)
-
-
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -286,5 +297,4 @@ routes = [
     Route("/reef/records", list_records, methods=["GET"]),
     Route("/reef/records/{record_id}", get_record, methods=["GET"]),
     Route("/reef/status", status, methods=["GET"]),
-    Route("/reef/train", train, methods=["POST"]),
 ]

@@ -13,7 +13,8 @@ from starlette.routing import Route
 
 from reef.errors import NotFound
 from reef.releases.chain import CURRENT_HEAD
-from reef.scenario import SCENARIO_NAME
+from reef.releases.shadowing import start_shadow
+from reef.scenario import SCENARIO_NAME, scenario_named
 from reef.server.http import parse, read_json, read_optional_json
 from reef.server.state import ServerState
 
@@ -55,10 +56,11 @@ def _state(request: Request) -> ServerState:
 
 
 def _scenario(request: Request) -> str:
+    """The scenario in the path; an `x-reef-scenario` header, if sent, must name the same."""
     scenario = str(request.path_params["scenario"])
     if not SCENARIO_NAME.fullmatch(scenario):
         raise NotFound(f"no scenario {scenario!r}")
-    return scenario
+    return scenario_named(request.headers, scenario, "the path")
 
 
 async def list_scenarios(request: Request) -> Response:
@@ -117,7 +119,7 @@ async def canary(request: Request) -> Response:
     candidate_id = request.path_params["candidate_id"]
     await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
     share = body.share or state.config.gate_for(scenario).canary.share
-    candidate = await run_in_threadpool(state.workflow.start_canary, candidate_id, share)
+    candidate = await run_in_threadpool(state.workflow.canaries.start, candidate_id, share)
     return JSONResponse(candidate.to_json())
 
 
@@ -125,7 +127,7 @@ async def shadow(request: Request) -> Response:
     state, scenario = _state(request), _scenario(request)
     candidate_id = request.path_params["candidate_id"]
     await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
-    candidate = await run_in_threadpool(state.workflow.start_shadow, candidate_id)
+    candidate = await run_in_threadpool(start_shadow, state.workflow.candidates, candidate_id)
     return JSONResponse(candidate.to_json())
 
 

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from reef.review import queries
 from reef.review.rows import to_json
+from reef.scenario import scenario_named
 from reef.server.auth import provided_token, token_matches
 from reef.server.http import parse, query_int, read_json
 from reef.server.reef_api.releases import ExpectedHead
@@ -95,7 +96,8 @@ async def records(request: Request) -> Response:
 async def promote(request: Request) -> Response:
     """Publish a release of this scenario equal to `release_id`, if the head is still
     `expected_head` (when given)."""
-    state, scenario = _state(request), str(request.path_params["scenario"])
+    state = _state(request)
+    scenario = scenario_named(request.headers, str(request.path_params["scenario"]), "the path")
     body = parse(PromoteBody, await read_json(request, state.config.server.max_body_bytes))
     chain = state.workflow.chain
 

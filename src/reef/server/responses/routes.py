@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.protocol import ChatRequest
+from reef.server.call import CallContext
 from reef.server.http import parse, read_json
 from reef.server.responses.output import (
     ResponseStreamShape,
@@ -30,7 +31,7 @@ from reef.server.responses.output import (
 )
 from reef.server.responses.request import ResponsesError, error_body, history_of, parsed
 from reef.server.serving import answering_errors_as, served_whole, streamed
-from reef.server.state import CallContext, ServerState
+from reef.server.state import ServerState
 from reef.store.experience import new_id
 
 log = logging.getLogger("reef.server")

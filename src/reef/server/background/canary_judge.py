@@ -39,7 +39,9 @@ class CanaryJudge:
                 verdicts[candidate.id] = verdict = self._judge(candidate)
                 if verdict is None or verdict.action == "wait":
                     continue
-                ended = workflow.end_canary(candidate.id, verdict.action == "promote", verdict.why)
+                ended = workflow.canaries.end(
+                    candidate.id, verdict.action == "promote", verdict.why
+                )
             except Exception as error:
                 log.warning("could not judge or end the canary of %s: %s", candidate.id, error)
                 continue
