@@ -151,11 +151,15 @@ class ReefClient(_Client):
         limit: int | None = None,
         after: str | None = None,
         order: str | None = None,
+        tags: list[str] | None = None,
     ) -> dict[str, Any]:
         """`GET /reef/records`: one page, `{"data": [...], "has_more": bool}` (oldest first, or
-        newest first with `order="desc"`; the next page starts `after` the last id)."""
+        newest first with `order="desc"`; the next page starts `after` the last id), only the
+        records with every one of `tags` (`name:value`) when given."""
         asked = {"scenario": scenario, "limit": limit, "after": after, "order": order}
-        params = {key: value for key, value in asked.items() if value not in (None, "")}
+        params: dict[str, Any] = {k: v for k, v in asked.items() if v not in (None, "")}
+        if tags:
+            params["tag"] = list(tags)
         page: dict[str, Any] = self.get("/reef/records", params=params)
         return page
 

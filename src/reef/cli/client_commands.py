@@ -107,12 +107,16 @@ def _remote_line(remote: dict[str, Any]) -> str:
 def records(
     scenario: Annotated[str | None, typer.Option(help="Only this scenario.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(help="Only records with this tag, NAME:VALUE (x-reef-tag-NAME); repeatable."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """The most recent records with their feedback."""
     with open_client(url) as client:
-        rows = list(client.records(scenario, limit=limit, order="desc")["data"])
+        rows = list(client.records(scenario, limit=limit, order="desc", tags=tag)["data"])
     if as_json:
         console.print_json(data=rows)
         return

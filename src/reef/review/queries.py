@@ -280,7 +280,8 @@ def release_diff(workflow: ReleaseWorkflow, release_id: str) -> str:
 def record_rows(
     store: ExperienceStore, scenario: str | None = None, search: str = "", limit: int = 200
 ) -> list[RecordRow]:
-    """The newest records, newest first; `search` matches their request or response text."""
+    """The newest records, newest first; `search` matches their request or response text, or a
+    tag's value."""
     rows = review_sql.newest_records(store, scenario, search, limit)
     feedback = _feedback(store, [row["id"] for row in rows])
     return [

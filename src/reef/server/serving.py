@@ -297,6 +297,7 @@ def record_of(
         routing_release_id=call.route[0] if call.route else None,
         arm=call.route[1] if call.route else None,
         failed_arm=call.failed_arm,
+        tags=call.tags,
         request_json=None if raw_body is None else raw_body.decode(),
         response_json=None if raw_response is None else raw_response.decode(),
     )

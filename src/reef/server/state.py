@@ -16,7 +16,7 @@ from reef.inference.server_file import new_internal_token
 from reef.releases.canary import Verdict
 from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, RuntimeScenarios, check_scenario
-from reef.server.call import CallContext
+from reef.server.call import CallContext, tags_of
 from reef.server.in_flight import InFlight
 from reef.server.teacher import Teacher
 from reef.store import ExperienceStore
@@ -73,7 +73,7 @@ class ServerState:
             arm = binding.routing.choose(headers, session)
             route, binding = (binding.routing.release_id, arm.name), arm.binding
         cap = self.max_tokens_for(scenario)
-        return CallContext(scenario, session, capture, binding, cap, route)
+        return CallContext(scenario, session, capture, binding, cap, route, tags=tags_of(headers))
 
     def max_tokens_for(self, scenario: str) -> int | None:
         """The most tokens an answer in `scenario` may have on this server's engine."""

@@ -18,7 +18,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +109,8 @@ class Record:
     arm: str | None = None
     # The teacher answered because this arm's answer failed its check (`arm` is `teacher`).
     failed_arm: str | None = None
+    # The client's `x-reef-tag-<name>` headers, name -> value (`record_tags`, not a column).
+    tags: dict[str, str] = field(default_factory=dict, compare=False)
     id: str = field(default_factory=lambda: new_id("rec"))
     created_at: float = field(default_factory=time.time)
     content_hash: str = ""
@@ -361,15 +363,17 @@ class ExperienceStore:
         return self._with_reports([_decode_record(rows[0])])[0]
 
     def list_records(
-        self, scenario: str | None = None, after: str | None = None, limit: int = 50
+        self,
+        scenario: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+        tags: Mapping[str, str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Records in the order they were committed, oldest first, after the record `after`:
-        `seq` is commit order on both databases (`Database.begin_write`), so a record that
-        commits after a page was read is on a later page, never behind the cursor."""
-        where, params = [], []
-        if scenario is not None:
-            where.append("scenario = ?")
-            params.append(scenario)
+        """Records in the order they were committed, oldest first, after the record `after`,
+        with every one of `tags`: `seq` is commit order on both databases
+        (`Database.begin_write`), so a record that commits after a page was read is on a later
+        page, never behind the cursor."""
+        where, params = _record_filter(scenario, tags)
         if after is not None:
             where.append("seq > (SELECT seq FROM records WHERE id = ?)")
             params.append(after)
@@ -377,9 +381,12 @@ class ExperienceStore:
         rows = self._query(f"SELECT * FROM records {clause} ORDER BY seq LIMIT ?", [*params, limit])
         return self._with_reports([_decode_record(row) for row in rows])
 
-    def latest_records(self, scenario: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest records, newest first."""
-        clause, params = ("WHERE scenario = ?", [scenario]) if scenario else ("", [])
+    def latest_records(
+        self, scenario: str | None = None, limit: int = 20, tags: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The newest records with every one of `tags`, newest first."""
+        where, params = _record_filter(scenario, tags)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
         rows = self._query(
             f"SELECT * FROM records {clause} ORDER BY seq DESC LIMIT ?", [*params, limit]
         )
@@ -416,6 +423,13 @@ class ExperienceStore:
             by_record[row.pop("record_id")].append(_decode_report(row))
         for record in records:
             record["reports"] = by_record[record["id"]]
+        tags: dict[str, dict[str, str]] = {i: {} for i in ids}
+        for row in self._query(
+            f"SELECT record_id, name, value FROM record_tags WHERE record_id IN ({marks})", ids
+        ):
+            tags[row["record_id"]][row["name"]] = row["value"]
+        for record in records:
+            record["metadata"] = {"tags": tags[record["id"]]}
         return records
 
     def stats(self) -> dict[str, Any]:
@@ -436,10 +450,29 @@ class ExperienceStore:
         return {"path": self.name, "size_bytes": size, "scenarios": scenarios}
 
 
+def _record_filter(
+    scenario: str | None, tags: Mapping[str, str] | None
+) -> tuple[list[str], list[Any]]:
+    """The WHERE conditions (and their parameters) of records in `scenario` with all `tags`."""
+    where: list[str] = []
+    params: list[Any] = []
+    if scenario is not None:
+        where.append("scenario = ?")
+        params.append(scenario)
+    for name, value in (tags or {}).items():
+        where.append("id IN (SELECT record_id FROM record_tags WHERE name = ? AND value = ?)")
+        params += [name, value]
+    return where, params
+
+
 def _inserting(record: Record | Callable[[], Record]) -> Callable[[Database], str]:
     def insert(db: Database) -> str:
         built = record if isinstance(record, Record) else record()
         db.execute(_INSERT_RECORD, built.to_row())
+        db.insert_all(
+            "record_tags",
+            ({"record_id": built.id, "name": k, "value": v} for k, v in built.tags.items()),
+        )
         return built.id
 
     return insert

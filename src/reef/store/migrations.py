@@ -260,6 +260,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE records ADD COLUMN failed_arm TEXT;
         """,
     ),
+    (
+        "0017_record_tags",
+        # What a client said about a call in `x-reef-tag-<name>` headers, to find its records
+        # by (`GET /reef/records?tag=name:value`).
+        """
+        CREATE TABLE record_tags (
+            record_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (record_id, name)
+        );
+        CREATE INDEX record_tags_by_value ON record_tags (name, value, record_id);
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.

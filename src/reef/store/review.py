@@ -75,16 +75,20 @@ def _where(**equal: str | None) -> tuple[str, list[Any]]:
 def newest_records(
     store: ExperienceStore, scenario: str | None, search: str, limit: int
 ) -> list[dict[str, Any]]:
-    """The newest records, newest first; `search` matches their request or response text."""
+    """The newest records, newest first; `search` matches their request or response text, or
+    one of their tags (`x-reef-tag-<name>: <value>`, found by its value)."""
     clauses, params = [], []
     if scenario:
         clauses.append("scenario = ?")
         params.append(scenario)
     if search:
         like = store.sql_like()  # ignoring case in both databases
-        clauses.append(f"(request {like} ? ESCAPE '\\' OR response {like} ? ESCAPE '\\')")
+        tagged = f"SELECT record_id FROM record_tags WHERE value {like} ? ESCAPE '\\'"
+        clauses.append(
+            f"(request {like} ? ESCAPE '\\' OR response {like} ? ESCAPE '\\' OR id IN ({tagged}))"
+        )
         pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        params += [pattern, pattern]
+        params += [pattern, pattern, pattern]
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     return store.query(
         "SELECT id, scenario, release_id, created_at, request, response FROM records "

@@ -29,6 +29,7 @@ TABLES: tuple[tuple[str, str], ...] = (
     ("learning_status", "scenario"),
     ("train_requests", "seq"),
     ("record_annotations", "seq"),
+    ("record_tags", "record_id"),
     ("shadow_records", "seq"),
 )
 PAGE = 500

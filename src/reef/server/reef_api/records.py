@@ -147,19 +147,31 @@ def list_records(request: Request) -> Response:
     after = request.query_params.get("after") or None
     limit = query_int(request, "limit", default=50, low=1, high=1000)
     order = request.query_params.get("order", "asc")
+    tags = tag_filter(request.query_params.getlist("tag"))
     if order not in ("asc", "desc"):
         raise BadRequest(f"query parameter order must be asc or desc, got {order!r}")
     if order == "desc":
         if after is not None:
             raise BadRequest("`after` pages oldest-first lists: drop it, or use order=asc")
-        records = state.store.latest_records(scenario=scenario, limit=limit)
+        records = state.store.latest_records(scenario=scenario, limit=limit, tags=tags)
         return _record_list(state, records, limit)
     if after is not None and not state.store.record_exists(after):
         raise NotFound(
             f"unknown record {after!r} in `after`: pass the id of a record you have read"
         )
-    records = state.store.list_records(scenario=scenario, after=after, limit=limit)
+    records = state.store.list_records(scenario=scenario, after=after, limit=limit, tags=tags)
     return _record_list(state, records, limit)
+
+
+def tag_filter(given: list[str]) -> dict[str, str]:
+    """`?tag=name:value` parameters (each may repeat): records with every one of them."""
+    tags = {}
+    for item in given:
+        name, colon, value = item.partition(":")
+        if not colon or not name:
+            raise BadRequest(f"query parameter tag must be name:value, got {item!r}")
+        tags[name.lower()] = value
+    return tags
 
 
 def _record_list(state: ServerState, records: list[dict[str, Any]], limit: int) -> Response:
