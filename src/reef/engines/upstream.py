@@ -8,12 +8,20 @@ orjson for the record. Whole responses go through aiohttp, whose connection pool
 request (httpx's scans every pooled connection with system calls on each request); streams go
 through httpx and are parsed by httpx-sse. Upstream HTTP errors are relayed with their status; an
 upstream that cannot be reached is a 502. The API key is sent upstream and never stored.
+
+A user and password in the URL (`https://user:secret@host/v1`) are sent as Basic authentication
+(when no API key is set) and taken out of the URL the HTTP clients see; query parameters
+(`?api-version=`, `?api_key=`) stay on every route. Every URL a message or log line shows is
+masked (`reef.urls.without_password`: `https://***@host/v1?api_key=***`), and so is any secret
+of the URL that an HTTP library's own words or an upstream's error carry.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import logging
 import time
 import urllib.parse
 import urllib.request
@@ -30,6 +38,22 @@ from httpx_sse import EventSource, ServerSentEvent, SSEError
 from reef.engines.base import Capabilities
 from reef.errors import Unsupported, UpstreamFailure
 from reef.protocol import ChatRequest, Completion, StreamItem, assemble_chunks
+from reef.urls import masked, without_password
+
+
+class _MaskedURLs(logging.Filter):
+    """Masks the URLs in httpx's log lines (`HTTP Request: POST URL`, at info, which
+    `reef serve --log-level debug` shows): a route's query may carry a key."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                without_password(str(arg)) if "://" in str(arg) else arg for arg in record.args
+            )
+        return True
+
+
+_MASK = _MaskedURLs()
 
 
 class UpstreamEngine:
@@ -43,7 +67,9 @@ class UpstreamEngine:
         api_key: str | None = None,
         timeout_s: float = 600.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self._given_url = base_url  # never shown: it may carry a password or a key
+        self.base_url, self._basic = _without_userinfo(base_url.rstrip("/"))
+        self.shown_url = without_password(base_url.rstrip("/"))
         self._model = model
         self._api_key = api_key
         self._timeout_s = timeout_s
@@ -57,6 +83,10 @@ class UpstreamEngine:
 
     async def start(self) -> None:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        if not self._api_key and self._basic is not None:
+            headers = {"Authorization": f"Basic {self._basic}"}
+        if _MASK not in logging.getLogger("httpx").filters:
+            logging.getLogger("httpx").addFilter(_MASK)
         self._client = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(self._timeout_s, connect=10.0),
@@ -148,21 +178,43 @@ class UpstreamEngine:
     async def _post_json(self, path: str, payload: bytes) -> tuple[dict[str, Any], bytes]:
         """POST to an upstream route; its JSON object and its bytes, or its error relayed with
         its status."""
-        url = f"{self.base_url}{path}"
+        url = self.route(path)
         try:
             async with self._aiohttp.post(url, data=payload, proxy=self._proxy) as response:
                 content = await response.read()
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise _unreachable(url, error) from None
+            raise self._unreachable(path, error) from None
         if response.status >= 400:
-            raise _relayed(response.status, content)
+            raise self._relayed(response.status, content)
+        shown = self.shown_route(path)
         try:
             data = orjson.loads(content)
         except orjson.JSONDecodeError:
-            raise UpstreamFailure(f"upstream at {url} answered with invalid JSON") from None
+            raise UpstreamFailure(f"upstream at {shown} answered with invalid JSON") from None
         if not isinstance(data, dict):
-            raise UpstreamFailure(f"upstream at {url} answered with JSON that is not an object")
+            raise UpstreamFailure(f"upstream at {shown} answered with JSON that is not an object")
         return data, content
+
+    def route(self, path: str) -> str:
+        """The URL of an upstream route: `path` after the base URL's path, before its query."""
+        return _joined(self.base_url, path)
+
+    def shown_route(self, path: str) -> str:
+        """`route(path)` as messages show it: no password, no key."""
+        return _joined(self.shown_url, path)
+
+    def _unreachable(self, path: str, error: Exception) -> UpstreamFailure:
+        reason = masked(f"{type(error).__name__}: {error}", self._given_url)
+        return UpstreamFailure(
+            f"cannot reach the upstream engine at {self.shown_route(path)} ({reason}); "
+            "check engine.upstream.url (a base URL ending in /v1) and that the server is running"
+        )
+
+    def _relayed(self, status: int, content: bytes) -> UpstreamFailure:
+        failure = _relayed(status, content)
+        failure.message = masked(failure.message, self._given_url)
+        failure.args = (failure.message,)
+        return failure
 
     async def stream(
         self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
@@ -175,7 +227,7 @@ class UpstreamEngine:
         self, request: ChatRequest, adapter: Path | None
     ) -> AsyncIterator[StreamItem]:
         model = await self._model_for(adapter)
-        url = f"{self.base_url}/chat/completions"
+        url = self.route("/chat/completions")
         started = time.perf_counter()
         chunks: list[dict[str, Any]] = []
         ttft_ms = None
@@ -187,14 +239,14 @@ class UpstreamEngine:
                 headers={"Content-Type": "application/json"},
             ) as response:
                 if response.status_code >= 400:
-                    raise _relayed(response.status_code, await response.aread())
+                    raise self._relayed(response.status_code, await response.aread())
                 async for chunk in _sse_chunks(response):
                     if ttft_ms is None:
                         ttft_ms = (time.perf_counter() - started) * 1000
                     chunks.append(chunk)
                     yield chunk
-        except httpx.HTTPError as error:
-            raise _unreachable(url, error) from None
+        except (httpx.HTTPError, httpx.InvalidURL) as error:
+            raise self._unreachable("/chat/completions", error) from None
         response_object = assemble_chunks(chunks)
         yield Completion(
             response=response_object,
@@ -281,9 +333,20 @@ def dumps(body: dict[str, Any]) -> bytes:
         return json.dumps(body, ensure_ascii=False).encode()
 
 
-def _unreachable(url: str, error: Exception) -> UpstreamFailure:
-    reason = type(error).__name__
-    return UpstreamFailure(
-        f"cannot reach the upstream engine at {url} ({reason}: {error}); "
-        "check engine.upstream.url (a base URL ending in /v1) and that the server is running"
-    )
+def _joined(base_url: str, path: str) -> str:
+    parts = urllib.parse.urlsplit(base_url)
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
+
+
+def _without_userinfo(url: str) -> tuple[str, str | None]:
+    """`url` without `user:password@`, and them as Basic credentials (base64), if it had them."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return url, None
+    if "@" not in parts.netloc:
+        return url, None
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    pair = f"{urllib.parse.unquote(user or '')}:{urllib.parse.unquote(password or '')}"
+    return bare, base64.b64encode(pair.encode()).decode()

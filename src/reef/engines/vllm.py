@@ -12,13 +12,25 @@ child as its flags (`parallel_args`). With workers on several nodes, `adapter_di
 they all read: a release's adapter is copied there before vLLM is asked to load it.
 
 A checkpoint release (full weights, a Hugging Face folder under `checkpoint/`) serves through
-vLLM's weight reload, which its server exposes with `VLLM_SERVER_DEV_MODE=1` (set for the child,
-which listens on loopback only): `POST /collective_rpc` with `update_config` (the model path) and
-then `reload_weights`, then `POST /reset_prefix_cache` so no prompt cached under the old weights
-is reused. A vLLM process holds one set of weights: the switch waits for the requests running
-on the old ones to finish and holds new requests until it is done, so no answer mixes two sets.
-Scenarios serving different checkpoints on one vLLM therefore take turns; give each its own vLLM
-(a replica) if they are busy at once.
+vLLM's weight reload, which its server exposes with `VLLM_SERVER_DEV_MODE=1` (set for the child):
+`POST /collective_rpc` with `update_config` (the model path) and then `reload_weights`, then
+`POST /reset_prefix_cache` so no prompt cached under the old weights is reused. A vLLM process holds
+one set of weights: the switch waits for the requests running on the old ones to finish and
+holds new requests until it is done, so no answer mixes two sets. Scenarios serving different
+checkpoints on one vLLM therefore take turns; give each its own vLLM (a replica) if they are
+busy at once.
+
+vLLM's API key guards only some paths: its `AuthenticationMiddleware`
+(`vllm/entrypoints/serve/middleware/authenticate.py`, earlier in
+`vllm/entrypoints/openai/api_server.py`) checks the key on paths under `GUARDED_PREFIX`
+(`/v1`, `/v2`, `/inference`, `/cohere`; `/v1` alone before) and lets every other path through,
+and the dev-mode routes (`/collective_rpc`, `/reset_prefix_cache`, `/sleep`, `/server_info`, ...)
+are mounted at the root. On loopback any local user could call them: run any worker method,
+load other weights, read the server's configuration. So the child gets a middleware of Reef's,
+through vLLM's own `--middleware` flag (an import path vLLM adds to its app), that asks for the
+key on every path, `/health` included, and closes a websocket without it: `GUARD`, written to a
+folder only this user reads and put on the child's `PYTHONPATH`. A guard that does not load
+stops vLLM at start-up, so the child never serves unguarded.
 """
 
 from __future__ import annotations
@@ -44,6 +56,48 @@ from reef.errors import ConfigurationRefused, EngineUnavailable, Unsupported
 
 if TYPE_CHECKING:
     from reef.config import VLLMConfig
+
+
+GUARD_MODULE = "reef_vllm_guard"
+GUARD_MIDDLEWARE = f"{GUARD_MODULE}.KeyOnEveryPath"
+# The guard vLLM loads (`--middleware reef_vllm_guard.KeyOnEveryPath`): plain ASGI and the
+# standard library only, so it loads in whatever environment vLLM is installed in.
+GUARD = '''"""Written by Reef: vLLM's API key on every path (vLLM's own guards a few)."""
+import hashlib
+import hmac
+import os
+
+_DENIED = b'{"error": "Unauthorized"}'
+
+
+class KeyOnEveryPath:
+    def __init__(self, app):
+        self.app = app
+        key = os.environ.get("VLLM_API_KEY")
+        if not key:
+            raise RuntimeError("reef_vllm_guard: VLLM_API_KEY is not set")
+        self._key = hashlib.sha256(key.encode()).digest()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket") and not self._allowed(scope):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": _DENIED})
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope):
+        sent = b""
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"authorization":
+                sent = value
+        scheme, _, token = sent.partition(b" ")
+        digest = hashlib.sha256(token.strip()).digest()
+        return scheme.lower() == b"bearer" and hmac.compare_digest(digest, self._key)
+'''
 
 
 def cuda_available() -> bool:
@@ -118,6 +172,7 @@ class VLLMEngine(UpstreamEngine):
         self.startup_timeout_s = startup_timeout_s
         self._has_cuda = has_cuda
         self._process: subprocess.Popen[bytes] | None = None
+        self._guard_dir: Path | None = None  # where the child's guard module is written
         self._log = log_path or Path(tempfile.gettempdir()) / f"reef-vllm-{port}.log"
         self._adapters: set[str] = set()
         self.adapter_dir = adapter_dir  # read by every vLLM node, when they are several
@@ -139,6 +194,8 @@ class VLLMEngine(UpstreamEngine):
             "127.0.0.1",
             "--port",
             str(self.port),
+            "--middleware",
+            GUARD_MIDDLEWARE,  # the key on every path, dev-mode routes included (see GUARD)
             *self.extra_args,
         ]
 
@@ -154,11 +211,17 @@ class VLLMEngine(UpstreamEngine):
                 "or set engine.vllm.executable"
             )
         self._log.parent.mkdir(parents=True, exist_ok=True)
+        self._guard_dir = Path(tempfile.mkdtemp(prefix="reef-vllm-guard-"))  # mode 0700
+        (self._guard_dir / f"{GUARD_MODULE}.py").write_text(GUARD)
+        python_path = os.pathsep.join(
+            [str(self._guard_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         environment = {
             **os.environ,
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc: weight reload for checkpoints
+            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc: weight reload, behind GUARD
             "VLLM_API_KEY": self._child_api_key,
+            "PYTHONPATH": python_path,
         }
         with self._log.open("wb") as log:
             self._process = subprocess.Popen(
@@ -178,7 +241,8 @@ class VLLMEngine(UpstreamEngine):
     async def _wait_until_ready(self) -> None:
         health = f"http://127.0.0.1:{self.port}/health"
         deadline = asyncio.get_running_loop().time() + self.startup_timeout_s
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        headers = {"Authorization": f"Bearer {self._child_api_key}"}  # the guard asks for it
+        async with httpx.AsyncClient(timeout=2.0, headers=headers) as client:
             while True:
                 assert self._process is not None
                 if self._process.poll() is not None:
@@ -281,14 +345,16 @@ class VLLMEngine(UpstreamEngine):
     async def close(self) -> None:
         await super().close()
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.to_thread(process.wait, 30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            await asyncio.to_thread(process.wait)
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.to_thread(process.wait, 30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                await asyncio.to_thread(process.wait)
+        guard, self._guard_dir = self._guard_dir, None
+        if guard is not None:
+            shutil.rmtree(guard, ignore_errors=True)
 
 
 def hugging_face_checkpoint(checkpoint: Path) -> Path:

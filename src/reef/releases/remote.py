@@ -51,11 +51,12 @@ MIRROR = "refs/reef-remote"  # where the remote's refs land before local heads m
 LOOK_TIMEOUT_S = 30.0  # ls-remote, ref updates
 TRANSFER_TIMEOUT_S = 1800.0  # a push or fetch of LFS objects may be gigabytes
 # The credential helper of a URL that carried its credentials: git runs it with `sh -c`, so its
-# command line is this text, which names the variables and not their values (`printf` is the
-# shell's own, no process of its own). It answers `get` only; `store` and `erase` are no-ops.
+# command line is this text, which names the variables and not their values (`read` and `printf`
+# are the shell's own, no process of their own). It answers `get` only; `store` and `erase`
+# are no-ops.
 CREDENTIAL_HELPER = (
-    '!f() { cat >/dev/null; if [ "$1" = get ]; then '
-    "printf 'username=%s\\npassword=%s\\n' \"$REEF_GIT_USERNAME\" \"$REEF_GIT_PASSWORD\"; fi; }; f"
+    '!f() { while read -r _; do :; done; if [ "$1" = get ]; then '
+    'printf \'username=%s\\npassword=%s\\n\' "$REEF_GIT_USERNAME" "$REEF_GIT_PASSWORD"; fi; }; f'
 )
 
 
