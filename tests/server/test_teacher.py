@@ -89,3 +89,20 @@ def test_a_teacher_that_cannot_answer_leaves_the_students_answer(tmp_path: Path)
     assert "x-reef-arm" not in response.headers
     assert response.json()["choices"][0]["message"]["content"]  # the student answered
     assert costs["failures"] == 1 and costs["calls"] == 0
+
+
+def test_a_check_that_cannot_decide_leaves_the_students_answer_and_names_no_url(
+    tmp_path: Path, peer: ServerProcess
+) -> None:
+    # The judge's URL carries a password, and nothing listens there.
+    judge = f"http://judge:judge-secret-7@127.0.0.1:{free_port()}/v1"
+    scorer = f"{{type: judge, url: '{judge}', criterion: 'says hi'}}"
+    write_config(tmp_path, SMALL_ENGINE + f"teacher:\n  url: {peer.url}/v1\n  scorer: {scorer}\n")
+    with reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start() as server:
+        response = ask(server)  # raises for a status other than 2xx
+        costs = get(server, "/reef/status")["teachers"]["default"]
+        log = server.log()
+    assert "x-reef-arm" not in response.headers  # the student's answer, not the teacher's
+    assert response.json()["choices"][0]["message"]["content"]
+    assert costs["undecided"] == 1 and costs["calls"] == 0
+    assert "judge-secret-7" not in log and "judge-secret-7" not in response.text

@@ -14,6 +14,7 @@ from reef.errors import ReefError
 from reef.evaluation.content import kept
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import last_user_text
+from reef.urls import without_password
 
 JUDGE_PROMPT = (
     "You grade answers. Criterion: {criterion}\n\nAnswer to grade:\n{answer}\n\n"
@@ -96,9 +97,13 @@ def _judge(spec: ScorerSpec, answer: str) -> float:
         "temperature": 0,
         "max_tokens": 8,
     }
-    response = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=120)
+    shown = without_password(url)
+    try:
+        response = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=120)
+    except httpx.HTTPError as error:
+        raise ScorerError(f"the judge at {shown} did not answer ({type(error).__name__})") from None
     if response.status_code >= 400:
-        raise ScorerError(f"the judge at {url} answered HTTP {response.status_code}")
+        raise ScorerError(f"the judge at {shown} answered HTTP {response.status_code}")
     reply = response.json()["choices"][0]["message"]["content"] or ""
     found = re.search(r"\d+(?:\.\d+)?", reply)
     if found is None:

@@ -56,6 +56,7 @@ log = logging.getLogger("reef.teacher")
 TEACHER_ARM = "teacher"
 OUTRIGHT = "share"  # the reason of a call the teacher takes without asking the student
 PASSING = 0.5  # a scorer's score at or above it passes
+CHECKS_AT_ONCE = 2  # checks of student answers running at once (a judge may take 120 s)
 
 # Asks the student (the served engine) for its answer to the call.
 Student = Callable[[], Coroutine[Any, Any, Completion]]
@@ -124,6 +125,7 @@ class TeacherCosts:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     failures: int = 0
+    undecided: int = 0  # checks that could not decide (a judge away): the student's answer stood
     student_calls: int = 0  # whole calls the student answered itself
 
     def to_json(self) -> dict[str, Any]:
@@ -136,6 +138,7 @@ class TeacherCosts:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "failures": self.failures,
+            "undecided": self.undecided,
         }
 
 
@@ -150,6 +153,7 @@ class Teacher:
         )
         self.costs = TeacherCosts()
         self._scorer = ScorerSpec.model_validate(settings.scorer) if settings.scorer else None
+        self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)
 
     async def start(self) -> None:
         await self.engine.start()
@@ -168,13 +172,23 @@ class Teacher:
             if lesson is not None:
                 return lesson.answer(call)
         completion = await until_disconnected(request, student())
-        # In a thread: a `judge` scorer asks a model over HTTP.
-        reason = await asyncio.to_thread(self.failed_check, chat, completion)
+        try:
+            reason = await self._check(chat, completion)
+        except ReefError as error:  # a judge away or refusing: the student's answer stands
+            self.costs.undecided += 1
+            log.warning("teacher of %s could not check an answer: %s", self.scenario, error.message)
+            return Answer(completion, call)
         if reason is None:
             self.costs.student_calls += 1
             return Answer(completion, call)
         lesson = await until_disconnected(request, self.answer(chat, reason))
         return lesson.answer(call) if lesson is not None else Answer(completion, call)
+
+    async def _check(self, chat: ChatRequest, completion: Completion) -> str | None:
+        """`failed_check` in a thread (a `judge` scorer asks a model over HTTP), at most
+        `CHECKS_AT_ONCE` at a time, so that slow judges cannot take every worker thread."""
+        async with self._checks:
+            return await asyncio.to_thread(self.failed_check, chat, completion)
 
     def takes_session(self, session: str | None) -> bool:
         """Whether the teacher answers this session outright (`share` percent, sticky)."""
