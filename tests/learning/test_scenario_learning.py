@@ -213,6 +213,7 @@ def test_recipes_of_one_scenario_step_in_turn_and_each_consumes_for_itself(
 
 def test_status_names_each_scenarios_mode_and_recipes_and_reef_status_lists_them() -> None:
     from reef.cli.client_commands import _learning_table
+    from reef.scenario import RuntimeScenarios
     from reef.server.reef_api.records import _with_plans
 
     config = ReefConfig.model_validate(
@@ -226,7 +227,7 @@ def test_status_names_each_scenarios_mode_and_recipes_and_reef_status_lists_them
         "default": {"recipes": {"sft": {"steps": 3, "last_step": last}}, "learner": "a:7:f00"},
         "old": {},
     }
-    status = _with_plans(config, steps)
+    status = _with_plans(config, RuntimeScenarios(), steps)
     assert status["default"]["mode"] == "auto"
     assert status["default"]["plan"] == [{"recipe": "sft", "name": "sft"}]
     assert status["support"]["plan"] == [{"recipe": "harness_evolve", "name": "harness_evolve"}]

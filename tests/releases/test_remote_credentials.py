@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from reef.releases import remote as remote_module
 from reef.releases.chain import ReleaseChain
 from reef.releases.remote import RemoteUnreachable
 
@@ -149,6 +150,12 @@ class GitHandler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = _handle
 
 
+@pytest.fixture(autouse=True)
+def bounded_transfers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few kilobytes move here: a transfer that takes minutes is a failure, not a wait."""
+    monkeypatch.setattr(remote_module, "TRANSFER_TIMEOUT_S", 120.0)
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[GitServer]:
     root = tmp_path / "served"
@@ -170,7 +177,9 @@ def command_lines() -> Iterator[list[str]]:
     done = threading.Event()
 
     def sample() -> None:
-        while not done.is_set():
+        # A pause between scans leaves the GIL to the git server's threads in this process; git's
+        # helpers live for a whole request, far longer than a pause.
+        while not done.wait(0.002):
             for entry in os.scandir("/proc"):
                 if entry.name.isdigit():
                     with contextlib.suppress(OSError), open(f"{entry.path}/cmdline", "rb") as line:
