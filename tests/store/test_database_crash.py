@@ -11,8 +11,6 @@ shows that without it this crash does lose acknowledged records."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +18,8 @@ from typing import Any
 import pytest
 
 from reef.store import ExperienceStore, Record, Report, postgres
-from reef.testing.postgres import PostgresServer, postgres_available
+from reef.testing.postgres import PostgresServer
+from tests.conftest import require_postgres
 
 ACKNOWLEDGED = 150  # records acknowledged before the crash
 
@@ -28,11 +27,7 @@ ACKNOWLEDGED = 150  # records acknowledged before the crash
 @pytest.fixture
 def database() -> Iterator[PostgresServer]:
     """A PostgreSQL server of this test's own (it is crashed), configured to lose what it can."""
-    reason = postgres_available()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the PostgreSQL tests (.ci/run installs it): {reason}")
-        pytest.skip(reason)
+    require_postgres()
     with PostgresServer() as server:
         import psycopg
 
@@ -41,16 +36,6 @@ def database() -> Iterator[PostgresServer]:
             conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
             conn.execute("SELECT pg_reload_conf()")
         yield server
-
-
-def crash(server: PostgresServer) -> None:
-    """`pg_ctl stop -m immediate`: the server's processes quit at once, as in a crash."""
-    subprocess.run(
-        server._command("pg_ctl", "stop", "-D", str(server.data_dir), "-m", "immediate", "-w"),
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
 
 
 def _record(n: int) -> Record:
@@ -95,7 +80,7 @@ def write_until_crash(server: PostgresServer, url: str) -> tuple[dict[str, int],
             writer.start()
         try:
             assert enough.wait(60), "the writes were never acknowledged"
-            crash(server)
+            server.crash()
         finally:
             stop.set()
             for writer in writers:

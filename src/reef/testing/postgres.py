@@ -172,8 +172,13 @@ class PostgresServer:
         database server goes down."""
         self._run("pg_ctl", "stop", "-D", str(self.data_dir), "-m", "fast", "-w")
 
+    def crash(self) -> None:
+        """Stop the server as a crash does (`pg_ctl stop -m immediate`: its processes quit at
+        once, nothing is flushed), keeping its data: `resume` then recovers from the WAL."""
+        self._run("pg_ctl", "stop", "-D", str(self.data_dir), "-m", "immediate", "-w")
+
     def resume(self) -> None:
-        """Start the paused server again, on the same port, with the same data."""
+        """Start the paused or crashed server again, on the same port, with the same data."""
         self._start_server()
 
     def _start_server(self) -> None:
