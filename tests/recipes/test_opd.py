@@ -13,14 +13,14 @@ from reef.learning.recipe import RecipeError
 from reef.learning.view import ExperienceView
 from reef.store import ExperienceStore
 from reef.testing.tiny import tiny_model_folder
-from tests.recipes.distill_support import (
+from tests.support.distillation import (
     Engine,
-    one_thread,
     served,
     step_context,
     store,
     tiny_model,
 )
+from tests.support.training import one_thread
 
 __all__ = ["one_thread", "store", "tiny_model"]  # shared fixtures, used by name
 

@@ -10,16 +10,16 @@ from reef.recipes.sdft.recipe import SDFT, SDFTSettings
 from reef.learning.recipe import load_recipe
 from reef.learning.view import ExperienceView
 from reef.store import ExperienceStore
-from tests.recipes.distill_support import (
+from tests.support.distillation import (
     Engine,
     answer_ids,
-    one_thread,
     render,
     served,
     step_context,
     store,
     tiny_model,
 )
+from tests.support.training import one_thread
 
 __all__ = ["one_thread", "store", "tiny_model"]  # shared fixtures, used by name
 

@@ -9,14 +9,14 @@ from reef.recipes.sdpo.recipe import SDPO, SDPOSettings
 
 from reef.learning.view import ExperienceView
 from reef.store import ExperienceStore
-from tests.recipes.distill_support import (
+from tests.support.distillation import (
     Engine,
-    one_thread,
     served,
     step_context,
     store,
     tiny_model,
 )
+from tests.support.training import one_thread
 
 __all__ = ["one_thread", "store", "tiny_model"]  # shared fixtures, used by name
 

@@ -16,16 +16,16 @@ from reef.learning.hindsight import with_hint
 from reef.learning.recipe import ProposalRefused, load_recipe
 from reef.learning.view import ExperienceView, Turn
 from reef.store import ExperienceStore, Record, Report
-from tests.recipes.distill_support import (
+from tests.support.distillation import (
     Engine,
     answer_ids,
-    one_thread,
     render,
     served,
     step_context,
     store,
     tiny_model,
 )
+from tests.support.training import one_thread
 
 __all__ = ["one_thread", "store", "tiny_model"]  # shared fixtures, used by name
 

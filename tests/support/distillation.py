@@ -1,6 +1,7 @@
-"""What the distillation recipes' tests share: a real experience store with calls whose tokens the
-tiny random model's tokenizer wrote, and a step context whose engine renders prompts with the
-tiny model's chat template (and keeps every conversation it was asked to render)."""
+"""What the distillation tests (sdft, sdpo, opd, and sft's hint distillation) share: a real
+experience store with calls whose tokens the tiny random model's tokenizer wrote, and a step
+context whose engine renders prompts with the tiny model's chat template (and keeps every
+conversation it was asked to render)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from reef.learning.recipe import StepContext
 from reef.protocol import Completion
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.tiny import tiny_model_folder, tiny_tokenizer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
