@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import httpx
-from bench.results import OUT
 
+from bench.results import OUT
 from reef.testing.processes import free_port, reef_serve
 
 PROMPT = "Say hello in one short sentence."

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from bench.decode_ceiling import decode_ceiling, describe
 from bench.results import OUT
 from bench.serving.load import drive
 from bench.serving.servers import running, stock_llama_server, write_reef_config
-
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.runner import EvalSettings, beside_traffic, model_generate, run_paired
 from reef.evaluation.tasks import EvalTask, ScorerSpec

@@ -35,9 +35,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
 from bench.results import OUT
 from bench.serving.servers import running, stock_llama_server, write_reef_config
-
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]

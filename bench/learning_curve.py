@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 import httpx
-from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 
+from bench.results import OUT
 from reef.config import load_config
 from reef.inference.model import ServerModel
 from reef.inference.server_file import find_running_server

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 
+from bench.results import OUT
 from reef.releases.chain import ReleaseChain
 from reef.testing.artifacts import random_checkpoint, random_lora
 from reef.testing.processes import free_port, reef_serve

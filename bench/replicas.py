@@ -34,7 +34,6 @@ from pathlib import Path
 
 from bench.proxy.servers import fake_upstream
 from bench.results import OUT
-
 from reef.releases.chain import ReleaseChain
 from reef.testing.postgres import PostgresServer, postgres_available
 from reef.testing.processes import (

@@ -14,7 +14,6 @@ import argparse
 from pathlib import Path
 
 from bench.results import OUT
-
 from reef.engines.llamacpp import embedded_model_path
 
 FORMATS = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import httpx
-from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 
+from bench.results import OUT
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
 
 QUESTIONS = [

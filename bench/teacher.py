@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 import httpx
-from bench.results import OUT
 from rich.console import Console
 from rich.table import Table
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from bench.results import OUT
 from reef.testing import scripted_user
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.threaded import chat_upstream

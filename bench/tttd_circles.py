@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import httpx
+
 from reef.recipes.tttd import circles
 from reef.recipes.tttd.archive import Archive
-
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 CONFIG = """engine:

@@ -14,10 +14,6 @@ import string
 from collections.abc import Callable
 
 import pytest
-from reef.recipes.harness_evolve.mutations import Mutation
-from reef.recipes.harness_evolve.proposers import HindsightProposer
-from reef.recipes.openclaw_rl.judge import Judgement
-from reef.recipes.openclaw_rl.recipe import OpenClawRL, OpenClawRLSettings
 
 from reef.evaluation.tasks import ScorerSpec
 from reef.learning import hindsight
@@ -25,6 +21,10 @@ from reef.learning.hindsight import JUDGE_PROMPT, REVISION_PROMPT, relabel, unwr
 from reef.learning.recipe import StepContext, load_recipe
 from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
+from reef.recipes.harness_evolve.mutations import Mutation
+from reef.recipes.harness_evolve.proposers import HindsightProposer
+from reef.recipes.openclaw_rl.judge import Judgement
+from reef.recipes.openclaw_rl.recipe import OpenClawRL, OpenClawRLSettings
 
 QUESTION, FIRST_ANSWER = "Name a fruit.", "A pear."
 # One preference, as users write it; the scripted model understands each of them.

@@ -4,10 +4,9 @@ what is checked is which questions are asked and which answers become examples).
 
 from __future__ import annotations
 
-from reef.recipes.sft.recipe import GENERAL_QUESTIONS, SFT, SFTSettings
-
 from reef.learning.recipe import StepContext
 from reef.protocol import Completion
+from reef.recipes.sft.recipe import GENERAL_QUESTIONS, SFT, SFTSettings
 
 
 def ask(text: str) -> list[dict[str, str]]:

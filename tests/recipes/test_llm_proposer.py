@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from reef.recipes.harness_evolve.mutations import apply, parse_mutation
-from reef.recipes.harness_evolve.proposers import fitted, mutation_schema, reply_room
 
 from reef.engines.llamacpp.structured import output_constraint
 from reef.protocol import ChatRequest
+from reef.recipes.harness_evolve.mutations import apply, parse_mutation
+from reef.recipes.harness_evolve.proposers import fitted, mutation_schema, reply_room
 from reef.testing.processes import free_port, reef_serve
 from tests.conftest import SMALL_ENGINE, write_config
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from reef.recipes.opd.recipe import OPD, OPDSettings
 
 from reef.learning.recipe import RecipeError
 from reef.learning.view import ExperienceView
+from reef.recipes.opd.recipe import OPD, OPDSettings
 from reef.store import ExperienceStore
 from reef.testing.tiny import tiny_model_folder
 from tests.support.distillation import (

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+
+from reef.learning.view import Turn
 from reef.recipes.openclaw_rl.judge import (
     VOTE_SCHEMA,
     KeywordJudge,
@@ -28,8 +30,6 @@ from reef.recipes.openclaw_rl.judge import (
     parse_vote,
 )
 from reef.recipes.openclaw_rl.recipe import OpenClawRLSettings, served_logprobs, token_advantages
-
-from reef.learning.view import Turn
 from reef.testing import scripted_user
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 

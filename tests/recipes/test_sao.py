@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
-from reef.recipes.sao.recipe import SAOGRPO, SAORecipe, SAOSettings, release_number
 
 from reef.config import load_config
 from reef.learning.plans import load_plans
 from reef.learning.recipe import RecipeError, StepContext
 from reef.learning.view import ExperienceView, Turn
+from reef.recipes.sao.recipe import SAOGRPO, SAORecipe, SAOSettings, release_number
 from reef.store import ExperienceStore, Record, Report
 
 SEEDS = itertools.count()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from reef.recipes.tttd import circles
 from reef.recipes.tttd.advantages import adaptive_beta, entropic_advantages, kl_from_uniform
 from reef.recipes.tttd.archive import Archive
 from reef.recipes.tttd.circles import Circle, InvalidPacking, verify
-
 from reef.testing.processes import free_port, reef_serve
 
 # -- the verifier ----------------------------------------------------------------------------------
