@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.preferences [--preferences sure,short] [--recipes sft]
         [--policies no_regression,improve] [--rounds 3] [--budget 300] [--phrasings]
+        [--paths alone,reviser,teacher,demonstration]
 
 For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
 SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
@@ -26,6 +27,11 @@ feedback): one run per phrasing, so a learner that only hears one form of feedba
 the row that did not move. The phrasings are written here for people, not for a parser: no code
 of the bench or of Reef reads them; the regular expressions only check answers.
 
+`--paths` says how the preference reaches the learner (`PATHS`): the recipe alone, a stronger
+reviser, the scenario's teacher, or the user's demonstrations; the stronger model is
+`bench.taught`'s table (see there). The `told` column is the base's share of training prompts
+that meet the preference with the feedback beside the question.
+
 A pair (`sure+sign-off`) asks for two preferences at once: an answer meets it (held out) when it
 meets both, and the user's feedback on a miss names only what it misses; the recipes' scorer accepts
 an answer that meets both, and the gate has three tasks per part. Recipe `both` runs
@@ -47,6 +53,8 @@ from pathlib import Path
 import httpx
 
 from bench.results import OUT
+from bench.taught import TAUGHT, Table, taught_model
+from reef.learning.hindsight import with_hint
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import (
     EVALS,
@@ -170,7 +178,22 @@ SCORED = {"sft", "harness_evolve"}  # the recipes that take the preference's sco
 TOKENS = 32  # max_tokens of every answer measured, and of the gate's
 
 
-def project(folder: Path, preference: Preference, recipe: str, policy: str) -> Path:
+# How a preference reaches the learner (`--paths`): the recipe alone, from the feedback; a
+# stronger reviser (`reviser: proposer`, the proposer being the taught model); the scenario's
+# `teacher:` (the taught model answers the calls whose answer misses, and the report on such a
+# call carries its answer as a demonstration); or the user's own answer, a demonstration in the
+# report. The taught model is `bench.taught`'s table (the only model here is the 135M one).
+PATHS = ["alone", "reviser", "teacher", "demonstration"]
+
+
+def project(
+    folder: Path,
+    preference: Preference,
+    recipe: str,
+    policy: str,
+    path: str = "alone",
+    taught_url: str | None = None,
+) -> Path:
     (folder / "evals").mkdir(parents=True)
     preference_tasks = "".join(
         eval_tasks(EVALS[:3], pattern, group="preference") for pattern in preference.task_patterns
@@ -180,24 +203,52 @@ def project(folder: Path, preference: Preference, recipe: str, policy: str) -> P
         "engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n"
         f"gate:\n  policy: {policy}\n  max_tokens: {TOKENS}\n"
         "  groups: {default: {max_lost: 1}}\n"
-        f"learning: {json.dumps(learning(preference, recipe))}\n"
+        f"learning: {json.dumps(learning(preference, recipe, path, taught_url))}\n"
+        + (teacher(preference, taught_url) if path == "teacher" else "")
     )
     return folder
 
 
-def learning(preference: Preference, recipe: str) -> dict:
-    """The `learning` section: the recipe(s), each accepting answers by the preference."""
+def teacher(preference: Preference, url: str | None) -> str:
+    """The `teacher` section: the taught model answers a call whose answer misses."""
+    scorer = {"type": "regex", "pattern": preference.progress}
+    return f"teacher: {json.dumps({'url': url, 'scorer': scorer})}\n"
+
+
+def learning(
+    preference: Preference, recipe: str, path: str = "alone", taught_url: str | None = None
+) -> dict:
+    """The `learning` section: the recipe(s), each accepting answers by the preference; on the
+    `reviser` path, `sft` revises with the proposer, the taught model."""
     scorer = {"type": "regex", "pattern": preference.progress}
     recipes = [
         {**settings, "scorer": scorer} if settings["recipe"] in SCORED else settings
         for settings in RECIPES[recipe]
     ]
+    if path == "reviser":
+        recipes = [{**r, "reviser": "proposer"} if r["recipe"] == "sft" else r for r in recipes]
     chosen = {"recipes": recipes} if len(recipes) > 1 else recipes[0]
-    return {"interval_s": 0.5, **chosen}
+    proposer = {"proposer_url": taught_url, "proposer_model": "taught"} if path == "reviser" else {}
+    return {"interval_s": 0.5, **proposer, **chosen}
 
 
 def held_out_rate(url: str, preference: Preference) -> float:
     return pass_rate(url, HELD_OUT, preference.pattern, max_tokens=TOKENS, capture=False)
+
+
+def told_rate(url: str, preference: Preference) -> float:
+    """Whether the model follows the preference when told: the share of training prompts whose
+    greedy answer meets it with the feedback beside the question, as the learner's hint puts it
+    (`with_hint`); not recorded."""
+    hits = 0
+    for prompt in TRAINING:
+        messages = with_hint([{"role": "user", "content": prompt}], preference.feedback)
+        body = {"messages": messages, "max_tokens": TOKENS, "temperature": 0}
+        headers = {"x-reef-capture": "false"}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
+        response.raise_for_status()
+        hits += meets(response, preference.pattern)
+    return hits / len(TRAINING)
 
 
 def steps_so_far(url: str) -> dict[str, int]:
@@ -227,9 +278,11 @@ def latest_decided(server: ServerProcess) -> dict:
     return next((c for c in listed if c["state"] in ("released", "rejected")), {})
 
 
-def a_round(server: ServerProcess, preference: Preference, number: int) -> int:
+def a_round(server: ServerProcess, preference: Preference, number: int, path: str = "alone") -> int:
     """The scripted user asks every training prompt and scores the answer; how many missed.
-    A `next-turn` user says what it wants in its next message of the session instead."""
+    A `next-turn` user says what it wants in its next message of the session instead; on the
+    `demonstration` path, the user writes the answer it wanted (from `bench.taught`'s table).
+    An answer the teacher gave counts as a miss of the student's."""
     misses = 0
     for index, prompt in enumerate(TRAINING):
         session = f"round{number}-{index}"
@@ -237,7 +290,9 @@ def a_round(server: ServerProcess, preference: Preference, number: int) -> int:
         hit = meets(response, preference.pattern)
         answer = response.json()["choices"][0]["message"]["content"] or ""
         said = {} if hit else {"feedback": preference.feedback_on(answer)}
-        if said and preference.phrasing == NEXT_TURN:
+        if said and path == "demonstration":
+            said = {"feedback": {"demonstration": TAUGHT[preference.name.split("/")[0]][prompt]}}
+        elif said and preference.phrasing == NEXT_TURN:
             follow_up(server.url, prompt, answer, said.pop("feedback"), session)
         report = {
             "references": [response.headers["x-reef-agent-record-id"]],
@@ -245,7 +300,7 @@ def a_round(server: ServerProcess, preference: Preference, number: int) -> int:
             **said,
         }
         httpx.post(f"{server.url}/reef/report", json=report).raise_for_status()
-        misses += not hit
+        misses += not hit or response.headers.get("x-reef-arm") == "teacher"
     return misses
 
 
@@ -272,21 +327,38 @@ def follow_up(url: str, prompt: str, answer: str, message: str, session: str) ->
     httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
 
 
-def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: float) -> dict:
-    folder = project(Path(tempfile.mkdtemp(prefix="reef-pref-")), preference, recipe, policy)
+def run(
+    preference: Preference,
+    recipe: str,
+    policy: str,
+    rounds: int,
+    budget: float,
+    path: str = "alone",
+    taught: tuple[Table, str] | None = None,
+) -> dict:
+    """One run from the base; with `taught`, the taught model's table and URL, which answers
+    only while the user trains (never while the student is measured)."""
+    table, taught_url = taught if taught else (Table(answering=False), None)
+    table.preference, table.answering = preference.name.split("/")[0], False
+    folder = Path(tempfile.mkdtemp(prefix="reef-pref-"))
+    project(folder, preference, recipe, policy, path, taught_url)
     decisions = []
     with reef_serve(folder, free_port()).start() as server:
         before, knew = held_out_rate(server.url, preference), correct(server.url, TOKENS)
+        told = told_rate(server.url, preference)
         started = time.monotonic()
         for number in range(rounds):
             before_round = steps_so_far(server.url)
-            if not a_round(server, preference, number):
+            table.answering = True
+            missed = a_round(server, preference, number, path)
+            if not missed:
                 decisions.append("no misses")  # nothing left to learn from
                 break
             outcomes = next_steps(server.url, before_round, len(RECIPES[recipe]), budget)
             decisions.append("+".join(outcomes))
             if not outcomes or time.monotonic() - started > rounds * budget:
                 break
+        table.answering = False
         status = httpx.get(f"{server.url}/reef/status").json()
         release = status["serving"].get("default", "base")
         parts = httpx.get(f"{server.url}/reef/harness").json()["parts"]
@@ -297,6 +369,8 @@ def run(preference: Preference, recipe: str, policy: str, rounds: int, budget: f
         "phrasing": preference.phrasing,
         "recipe": recipe,
         "policy": policy,
+        "path": path,
+        "told": told,
         "before": before,
         "after": after,
         "correct_before": len(knew),
@@ -320,6 +394,9 @@ def main() -> None:
     parser.add_argument(
         "--phrasings", action="store_true", help="each preference in every phrasing (PHRASINGS)"
     )
+    parser.add_argument(
+        "--paths", default="alone", help=f"how the preference reaches the learner: {PATHS}"
+    )
     parser.add_argument("--json", type=Path, default=OUT / "preferences.json")
     args = parser.parse_args()
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
@@ -329,29 +406,48 @@ def main() -> None:
             for p in chosen
             for phrasing in ["quoted", *PHRASINGS.get(p.name, {})]
         ]
+    paths = args.paths.split(",")
+    unknown = sorted(set(paths) - set(PATHS))
+    if unknown:
+        parser.error(f"--paths: unknown {unknown}; choose from {PATHS}")
     rows = []
     print(
-        f"{'preference':18} {'recipe':15} {'policy':14} {'held-out':>13} {'correct':>8} "
-        f"{'release':>10} {'parts':>16} {'rounds':>22} {'s':>5}"
+        f"{'preference':18} {'recipe':15} {'path':13} {'told':>5} {'held-out':>13} "
+        f"{'correct':>8} {'release':>10} {'parts':>16} {'rounds':>22} {'s':>5}"
     )
-    for preference in chosen:
-        for recipe in args.recipes.split(","):
-            for policy in args.policies.split(","):
-                row = run(preference, recipe, policy, args.rounds, args.budget)
-                rows.append(row)
-                print(
-                    f"{row['preference']:18} {row['recipe']:15} {row['policy']:14} "
-                    f"{row['before']:>5.2f} -> {row['after']:<5.2f} "
-                    f"{row['correct_before']:>3} -> {row['correct_after']:<2} "
-                    f"{row['release']:>10} {'+'.join(row['parts']) or 'base':>16} "
-                    f"{','.join(row['decisions']):>22} {row['seconds']:>5}",
-                    flush=True,
-                )
-                if row["last_decision"]:
-                    print(f"{'':10} last decision: {row['last_decision']}", flush=True)
+    table = Table()
+    with taught_model(table) as taught_url:
+        for preference in chosen:
+            for recipe in args.recipes.split(","):
+                for policy in args.policies.split(","):
+                    for path in paths:
+                        row = run(
+                            preference,
+                            recipe,
+                            policy,
+                            args.rounds,
+                            args.budget,
+                            path,
+                            (table, taught_url),
+                        )
+                        rows.append(row)
+                        show(row)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
     draw(rows, args.json.with_suffix(".png"))
+
+
+def show(row: dict) -> None:
+    print(
+        f"{row['preference']:18} {row['recipe']:15} {row['path']:13} {row['told']:>5.2f} "
+        f"{row['before']:>5.2f} -> {row['after']:<5.2f} "
+        f"{row['correct_before']:>3} -> {row['correct_after']:<2} "
+        f"{row['release']:>10} {'+'.join(row['parts']) or 'base':>16} "
+        f"{','.join(row['decisions']):>22} {row['seconds']:>5}",
+        flush=True,
+    )
+    if row["last_decision"]:
+        print(f"{'':10} last decision: {row['last_decision']}", flush=True)
 
 
 def draw(rows: list[dict], path: Path) -> None:
@@ -362,7 +458,7 @@ def draw(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['preference']}\n{r['recipe']}\n{r['policy']}" for r in rows]
+    labels = [f"{r['preference']}\n{r['recipe']}\n{r.get('path', 'alone')}" for r in rows]
     positions = list(range(len(rows)))
     figure, (rates, knowledge) = plt.subplots(2, 1, figsize=(max(6, 1.5 * len(rows)), 6))
     rates.bar([p - 0.2 for p in positions], [r["before"] for r in rows], 0.4, label="base")
