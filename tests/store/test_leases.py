@@ -35,3 +35,25 @@ def test_a_lease_given_up_is_taken_at_once_and_only_by_its_holder(store: Experie
     give_up_lease(store, "learner:default", first)
     assert take_lease(store, "learner:default", second, period_s=60)
     assert lease_holders(store)["learner:default"]["holder"] == second
+
+
+def test_a_new_holder_bumps_the_generation_and_fences_the_old_one(store: ExperienceStore) -> None:
+    """The lease is a fence: a holder whose lease expired and was taken over cannot confirm
+    its old generation (its publish is refused), and a given-up lease's generation goes on."""
+    import pytest
+
+    from reef.store.leases import LeaseLost, confirm_lease
+
+    old, new = new_holder(), new_holder()
+    first = take_lease(store, "learner:default", old, period_s=0.3)
+    assert first >= 1
+    assert take_lease(store, "learner:default", old, period_s=0.3) == first  # a renewal
+    confirm_lease(store, "learner:default", old, first, period_s=0.3)
+    time.sleep(0.4)  # paused past its lease (a long push)
+    second = take_lease(store, "learner:default", new, period_s=60)
+    assert second == first + 1
+    with pytest.raises(LeaseLost):
+        confirm_lease(store, "learner:default", old, first, period_s=60)
+    confirm_lease(store, "learner:default", new, second, period_s=60)
+    give_up_lease(store, "learner:default", new)
+    assert take_lease(store, "learner:default", old, period_s=60) == second + 1

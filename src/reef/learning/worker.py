@@ -29,6 +29,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ from reef.store.learning import (
     save_step,
     take_instruction,
 )
-from reef.store.leases import give_up_lease, new_holder, take_lease
+from reef.store.leases import confirm_lease, give_up_lease, new_holder, take_lease
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
@@ -131,6 +132,9 @@ class LearningWorker:
         # moment it asked, plus most of a period. A renewal that hangs (a lost connection, a
         # lock held by another process) lets it run out here before it runs out in the store.
         self.lead_until: dict[str, float] = {}
+        # Scenario -> the generation of its lease this worker holds: a publish carries it, and
+        # is refused (`confirm_lease`) once another worker took the lease since.
+        self.generations: dict[str, int] = {}
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -177,8 +181,9 @@ class LearningWorker:
             return StepResult(scenario, "waiting", waiting, recipe=recipe.name)
         learner.idle_at = None
         started = time.time()
+        fence = self._fence(scenario)  # bound to the lease's generation as the step begins
         try:
-            result = await self._propose_and_gate(learner, view, instruction)
+            result = await self._propose_and_gate(learner, view, instruction, fence)
         except ProposalRefused as refused:
             result = StepResult(scenario, "no proposal", str(refused))
             log.info("learning step for %s proposed nothing: %s", scenario, refused)
@@ -200,7 +205,11 @@ class LearningWorker:
         )
 
     async def _propose_and_gate(
-        self, learner: Learner, view: ExperienceView, instruction: str | None
+        self,
+        learner: Learner,
+        view: ExperienceView,
+        instruction: str | None,
+        fence: Callable[[], None] | None = None,
     ) -> StepResult:
         scenario, recipe = learner.scenario, learner.recipe
         if await asyncio.to_thread(self.workflow.candidates.list, scenario, "canary"):
@@ -226,7 +235,9 @@ class LearningWorker:
             metrics=proposal.metrics or None,
         )
         generate = model_generate(self.model, self.workflow.eval_settings(scenario))
-        gated = await self.workflow.gate(candidate, generate, extra_tasks=proposal.eval_tasks)
+        gated = await self.workflow.gate(
+            candidate, generate, extra_tasks=proposal.eval_tasks, fence=fence
+        )
         log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
         return StepResult(
             scenario, gated.state, gated.decision or "", gated.id, retry_later=gated.unjudged
@@ -304,19 +315,44 @@ class LearningWorker:
             await asyncio.shield(asyncio.to_thread(self._give_up_leases))
 
     async def _keep_leases(self, stop: asyncio.Event) -> None:
-        """Take or renew each scenario's lease every third of its period."""
+        """Take or renew each scenario's lease every third of its period, on a thread of its
+        own: a publish (an LFS push for half an hour) or anything else holding the event loop
+        never stops the renewals."""
         period = self.config.learning.lease_s
-        while not stop.is_set():
-            for scenario in self.lanes:
-                await self._hold_lease(scenario, period)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period / 3)
+        stopped = threading.Event()
+
+        def renew() -> None:
+            while not stopped.is_set():
+                for scenario in self.lanes:
+                    self._renew_lease(scenario, period)
+                stopped.wait(period / 3)
+
+        renewing = asyncio.create_task(asyncio.to_thread(renew))
+        try:
+            await stop.wait()
+        finally:
+            stopped.set()
+            await asyncio.shield(renewing)
+
+    def _fence(self, scenario: str) -> Callable[[], None] | None:
+        """What a publish of `scenario` calls right before its head moves: refused
+        (`LeaseLost`) unless this worker still holds the lease in the generation it had when
+        the step began. None for a step taken outside the loop, under no lease (`reef learn
+        --once`, like `reef release publish`): only the chain's expected-parent check holds."""
+        generation = self.generations.get(scenario)
+        if generation is None:
+            return None
+        name, period = f"learner:{scenario}", self.config.learning.lease_s
+        return functools.partial(confirm_lease, self.store, name, self.holder, generation, period)
 
     async def _hold_lease(self, scenario: str, period: float) -> None:
+        await asyncio.to_thread(self._renew_lease, scenario, period)
+
+    def _renew_lease(self, scenario: str, period: float) -> None:
         name = f"learner:{scenario}"
         asked = time.monotonic()
         try:
-            held = await asyncio.to_thread(take_lease, self.store, name, self.holder, period)
+            held = take_lease(self.store, name, self.holder, period)
         except Exception as error:  # the store is unreachable: whoever can reach it leads
             log.warning("could not renew the lease of %s: %s", scenario, error)
             held = False
@@ -325,6 +361,7 @@ class LearningWorker:
         elif not held and scenario in self.lead_until:
             log.warning("%s: this worker no longer holds the lease; it stops learning", scenario)
         if held:
+            self.generations[scenario] = int(held)
             self.lead_until[scenario] = asked + 0.8 * period
         else:
             self.lead_until.pop(scenario, None)

@@ -421,9 +421,12 @@ class ReleaseChain:
         records_consumed: int = 0,
         reason: str | None = None,
         origin: dict[str, Any] | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> Release:
         """Append a release to `scenario` if its head is still `expected_parent` (a release id,
-        or None for a scenario without releases); raise `ReleaseConflict` otherwise."""
+        or None for a scenario without releases); raise `ReleaseConflict` otherwise. `fence()`
+        runs right before the head moves (here, or on the remote after the LFS objects went):
+        it raises (`LeaseLost`) to refuse a publisher that is no longer the leader."""
         check_scenario(scenario)
         if kind not in ARTIFACT_KINDS:
             raise ReefError(
@@ -460,7 +463,9 @@ class ReleaseChain:
         commit = self._commit(files, release, parent)
         parent_commit = parent.commit if parent else _NO_COMMIT
         if self.remote is not None:
-            self._push(release, commit.hexsha, expected_parent)
+            self._push(release, commit.hexsha, expected_parent, parent_commit, fence)
+        elif fence is not None:
+            fence()
         try:
             self.repo.git.update_ref(self.head_ref(scenario), commit.hexsha, parent_commit)
         except git.GitCommandError:
@@ -479,13 +484,22 @@ class ReleaseChain:
         current = self.head(scenario)
         return ReleaseConflict(scenario, expected_parent, current.release_id if current else None)
 
-    def _push(self, release: Release, commit: str, expected_parent: str | None) -> None:
+    def _push(
+        self,
+        release: Release,
+        commit: str,
+        expected_parent: str | None,
+        parent_commit: str,
+        fence: Callable[[], None] | None,
+    ) -> None:
         """Land the release on the remote before anything moves here: the remote's refusal
-        (another replica published first; not a fast-forward) is the compare-and-swap."""
+        (another replica published first; the head is not the parent this one expected) is the
+        compare-and-swap."""
         assert self.remote is not None
-        refs = [self.head_ref(release.scenario), self.release_ref(release.release_id)]
+        head, number = self.head_ref(release.scenario), self.release_ref(release.release_id)
+        old = None if parent_commit == _NO_COMMIT else parent_commit
         try:
-            self.remote.push(commit, refs)
+            self.remote.push(commit, [head, number], {head: old, number: None}, fence)
         except PushRefused:
             with contextlib.suppress(RemoteUnreachable):
                 self.remote.fetch()

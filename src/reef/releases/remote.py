@@ -37,7 +37,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -176,21 +176,65 @@ class ReleaseRemote:
         self.state.reachable, self.state.error = True, None
         self.state.last_fetch_at = time.time()
 
-    def push(self, commit: str, refs: list[str]) -> None:
+    def push(
+        self,
+        commit: str,
+        refs: list[str],
+        expected: dict[str, str | None] | None = None,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
         """Push `commit`'s LFS objects, then `refs` (all pointing at it) in one atomic push;
-        `PushRefused` when the remote's head moved meanwhile (not a fast-forward)."""
+        `PushRefused` when the remote's head moved meanwhile. `expected` gives a ref's old value
+        on the remote (None: it must not exist), sent as `--force-with-lease`, so a publisher
+        with a stale view can never overwrite what another pushed. `fence()` runs after the
+        LFS objects went (the long part) and right before the refs go: it raises to stop.
+
+        A push git reports as failed may have landed (a time-out or a dropped connection after
+        the remote took it, a failing mirror update): before saying it failed, the remote is
+        asked (`landed`), and a push that landed is a push that succeeded."""
         with self.turn():
             if _has_lfs():  # without it, no commit of this chain has LFS objects
                 self._push_lfs(commit)
+            if fence is not None:
+                fence()
+            leases = [
+                f"--force-with-lease={ref}:{old or ''}" for ref, old in (expected or {}).items()
+            ]
             pushed = [f"{commit}:{ref}" for ref in refs]
-            result = self._run(TRANSFER_TIMEOUT_S, "push", "--quiet", "--atomic", REMOTE, *pushed)
+            result = self._run(
+                TRANSFER_TIMEOUT_S, "push", "--quiet", "--atomic", *leases, REMOTE, *pushed
+            )
             if result.returncode != 0:
                 text = self._said(result)
-                if "rejected" in text or "non-fast-forward" in text or "fetch first" in text:
+                refused = ("rejected", "non-fast-forward", "fetch first", "stale info")
+                if any(word in text for word in refused):
                     raise PushRefused(text)
-                raise RemoteUnreachable(f"cannot push to the release remote {self.shown}: {text}")
-            for ref in refs:  # the mirror knows what the remote has now
-                self._git(LOOK_TIMEOUT_S, "update-ref", ref.replace("refs/reef", MIRROR, 1), commit)
+                if not self.landed(commit, refs[0]):
+                    raise RemoteUnreachable(
+                        f"cannot push to the release remote {self.shown}: {text}"
+                    )
+            try:
+                for ref in refs:  # the mirror knows what the remote has now
+                    mirror = ref.replace("refs/reef", MIRROR, 1)
+                    self._git(LOOK_TIMEOUT_S, "update-ref", mirror, commit)
+            except RemoteUnreachable:
+                if not self.landed(commit, refs[0]):
+                    raise
+
+    def landed(self, commit: str, ref: str) -> bool:
+        """Whether the remote's `ref` is `commit` or a descendant of it (another replica
+        published on top since): asked of the remote itself. Raises `RemoteUnreachable` when
+        the remote cannot say: then nobody knows yet, and nothing may be decided."""
+        output = self._git(LOOK_TIMEOUT_S, "ls-remote", REMOTE, ref)
+        remote = next((line.split("\t", 1)[0] for line in output.splitlines() if line), None)
+        if remote is None:
+            return False
+        if remote == commit:
+            return True
+        self._git(
+            TRANSFER_TIMEOUT_S, "fetch", "--quiet", REMOTE, f"+refs/reef/*:{MIRROR}/*"
+        )  # the commits between, to tell whether the remote's head descends from ours
+        return self._descends(remote, commit)
 
     def _push_lfs(self, commit: str) -> None:
         """The LFS objects of `commit` and its ancestors the remote lacks. git-lfs reads the

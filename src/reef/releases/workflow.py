@@ -9,17 +9,22 @@ same from the CLI with the server stopped, from the CLI while it runs, and from 
 routes. A running server notices a moved head by itself.
 
 A candidate never stays `evaluating`: whatever stops its gate (an error, a failed publish, a
-cancellation) rejects it, and a process that dies mid-gate leaves its pid behind, so that
-`recover_interrupted` ends the evaluations whose process is gone and no other.
+cancellation) rejects it, and the process gating it renews its `evaluation_heartbeat_at` (the
+database's clock) on a thread of its own, so that `recover_interrupted`, on any replica, ends
+the evaluations whose heartbeat stopped (and, on the machine that ran them, those whose process
+is gone) and no other. An evaluation is ended released, not rejected, when its release is on
+the chain (a push the remote took but reported as failed): with a remote, it is asked first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +69,7 @@ from reef.releases.chain import (
 )
 from reef.releases.gate import decide
 from reef.releases.housekeeping import Housekeeping, evaluator_running, mark_used
+from reef.releases.remote import RemoteUnreachable
 from reef.releases.shadowing import SHADOW
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
@@ -72,6 +78,10 @@ from reef.store.candidates import Candidate, CandidateStore
 log = logging.getLogger("reef.releases")
 
 INTERRUPTED = "evaluation was interrupted (the process running it stopped)"
+# The gating process renews an evaluation's heartbeat this often; one not renewed for
+# HEARTBEAT_MISSES intervals is recoverable by any replica.
+HEARTBEAT_INTERVAL_S = 10.0
+HEARTBEAT_MISSES = 3
 
 
 # Where a publish tells the other replicas sharing the store (PostgreSQL's NOTIFY) that a head
@@ -161,14 +171,66 @@ class ReleaseWorkflow:
         rejected, saying why. One whose process still runs (a `reef release publish` in another
         process, evaluating right now) is left to it."""
         ended = []
+        stale = self._stale_heartbeats()
         for candidate in self.candidates.list(state="evaluating"):
-            if evaluator_running(candidate):
-                continue
-            with contextlib.suppress(Conflict):  # it was decided since the listing
+            if candidate.id not in stale and evaluator_running(candidate):
+                continue  # its heartbeat goes on, or its process runs (here) or may (elsewhere)
+            # Decided since the listing, or the remote cannot say whether its release landed.
+            with contextlib.suppress(Conflict, RemoteUnreachable):
                 ended.append(self._end_evaluation(candidate, INTERRUPTED))
         if ended:
             self.housekeeping.prune_candidates()
         return ended
+
+    def _stale_heartbeats(self) -> set[str]:
+        """Evaluating candidates whose heartbeat stopped, by the database's clock."""
+        store = self.candidates.store
+        rows = store.query(
+            "SELECT id FROM candidates WHERE state = 'evaluating' "
+            "AND evaluation_heartbeat_at IS NOT NULL "
+            f"AND evaluation_heartbeat_at < {store.sql_now()} - ?",
+            [HEARTBEAT_MISSES * HEARTBEAT_INTERVAL_S],
+        )
+        return {row["id"] for row in rows}
+
+    def beat(self, candidate_id: str) -> bool:
+        """Renew an evaluating candidate's heartbeat; whether it is still evaluating."""
+        store = self.candidates.store
+        return bool(
+            store.write(
+                lambda db: (
+                    db.execute(
+                        f"UPDATE candidates SET evaluation_heartbeat_at = {db.sql_now()} "
+                        "WHERE id = ? AND state = 'evaluating'",
+                        [candidate_id],
+                    ).rowcount
+                )
+            ).result()
+        )
+
+    @contextlib.contextmanager
+    def heartbeat(self, candidate_id: str) -> Iterator[None]:
+        """Renew the candidate's heartbeat on a thread of its own while the block runs (the
+        event loop may be busy, a publish may take half an hour)."""
+        done = threading.Event()
+
+        def keep_beating() -> None:
+            while not done.wait(HEARTBEAT_INTERVAL_S):
+                try:
+                    if not self.beat(candidate_id):
+                        return
+                except Exception as error:  # the store is unreachable: try again
+                    log.warning("could not renew the heartbeat of %s: %s", candidate_id, error)
+
+        self.beat(candidate_id)
+        beating = threading.Thread(target=keep_beating, name=f"heartbeat-{candidate_id}")
+        beating.daemon = True
+        beating.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beating.join(timeout=5)
 
     def propose(
         self,
@@ -229,10 +291,13 @@ class ReleaseWorkflow:
         generate: Generate,
         on_task: Callable[[TaskResult], None] | None = None,
         extra_tasks: list[EvalTask] | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> Candidate:
         """Evaluate against the current release on the scenario's eval tasks (plus `extra_tasks`)
         and decide. Any error of the evaluation or of publishing rejects, saying why (fail
-        closed); a cancellation rejects too, then goes on."""
+        closed); a cancellation rejects too, then goes on. `fence()` runs right before a
+        release's head moves (a learner's lease, `reef.store.leases.confirm_lease`): when it
+        raises, nothing is published and the candidate is rejected unjudged."""
         self.candidates.move(
             candidate.id,
             ("proposed",),
@@ -241,7 +306,10 @@ class ReleaseWorkflow:
             evaluating_host=socket.gethostname(),
         )
         try:
-            return await self._evaluate_and_decide(candidate, generate, on_task, extra_tasks or [])
+            with self.heartbeat(candidate.id):
+                return await self._evaluate_and_decide(
+                    candidate, generate, on_task, extra_tasks or [], fence
+                )
         finally:
             self.housekeeping.prune_candidates()
 
@@ -251,12 +319,14 @@ class ReleaseWorkflow:
         generate: Generate,
         on_task: Callable[[TaskResult], None] | None,
         extra_tasks: list[EvalTask],
+        fence: Callable[[], None] | None = None,
     ) -> Candidate:
         try:
             with self._rejected_on_cancel(candidate):
                 report = await self._evaluate(candidate, generate, on_task, extra_tasks)
-        except Exception as error:
-            return self._end_evaluation(candidate, f"evaluation failed: {_named(error)}")
+        except Exception as error:  # nothing was published: the remote need not be asked
+            why = f"evaluation failed: {_named(error)}"
+            return self._end_evaluation(candidate, why, reconcile=False)
         outcome, why = decide(self.config.gate_for(candidate.scenario), report)
         evaluation = report.summary() if report else None
         if outcome == "rejected":
@@ -268,11 +338,38 @@ class ReleaseWorkflow:
             return self.candidates.move(
                 candidate.id, ("evaluating",), outcome, decision=why, evaluation=evaluation
             )
-        try:
-            return self._release(candidate.id, ("evaluating",), why, evaluation, "reject")
-        except Exception as error:  # git-lfs missing, a full disk, a broken chain
-            failed = f"{why}, but publishing failed: {_named(error)}"
-            return self._end_evaluation(candidate, failed, evaluation)
+        # In a thread: a publish may take long (an LFS push), and the loop goes on meanwhile.
+        return await asyncio.to_thread(self._publish, candidate, why, evaluation, fence)
+
+    def _publish(
+        self,
+        candidate: Candidate,
+        why: str,
+        evaluation: dict[str, Any] | None,
+        fence: Callable[[], None] | None,
+    ) -> Candidate:
+        """Publish a candidate the gate released, and end it either way. All of it on its
+        thread, beating: a gate cancelled meanwhile (the await is, the thread is not) leaves a
+        publish that goes on to its end and decides the candidate itself, never a candidate
+        whose heartbeat stopped while its push may still land."""
+
+        def fenced() -> None:  # right before the head moves
+            if not self.beat(candidate.id):  # ended meanwhile (a recovery elsewhere)
+                raise Conflict(f"candidate {candidate.id} is no longer evaluating")
+            if fence is not None:
+                fence()
+
+        with self.heartbeat(candidate.id):
+            try:
+                return self._release(
+                    candidate.id, ("evaluating",), why, evaluation, "reject", fenced
+                )
+            except Exception as error:  # git-lfs missing, a full disk, a broken chain, a fence
+                failed = f"{why}, but publishing failed: {_named(error)}"
+                try:
+                    return self._end_evaluation(candidate, failed, evaluation)
+                except Conflict:  # ended meanwhile by another process (a recovery)
+                    return self.candidates.get(candidate.id)
 
     async def _evaluate(
         self,
@@ -334,18 +431,29 @@ class ReleaseWorkflow:
             raise
         except BaseException:
             try:
-                self._end_evaluation(candidate, "evaluation was cancelled before it finished")
+                why = "evaluation was cancelled before it finished"
+                self._end_evaluation(candidate, why, reconcile=False)
             except Exception as error:  # the cancellation matters more; start-up will end it
                 log.warning("could not reject interrupted candidate %s: %s", candidate.id, error)
             raise
 
     def _end_evaluation(
-        self, candidate: Candidate, why: str, evaluation: dict[str, Any] | None = None
+        self,
+        candidate: Candidate,
+        why: str,
+        evaluation: dict[str, Any] | None = None,
+        reconcile: bool = True,
     ) -> Candidate:
         """End an `evaluating` candidate that was not decided: rejected, saying why, unless its
-        release reached the head before the failure (then it is released)."""
-        head = self.chain.head(candidate.scenario)
-        if head is not None and head.candidate_id == candidate.id:
+        release reached the chain before the failure (then it is released). With a remote and
+        `reconcile` (a publish may have been tried: a failed one, or an evaluation interrupted
+        who knows where), the remote is asked first (a push it took may have been reported as
+        failed); a remote that cannot be reached leaves the candidate evaluating
+        (`RemoteUnreachable`): its heartbeat stops, and recovery asks again later."""
+        if reconcile and self.chain.remote is not None:
+            self.chain.remote.fetch()
+        head = self._own_release(candidate)
+        if head is not None:
             return self.candidates.move(
                 candidate.id,
                 ("evaluating",),
@@ -355,6 +463,16 @@ class ReleaseWorkflow:
                 release_id=head.release_id,
             )
         return self._reject(candidate, ("evaluating",), why, evaluation, judged=False)
+
+    def _own_release(self, candidate: Candidate) -> Release | None:
+        """The release published from `candidate` itself (not a rollback or promote copying
+        it), if it is on its scenario's chain."""
+        for release in self.chain.releases(candidate.scenario):
+            if release.candidate_id == candidate.id and release.origin is None:
+                return release
+            if release.release_id == candidate.base_release_id:
+                break  # older than what it was built on
+        return None
 
     def _reject(
         self,
@@ -446,6 +564,7 @@ class ReleaseWorkflow:
         why: str,
         evaluation: dict[str, Any] | None,
         on_conflict: str,
+        fence: Callable[[], None] | None = None,
     ) -> Candidate:
         candidate = self.candidates.get(candidate_id)
         if candidate.state not in allowed_from:
@@ -464,6 +583,7 @@ class ReleaseWorkflow:
                 evaluation=evaluation,
                 records_consumed=len(candidate.consumed_record_ids),
                 reason=f"{candidate.reason} (gate: {why})" if candidate.reason else why,
+                fence=fence,
             )
         except ReleaseConflict as conflict:
             if on_conflict == "raise":

@@ -38,6 +38,8 @@ class Candidate:
     consumed_record_ids: list[str] = field(default_factory=list)
     evaluating_pid: int | None = None  # the process running its gate, while it is evaluating
     evaluating_host: str | None = None  # the machine that process runs on
+    # The database's clock when the gating process last said it is still evaluating.
+    evaluation_heartbeat_at: float | None = None
     # What the recipe measured while building it (a training run's loss per step, ...).
     metrics: dict[str, Any] | None = None
     # Rejected without a judgement of its merits (the gate could not run or finish, publishing

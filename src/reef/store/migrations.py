@@ -274,6 +274,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX record_tags_by_value ON record_tags (name, value, record_id);
         """,
     ),
+    (
+        "0018_lease_generation_and_evaluation_heartbeat",
+        # A lease's generation, bumped each time a new holder takes it: a publish carries the
+        # generation it was started under and is refused once another holder took the lease.
+        # An evaluation's heartbeat (the database's clock), renewed by the process gating it: a
+        # candidate whose heartbeat stopped is recoverable by any replica, whatever its host.
+        """
+        ALTER TABLE leases ADD COLUMN generation INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE candidates ADD COLUMN evaluation_heartbeat_at REAL;
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.
