@@ -72,6 +72,10 @@ class ServerConfig(_Section):
     # A call or report naming a scenario nothing configures, releases or created (POST
     # /reef/scenarios) starts it; false: such a request is a 404 until the scenario is created.
     allow_implicit_scenario_creation: bool = True
+    # A token that reads GET /metrics (Prometheus' scraper), and nothing else. Without it,
+    # /metrics takes an inference or admin token like every route but /healthz (open when the
+    # server has no token at all). REEF_METRICS_TOKEN sets it.
+    metrics_token: SecretStr | None = None
 
 
 class UpstreamConfig(_Section):
@@ -338,6 +342,12 @@ class LearningConfig(_Recipes):
     proposer_url: str | None = None
     proposer_model: str | None = None
     proposer_api_key_env: str | None = None
+    # Where each learning step's curves go (losses per step, rewards, gate scores, decisions):
+    # tensorboard writes event files under `.reef/runs/<scenario>/<candidate>`; wandb and mlflow
+    # log there too when installed and configured. A tracker that cannot start is a warning.
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"]  # type: ignore[arg-type]
+    )
 
 
 class ScenarioLearningConfig(_Recipes):
@@ -595,6 +605,8 @@ def load_config(
         problems = describe_validation_error(error).replace("; ", "\n")
         raise ConfigError(f"invalid configuration{source}:\n{problems}") from None
     config.server.tokens = [*config.server.tokens, *_tokens(env, "REEF_TOKEN")]
+    if env.get("REEF_METRICS_TOKEN"):
+        config.server.metrics_token = SecretStr(env["REEF_METRICS_TOKEN"])
     config.server.admin_tokens = [*config.server.admin_tokens, *_tokens(env, "REEF_ADMIN_TOKEN")]
     return config
 

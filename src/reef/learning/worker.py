@@ -45,6 +45,7 @@ from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
 from reef.learning.plans import LoadedPlan, load_plans
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
+from reef.learning.trackers import track_candidate
 from reef.learning.view import ExperienceView, Trajectory
 from reef.protocol import ChatRequest, Completion
 from reef.releases.chain import read_folder
@@ -239,9 +240,27 @@ class LearningWorker:
             candidate, generate, extra_tasks=proposal.eval_tasks, fence=fence
         )
         log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
+        await asyncio.to_thread(self._track, recipe, candidate, gated)
         return StepResult(
             scenario, gated.state, gated.decision or "", gated.id, retry_later=gated.unjudged
         )
+
+    def _track(self, recipe: Recipe, proposed: Candidate, gated: Candidate) -> None:
+        """The candidate's curves and its gate's decision, to `learning.trackers`."""
+        try:
+            track_candidate(
+                self.config.learning.trackers,
+                self.config.state_dir,
+                gated.scenario,
+                recipe.name,
+                gated.id,
+                proposed.metrics,
+                gated.state,
+                gated.decision,
+                gated.evaluation,
+            )
+        except Exception as error:  # curves are a convenience: the step stands without them
+            log.warning("could not write the curves of %s: %s", gated.id, error)
 
     def _context(self, scenario: str, recipe: Recipe, instruction: str | None) -> StepContext:
         head = self.workflow.chain.head(scenario)

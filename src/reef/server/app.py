@@ -21,7 +21,17 @@ from reef.server import chat, completions, embeddings, messages, responses
 from reef.server.auth import BearerAuth
 from reef.server.browser import browser_middleware
 from reef.server.in_flight import CountInFlight
-from reef.server.reef_api import harness, imports, internal, records, releases, review, scenarios
+from reef.server.metrics import CountRequests
+from reef.server.reef_api import (
+    harness,
+    imports,
+    internal,
+    metrics,
+    records,
+    releases,
+    review,
+    scenarios,
+)
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.server")
@@ -84,8 +94,12 @@ def create_app(state: ServerState) -> Starlette:
         routes=routes,
         middleware=[
             Middleware(CountInFlight, in_flight=state.in_flight),
+            # Every request by route and status (refusals too), for GET /metrics.
+            Middleware(CountRequests, metrics=state.metrics, routes=routes),
             # Then a page in the user's browser is refused before anything else runs.
             *browser_middleware(state.config.server),
+            # GET /metrics, which takes server.metrics_token besides the other tokens.
+            Middleware(metrics.MetricsRoute, state=state),
             Middleware(
                 BearerAuth,
                 tokens=state.config.token_values(),

@@ -61,7 +61,13 @@ async def served_whole(
     `record_id` names the record in advance (an API whose answer's id names its record);
     `raw_body`, the bytes `body` was read from, is stored as they are."""
     started = time.perf_counter()
-    answer = await _answered(request, state, call, chat)
+    metrics = state.metrics
+    metrics.generating += 1
+    try:
+        answer = await _answered(request, state, call, chat)
+    finally:
+        metrics.generating -= 1
+    metrics.served(answer.call.scenario, answer.completion, started)
     headers = await stored(
         state, answer.call, body, answer.completion, started, record_id, raw_body
     )
@@ -102,6 +108,7 @@ async def stored(
         build = _builder(state, call, body, completion, started, False, record_id, raw_body)
         receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
         headers["x-reef-agent-record-id"] = receipt
+        state.metrics.scenario(call.scenario).records.inc()
         state.recorded(call.scenario, receipt)
     return headers
 
@@ -180,29 +187,37 @@ async def streamed(
     """`raw_body`: the bytes `body` was read from, stored as they are."""
     shape = shape or ChatShape()
     started = time.perf_counter()
+    metrics = state.metrics
     items = aiter(
         state.engine.stream(chat, adapter=call.binding.adapter, checkpoint=call.binding.checkpoint)
     )
     # Pull the first item before answering, so a request the engine refuses gets a real status.
     # Engines yield it as soon as the request is accepted, before it waits for its turn.
+    metrics.generating += 1
     try:
         first = await anext(items)
     except BaseException:
+        metrics.generating -= 1
         await _close(items)
         raise
 
     async def events() -> AsyncIterator[bytes]:
         item: StreamItem = first
+        generating = True
         try:
             while not isinstance(item, Completion):
                 shown = shape.chunk(item)
                 if shown is not None:
                     yield _framed(shown)
                 item = await anext(items)
+            metrics.generating -= 1
+            generating = False
+            metrics.served(call.scenario, item, started)
             if call.capture:
                 stored = shape.stored(item)
                 build = _builder(state, call, body, stored, started, True, record_id, raw_body)
                 receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
+                metrics.scenario(call.scenario).records.inc()
                 state.recorded(call.scenario, receipt)
                 yield _framed(shape.receipt(stored, receipt))
             end = getattr(shape, "end", None)
@@ -215,6 +230,8 @@ async def streamed(
             log.exception("stream failed")
             yield _failed(shape, _stream_failure(error))
         finally:
+            if generating:
+                metrics.generating -= 1
             await _close(items)
 
     return StreamingResponse(

@@ -18,6 +18,7 @@ from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, RuntimeScenarios, check_scenario
 from reef.server.call import CallContext, tags_of
 from reef.server.in_flight import InFlight
+from reef.server.metrics import ServingMetrics
 from reef.server.teacher import Teacher
 from reef.store import ExperienceStore
 
@@ -60,6 +61,11 @@ class ServerState:
 
     started_at: float = field(default_factory=time.time)
     in_flight: InFlight = field(default_factory=InFlight)
+    # This server's Prometheus registry and what the serving path counts (GET /metrics).
+    metrics: ServingMetrics = field(default_factory=ServingMetrics)
+
+    def __post_init__(self) -> None:
+        self.metrics.engine = self.engine.name
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:
         scenario = self.scenarios.require(scenario_from(headers), self.config, self.bindings)

@@ -29,7 +29,7 @@ from reef.store.backends import connect
 from reef.store.database import Database, StoreUnavailable, is_postgres
 from reef.store.migrations import apply_migrations
 from reef.store.sqlite import is_locked
-from reef.store.writer import GroupCommitWriter
+from reef.store.writer import GroupCommitWriter, WriterStats
 from reef.urls import without_password
 
 T = TypeVar("T")
@@ -216,6 +216,11 @@ class ExperienceStore:
         self._read_lock = threading.Lock()
         self._writer = GroupCommitWriter(self._write_db)
         self._writer.start()
+
+    @property
+    def writer_stats(self) -> WriterStats:
+        """What this process's writer committed: commit times, jobs per commit, failures."""
+        return self._writer.stats
 
     @property
     def dialect(self) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -44,6 +45,67 @@ class _Job:
     future: Future[Any] = field(default_factory=Future)
 
 
+# A commit's wall time, in seconds (from its first job to its commit), and how many jobs
+# one commit holds: the buckets `/metrics` shows them in.
+COMMIT_SECONDS_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+GROUP_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Buckets:
+    """A histogram kept as plain numbers: cumulative counts per upper bound, a sum and a count.
+    Observed by one thread at a time (the writer holds its connection lock), read by any."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)  # per bucket, not cumulative
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for index, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[index] += 1
+                break
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(upper bound, observations at or below it), +Inf last: Prometheus' bucket shape."""
+        running, out = 0, []
+        for bound, n in zip(self.bounds, self.counts, strict=True):
+            running += n
+            out.append((repr(float(bound)), float(running)))
+        out.append(("+Inf", float(self.count)))
+        return out
+
+
+class WriterStats:
+    """What the writer did: commits (wall time, jobs per commit), jobs stored, failed commits
+    (the store unavailable). Counted on the thread that commits, under the connection lock."""
+
+    def __init__(self) -> None:
+        self.commit_seconds = Buckets(COMMIT_SECONDS_BUCKETS)
+        self.group_size = Buckets(GROUP_SIZE_BUCKETS)
+        self.unavailable = 0  # commits that failed: the store could not be written
+
+
 class GroupCommitWriter(threading.Thread):
     """Runs write jobs on one connection, many per transaction, each in its own savepoint."""
 
@@ -58,6 +120,7 @@ class GroupCommitWriter(threading.Thread):
         # Held to queue a job and to queue the stop: no job is ever queued behind the stop.
         self._accepting = threading.Lock()
         self._closed = False
+        self.stats = WriterStats()
 
     def submit(
         self, work: Callable[[Database], T], here: bool = False, ordered: bool = False
@@ -151,6 +214,7 @@ class GroupCommitWriter(threading.Thread):
         try:
             self._db.begin_write(ordered=any(job.ordered for job in group))
         except BaseException as error:
+            self.stats.unavailable += 1
             for job in group:
                 if job.future.set_running_or_notify_cancel():
                     job.future.set_exception(self._db.unavailable(error))
@@ -162,15 +226,19 @@ class GroupCommitWriter(threading.Thread):
         # A job whose caller already gave up is dropped: nobody waits for its row.
         live = [job for job in group if job.future.set_running_or_notify_cancel()]
         outcomes: list[tuple[Any, BaseException | None]] = []
+        started = time.perf_counter()
         try:
             for job in live:
                 outcomes.append(self._in_savepoint(job))
             self._db.commit()
         except BaseException as error:  # the transaction failed: no row of this group is durable
+            self.stats.unavailable += 1
             self._roll_back()
             for job in live:
                 job.future.set_exception(self._db.unavailable(error))
             return
+        self.stats.commit_seconds.observe(time.perf_counter() - started)
+        self.stats.group_size.observe(len(live))
         for job, (value, job_error) in zip(live, outcomes, strict=True):
             if job_error is None:
                 job.future.set_result(value)

@@ -189,6 +189,22 @@ class LlamaCppEngine:
         return {"prompt_tokens": counters.prompt_tokens, "reused_tokens": counters.reused_tokens}
 
     @property
+    def slots_busy(self) -> int:
+        """Slots running a request now (read from any thread: a moment's view, for metrics)."""
+        if self._loop is None:
+            return 0
+        return sum(slot.busy for slot in self._loop.slots.slots)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of the KV cache's cells holding a token now, from 0 to 1 (a moment's view,
+        read from any thread, for metrics)."""
+        if self._loop is None:
+            return 0.0
+        used = sum(len(slot.tokens) for slot in self._loop.slots.slots)
+        return min(1.0, used / max(1, self.n_ctx * self.slots))
+
+    @property
     def loops_stopped(self) -> int:
         """Answers ended because they had started to repeat themselves."""
         return self._loop.loops_stopped if self._loop is not None else 0

@@ -32,6 +32,9 @@ class HeadFollower:
         self.state = state
         self.serving_commits: dict[str, str] = {}  # scenario -> head commit it serves
         self.retry_at: dict[str, float] = {}  # scenario -> when to try a broken head again
+        # Whether the heads were read once: a head loaded then is what the server starts
+        # with, not a switch (`reef:release_switches` counts the later ones).
+        self.loaded = False
         # The event loop the engine runs on, for loading a checkpoint from the follower's thread.
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -52,9 +55,11 @@ class HeadFollower:
             if time.monotonic() < self.retry_at.get(scenario, 0.0):
                 continue
             self._switch(scenario, commit)
+        self.loaded = True
 
     def _switch(self, scenario: str, commit: str) -> None:
         state = self.state
+        started = time.perf_counter()
         try:
             binding = state.workflow.binding(state.workflow.chain.head(scenario))
             self._load_weights(binding)
@@ -67,7 +72,11 @@ class HeadFollower:
                 f"still serving {serving}",
             )
             return
+        before = state.bindings.get(scenario)
         state.bindings = {**state.bindings, scenario: binding}
+        if self.loaded and (before is None or before.release_id != binding.release_id):
+            state.metrics.switches.labels(scenario).inc()
+            state.metrics.switch_seconds.labels(scenario).observe(time.perf_counter() - started)
         self.serving_commits[scenario] = commit
         self.retry_at.pop(scenario, None)
         self._clear(scenario)

@@ -117,6 +117,8 @@ async def report(request: Request) -> Response:
             f"{error}; agent_record_id and report_id name the same key",
             code="report_id_conflict",
         ) from None
+    if created:
+        state.metrics.reports.labels(scenario).inc()
     # Upstream Reef's answer beside Reef's own: the report's id is its record id there.
     answer = {**stored, "agent_record_id": stored["id"], "request_type": "report"}
     return JSONResponse(answer, status_code=201 if created else 200)
