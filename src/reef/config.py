@@ -235,6 +235,23 @@ class ShadowConfig(_Section):
     queue: int = Field(64, ge=1)  # copies waiting for idle capacity; more are dropped
 
 
+class EpisodeGateConfig(_Section):
+    """`gate.episodes`: judge a candidate by running an agent on a suite of Harbor tasks, on
+    both trees, paired (reef.episodes.gate, docs/episodes.md)."""
+
+    tasks: Path  # a folder of task folders (relative: to the config's folder)
+    agent: str = "native"  # native, pi, codex, claude, opencode
+    repeats: int = Field(1, ge=1)  # episodes per task and side
+    seed: int = 0
+    # Also the scenario's chat eval tasks, in the same report (groups keep their rules).
+    with_chat: bool = False
+
+    @field_validator("tasks")
+    @classmethod
+    def _expand_user(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
 class GateConfig(_Section):
     """How a candidate is judged against the current release on the scenario's eval tasks."""
 
@@ -272,6 +289,8 @@ class GateConfig(_Section):
     rejected_records: Literal["consumed", "returned"] = "consumed"
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
+    # Judge by agent episodes instead of chat answers (`EpisodeGateConfig`); None: chat only.
+    episodes: EpisodeGateConfig | None = None
 
     def rule_for(self, group: str) -> GroupRule:
         named = self.groups.get(group)
@@ -428,6 +447,20 @@ class RetentionConfig(_Section):
     checkouts: int = Field(10, ge=0)
 
 
+class EpisodesConfig(_Section):
+    """Agent episodes (reef.episodes, docs/episodes.md): the sandbox and its limits."""
+
+    # bwrap: bubblewrap, refused to run without it; none: agents run on the host, unconfined.
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+    wall_time_s: float = Field(600.0, gt=0)  # a task's own agent timeout applies when shorter
+    cpu_time_s: float | None = Field(600.0, gt=0)
+    memory_mb: int | None = Field(4096, ge=16)
+    processes: int | None = Field(256, ge=4)
+    disk_mb: int | None = Field(2048, ge=1)
+    output_bytes: int = Field(1_000_000, ge=1024)
+    max_steps: int = Field(20, ge=1)  # the native agent's
+
+
 class ReefConfig(_Section):
     # Relative paths in a config file are relative to the file's folder; without a file, to the
     # current directory.
@@ -449,6 +482,7 @@ class ReefConfig(_Section):
     scenarios: dict[str, ScenarioConfig] = Field(default_factory=dict)
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    episodes: EpisodesConfig = Field(default_factory=EpisodesConfig)
     # Which key configured the default learning block, for errors: `learning` or `reef`.
     _learning_key: str = PrivateAttr("learning")
 
@@ -612,9 +646,10 @@ def load_config(
 
 
 def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
-    """Make `state_dir`, `evals_dir` (given or default) and recipe files (`recipe:
-    path/file.py:Class`, in `learning` and each scenario's) relative to the config's `folder`, so
-    that `-c other/reef.yaml` from anywhere finds that project's state, evals and recipes."""
+    """Make `state_dir`, `evals_dir` (given or default), episode gates' `tasks` and recipe files
+    (`recipe: path/file.py:Class`, in `learning` and each scenario's) relative to the config's
+    `folder`, so that `-c other/reef.yaml` from anywhere finds that project's state, evals, tasks
+    and recipes."""
     for key in ("state_dir", "evals_dir"):
         value = data.get(key, ReefConfig.model_fields[key].default)
         if isinstance(value, str | Path):
@@ -629,6 +664,14 @@ def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
         given = Path(store["url"]).expanduser()
         store["url"] = str(given if given.is_absolute() else folder / given)
     scenarios = data.get("scenarios")
+    gates = [data.get("gate")]
+    if isinstance(scenarios, dict):
+        gates += [s.get("gate") for s in scenarios.values() if isinstance(s, dict)]
+    for gate in gates:
+        episodes = gate.get("episodes") if isinstance(gate, dict) else None
+        if isinstance(episodes, dict) and isinstance(episodes.get("tasks"), str | Path):
+            given = Path(episodes["tasks"]).expanduser()
+            episodes["tasks"] = given if given.is_absolute() else folder / given
     learnings = [data.get("learning"), data.get(SEED_LEARNING)]
     if isinstance(scenarios, dict):
         learnings += [s.get("learning") for s in scenarios.values() if isinstance(s, dict)]

@@ -13,6 +13,7 @@ from reef.cli import (
     review_command,
     serve_command,
     store_commands,
+    tasks_command,
 )
 
 app = typer.Typer(
@@ -35,6 +36,8 @@ app.command("review")(review_command.review)
 app.add_typer(release_commands.app, name="release")
 app.add_typer(learning_commands.recipe_app, name="recipe")
 app.add_typer(store_commands.app, name="store")
+app.add_typer(tasks_command.app, name="tasks")
+app.add_typer(tasks_command.agent_app, name="agent")
 
 
 def main() -> None:

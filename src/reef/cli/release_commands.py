@@ -363,6 +363,8 @@ async def _run_gate(workflow: ReleaseWorkflow, candidate: Candidate) -> Candidat
         total: int | None = len(load_tasks(tasks_path(config.evals_dir, candidate.scenario)))
     except ReefError:
         total = None  # the gate will reject it and say why
+    if config.gate_for(candidate.scenario).episodes is not None:
+        total = None  # episodes besides (or instead of) the chat tasks: counted as they end
     async with open_model(config) as model:
         columns = (
             TextColumn("evaluating {task.description} on " + model.name),

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from reef.artifacts import ROUTING_FILE
-from reef.config import ReefConfig
+from reef.config import EpisodeGateConfig, ReefConfig
 from reef.engines import resolve_kind
+from reef.episodes.gate import episode_settings, judge_by_episodes
 from reef.errors import Conflict, NotFound, ReefError
 from reef.evaluation.reference import Reference, best_released, hold_to
 from reef.evaluation.replay import replay_tasks
@@ -313,6 +314,16 @@ class ReleaseWorkflow:
         finally:
             self.housekeeping.prune_candidates()
 
+    async def judge(
+        self, candidate: Candidate, generate: Generate
+    ) -> tuple[str, str, PairedReport | None]:
+        """What the gate would decide on `candidate` now (outcome, why, its report), evaluated
+        as `gate` evaluates it, with nothing moved or published: a dry run, for comparing two
+        gates on the same candidate (`bench.episodes`)."""
+        report = await self._evaluate(candidate, generate, None, [])
+        outcome, why = decide(self.config.gate_for(candidate.scenario), report)
+        return outcome, why, report
+
     async def _evaluate_and_decide(
         self,
         candidate: Candidate,
@@ -378,25 +389,48 @@ class ReleaseWorkflow:
         on_task: Callable[[TaskResult], None] | None,
         extra_tasks: list[EvalTask],
     ) -> PairedReport | None:
-        if self.config.gate_for(candidate.scenario).policy == "always":
+        gate = self.config.gate_for(candidate.scenario)
+        if gate.policy == "always":
             return None
-        tasks = self._tasks(candidate.scenario, extra_tasks)
         current = self.binding(self._base_release(candidate))
         proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
         settings = self.eval_settings(candidate.scenario)
         concurrency = gate_concurrency(self.config)
+        chat = gate.episodes is None or gate.episodes.with_chat
+        tasks = self._tasks(candidate.scenario, extra_tasks) if chat else []
         report = await run_paired(
             tasks, current, proposed, generate, settings, on_task, concurrency
         )
+        if gate.episodes is not None:
+            episodes = await asyncio.to_thread(self._episode_results, candidate, gate.episodes)
+            for result in episodes:
+                if on_task:
+                    on_task(result)
+            report.tasks += episodes
         hold_to(report, self._best_released(candidate.scenario))
         for name, release, share in _routed_releases(candidate):
             if release == (candidate.base_release_id or BASE):
                 answered = as_candidate(report)  # the current side answered as it serves
-            else:
+            else:  # on the chat tasks: episodes run only the candidate and the current tree
                 arm = self._arm_binding(release)
-                answered = await run_beside(report, tasks, arm, generate, settings, concurrency)
+                chat_side = PairedReport(report.current_release_id, report.tasks[: len(tasks)])
+                answered = await run_beside(chat_side, tasks, arm, generate, settings, concurrency)
             report.arms.append(RoutedArm(name, release, share, answered))
         return report
+
+    def _episode_results(
+        self, candidate: Candidate, episodes: EpisodeGateConfig
+    ) -> list[TaskResult]:
+        """The gate's episodes (`reef.episodes.gate`), against the server this project runs."""
+        token = next(iter([*self.config.token_values(), *self.config.admin_token_values()]), "")
+        return judge_by_episodes(
+            episodes,
+            episode_settings(self.config.episodes),
+            self.config.state_dir,
+            candidate.scenario,
+            candidate.id,
+            token,
+        )
 
     def _best_released(self, scenario: str) -> dict[str, Reference]:
         """Per task, the best score a release of `scenario` reached, on either side of the

@@ -2,6 +2,10 @@
 
 The token comes as `Authorization: Bearer TOKEN`, or (as Anthropic's clients send it) as
 `x-api-key: TOKEN`; a bearer header, when sent, is the one read.
+
+An episode's token (`reef-ep.…`, reef.episodes.tokens) serves inference in its scenario only,
+until the episode's deadline; the call is put in the episode's session and tagged with the
+episode, task and tree, whatever the agent sent.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ import functools
 import hmac
 import ipaddress
 import json
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from reef.episodes.tokens import BadEpisodeToken, EpisodeGrant, is_episode_token, verify
 from reef.errors import Forbidden, ReefError, Unauthorized
 
 OPEN_PATHS = frozenset({"/healthz"})
@@ -20,6 +26,21 @@ OPEN_PATHS = frozenset({"/healthz"})
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 ADMIN_PREFIX = "/reef/scenarios/"
 INTERNAL_PREFIX = "/reef/internal/"
+# What an episode's token may call: inference, and the model list agents ask for first.
+INFERENCE_PATHS = frozenset(
+    {
+        "/v1/models",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+    }
+)
+# The tree an episode's grant names: set from a verified grant only, dropped from any call.
+TREE_HEADER = b"x-reef-episode-tree"
+# Headers an episode's calls cannot set themselves: the token's grant sets them.
+GRANT_HEADERS = (b"x-reef-scenario", b"x-reef-session", b"x-reef-capture", TREE_HEADER)
 
 
 def needs_admin(method: str, path: str) -> bool:
@@ -67,8 +88,15 @@ class BearerAuth:
         self.internal_tokens = internal_tokens or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and any(name == TREE_HEADER for name, _ in scope["headers"]):
+            # Only a verified episode grant says which tree serves a call (`_episode`).
+            kept = [(name, value) for name, value in scope["headers"] if name != TREE_HEADER]
+            scope = {**scope, "headers": kept}
         if scope["type"] == "http" and scope["path"].startswith(INTERNAL_PREFIX):
             await self._internal(scope, receive, send)
+            return
+        if scope["type"] == "http" and is_episode_token(provided_token(scope)):
+            await self._episode(scope, receive, send)
             return
         open_route = scope["type"] != "http" or scope["path"] in OPEN_PATHS
         if open_route or not (self.tokens or self.admin_tokens):
@@ -111,6 +139,50 @@ class BearerAuth:
             ),
             scope,
         )
+
+    async def _episode(self, scope: Scope, receive: Receive, send: Send) -> None:
+        signers = [*self.tokens, *self.admin_tokens, *self.internal_tokens]
+        try:
+            grant = verify(provided_token(scope), signers)
+        except BadEpisodeToken as error:
+            await _refuse(
+                send, Unauthorized(f"{error}: ask the episode runner for a new one"), scope
+            )
+            return
+        if scope["path"] not in INFERENCE_PATHS:
+            message = f"an episode's token serves inference only, not {scope['path']}"
+            await _refuse(send, Forbidden(message, code="episode_token_scope"), scope)
+            return
+        sent = dict(scope["headers"]).get(b"x-reef-scenario", b"").decode("latin-1")
+        if sent and sent != grant.scenario:
+            message = (
+                f"this episode's token serves scenario {grant.scenario!r}, not {sent!r}: "
+                "drop x-reef-scenario or send the episode's"
+            )
+            await _refuse(send, Forbidden(message, code="episode_token_scope"), scope)
+            return
+        await self.app(
+            {**scope, "headers": granted_headers(scope["headers"], grant)}, receive, send
+        )
+
+
+def granted_headers(headers: list[tuple[bytes, bytes]], grant: EpisodeGrant) -> list[Any]:
+    """The call's headers with the grant's scenario, session and tags in place of any the
+    agent sent, so every call of the episode is recorded in its session, tagged."""
+    kept = [
+        (name, value)
+        for name, value in headers
+        if name not in GRANT_HEADERS and not name.startswith(b"x-reef-tag-")
+    ]
+    given = {
+        b"x-reef-scenario": grant.scenario,
+        b"x-reef-session": grant.episode,
+        b"x-reef-tag-episode": grant.episode,
+        b"x-reef-tag-task": grant.task,
+        b"x-reef-tag-tree": grant.tree,
+        TREE_HEADER: grant.tree,
+    }
+    return kept + [(name, value.encode("latin-1")) for name, value in given.items()]
 
 
 def _bearer(scope: Scope) -> str:

@@ -10,8 +10,9 @@ from typing import Any, Protocol
 
 from reef.config import ReefConfig
 from reef.engines.base import Engine
-from reef.errors import BadRequest
-from reef.inference.binding import BASE_BINDING, Binding
+from reef.episodes.tokens import candidate_of
+from reef.errors import BadRequest, Forbidden, NotFound
+from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.inference.server_file import new_internal_token
 from reef.releases.canary import Verdict
 from reef.releases.workflow import ReleaseWorkflow
@@ -53,6 +54,8 @@ class ServerState:
     teachers: dict[str, Teacher] = field(default_factory=dict)
     # Scenarios created at runtime and the training modes chosen for them (in memory).
     scenarios: RuntimeScenarios = field(default_factory=RuntimeScenarios)
+    # Candidate id -> its binding, for the episodes a gate runs under it (`episode_binding`).
+    episode_bindings: dict[str, Binding] = field(default_factory=dict)
 
     def recorded(self, scenario: str, record_id: str) -> None:
         """A live call's record is stored: its scenario's shadows get a copy."""
@@ -75,11 +78,37 @@ class ServerState:
         capture = headers.get("x-reef-capture", "true").strip().lower() not in ("false", "0", "no")
         binding = self.bindings.get(scenario, BASE_BINDING)
         route = None
-        if binding.routing is not None:
+        judged = candidate_of(headers.get("x-reef-episode-tree", ""))
+        if judged is not None:  # an episode of a gate, under the candidate it judges
+            binding = self.episode_binding(scenario, judged)
+        elif binding.routing is not None:
             arm = binding.routing.choose(headers, session)
             route, binding = (binding.routing.release_id, arm.name), arm.binding
         cap = self.max_tokens_for(scenario)
         return CallContext(scenario, session, capture, binding, cap, route, tags=tags_of(headers))
+
+    def episode_binding(self, scenario: str, candidate_id: str) -> Binding:
+        """What serves an episode's calls under a candidate of `scenario` while it is judged
+        (the header that names it is set from a verified episode grant only, `server.auth`)."""
+        try:
+            candidate = self.workflow.candidates.get(candidate_id)
+        except NotFound:
+            message = f"this episode's candidate {candidate_id!r} does not exist"
+            raise Forbidden(message, code="episode_candidate") from None
+        if candidate.scenario != scenario or candidate.state not in ("proposed", "evaluating"):
+            raise Forbidden(
+                f"candidate {candidate_id!r} is {candidate.state} in scenario "
+                f"{candidate.scenario!r}: an episode runs under a candidate of its own scenario "
+                "while it is being judged",
+                code="episode_candidate",
+            )
+        if candidate_id not in self.episode_bindings:
+            if len(self.episode_bindings) >= 64:
+                self.episode_bindings.clear()
+            self.episode_bindings[candidate_id] = binding_for(
+                candidate.id, candidate.kind, candidate.folder
+            )
+        return self.episode_bindings[candidate_id]
 
     def max_tokens_for(self, scenario: str) -> int | None:
         """The most tokens an answer in `scenario` may have on this server's engine."""

@@ -1,0 +1,2 @@
+#!/bin/bash
+sed -i "s/wprld/world/" /app/greet.py

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo coral > /app/answer.txt

@@ -1,0 +1,139 @@
+"""The episode gate: a candidate judged by what an agent does with it, not by chat answers.
+
+With `gate.episodes` set, the gate runs the configured agent on every task of a Harbor suite,
+`repeats` times on each side: under the current release (tree `current`) and under the
+candidate (tree `candidate:<id>`: the server binds an episode's calls to the candidate's
+harness and adapter, `reef.server.state`). Both sides of a pair share the task and the seed
+and run one after the other, the side that goes first alternating (`runner.run_paired`). Each
+task becomes one of the gate's task results, scored by its mean reward on each side, in the
+task's group (`category` in its task.toml), so the gate's policies and group rules decide on
+episodes as they decide on chat tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from reef.config import EpisodeGateConfig, EpisodesConfig
+from reef.episodes.runner import Episode, EpisodeError, EpisodeSettings, run_paired
+from reef.episodes.sandbox import Limits
+from reef.episodes.tasks import Task, load_suite
+from reef.episodes.tokens import candidate_tree
+from reef.evaluation.runner import TaskResult
+from reef.inference.server_file import RunningServer, find_running_server
+
+CURRENT_TREE = "current"
+EPISODE_TASK_PREFIX = "episode:"
+
+
+def episode_settings(config: EpisodesConfig) -> EpisodeSettings:
+    """The sandbox and limits `episodes:` in reef.yaml configures."""
+    limits = Limits(
+        wall_time_s=config.wall_time_s,
+        cpu_time_s=config.cpu_time_s,
+        memory_mb=config.memory_mb,
+        processes=config.processes,
+        disk_mb=config.disk_mb,
+        output_bytes=config.output_bytes,
+    )
+    return EpisodeSettings(limits=limits, sandbox=config.sandbox, max_steps=config.max_steps)
+
+
+def judge_by_episodes(
+    gate: EpisodeGateConfig,
+    settings: EpisodeSettings,
+    state_dir: Path,
+    scenario: str,
+    candidate_id: str,
+    token: str | None,
+    on_episode: Callable[[Episode], None] | None = None,
+) -> list[TaskResult]:
+    """Run the suite on both trees against the server serving `state_dir` and answer one task
+    result per task. `token` reads and reports the episodes' records (None on a server with no
+    tokens); the server's internal token signs the episodes' own tokens."""
+    server = _running(state_dir)
+    tasks = load_suite(gate.tasks)
+    pairs = run_paired(
+        tasks,
+        gate.agent,
+        server.url,
+        {CURRENT_TREE: scenario, candidate_tree(candidate_id): scenario},
+        repeats=gate.repeats,
+        seed=gate.seed,
+        on_episode=on_episode,
+        token=token,
+        signing_token=server.token,
+        settings=settings,
+    )
+    return task_results(tasks, pairs)
+
+
+def task_results(tasks: list[Task], pairs: list[tuple[Episode, Episode]]) -> list[TaskResult]:
+    """One result per task from its (current, candidate) pairs: each side's mean reward, an
+    episode that could not be scored counting 0, and what each side did, for a reviewer."""
+    results = []
+    for task in tasks:
+        mine = [pair for pair in pairs if pair[0].task == task.name]
+        if not mine:
+            continue
+        current = [first for first, _ in mine]
+        candidate = [second for _, second in mine]
+        results.append(
+            TaskResult(
+                task_id=f"{EPISODE_TASK_PREFIX}{task.name}",
+                current_score=_mean_reward(current),
+                candidate_score=_mean_reward(candidate),
+                current_answer=_what_happened(current),
+                candidate_answer=_what_happened(candidate),
+                group=task.group,
+                prompt=task.instruction.strip(),
+                task_hash=task_folder_hash(task),
+            )
+        )
+    return results
+
+
+def task_folder_hash(task: Task) -> str:
+    """What the task asks and how it is scored: its instruction, its files and its test."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in task.path.rglob("*") if p.is_file()):
+        if "solution" in path.relative_to(task.path).parts:
+            continue
+        digest.update(str(path.relative_to(task.path)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _mean_reward(episodes: list[Episode]) -> float:
+    return statistics.fmean(min(1.0, max(0.0, e.reward or 0.0)) for e in episodes)
+
+
+def _what_happened(episodes: list[Episode]) -> str:
+    """Each episode in a line: its outcome and the commands its agent ran."""
+    lines = []
+    for episode in episodes:
+        outcome = "pass" if episode.passed else (episode.limit and f"limit: {episode.limit}")
+        outcome = outcome or (f"error: {episode.error}" if episode.error else "fail")
+        commands = "; ".join(_step(step) for step in episode.commands)[:400]
+        lines.append(f"{episode.id} reward={episode.reward} {outcome} | {commands}")
+    return "\n".join(lines)
+
+
+def _step(step: dict[str, object]) -> str:
+    """A step as a reviewer reads it: `tool {arguments}`, the final answer, or why it stopped."""
+    if step.get("tool"):
+        return f"{step['tool']} {step.get('arguments') or ''}".strip()
+    return str(step.get("answer") or step.get("stopped") or "")
+
+
+def _running(state_dir: Path) -> RunningServer:
+    server = find_running_server(state_dir)
+    if server is None:
+        raise EpisodeError(
+            "the episode gate runs the agent against the running server, and none serves "
+            f"{state_dir}: start `reef serve` (episodes judge a candidate by serving it)"
+        )
+    return server

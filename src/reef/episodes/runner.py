@@ -1,0 +1,358 @@
+"""One episode: an agent on a task, in a sandbox, against a running Reef; scored by the test.
+
+`run_episode` makes a fresh workspace, mints the episode's token, runs the agent (its calls
+recorded in a session of their own, tagged `episode`, `task`, `tree`), then runs the task's
+test in a second sandbox with no network, reads the reward, and reports it on the episode's
+records. `run_paired` runs two trees on the same tasks, same seeds, interleaved: what a gate
+compares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from reef.client import ReefClient, ReefClientError, env_token
+from reef.episodes.agents import INSTALL_SCRIPT, AgentRun, UnknownAgent, agent_run
+from reef.episodes.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxMode,
+    SandboxResult,
+    Workspace,
+    create_workspace,
+    give_to_sandbox,
+    require_sandbox,
+)
+from reef.episodes.tasks import Task
+from reef.episodes.tokens import EpisodeGrant, mint
+from reef.scenario import DEFAULT_SCENARIO
+from reef.urls import without_password
+
+TEST_OUTPUT_IN_REPORT = 4000
+TOKEN_GRACE_S = 120.0  # past the agent's wall time: calls still in flight end, then it expires
+
+
+class EpisodeError(RuntimeError):
+    """An episode that cannot run (no sandbox, Reef not on loopback, no token to sign with)."""
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    limits: Limits = field(default_factory=Limits)
+    sandbox: SandboxMode = "bwrap"
+    max_steps: int = 20  # the native agent's
+    work_root: Path | None = None  # where workspaces go (a temporary folder when None)
+    keep_workspace: bool = True
+
+
+@dataclass
+class Episode:
+    id: str
+    task: str
+    group: str
+    agent: str
+    tree: str
+    scenario: str
+    seed: int
+    reward: float | None = None
+    agent_run: SandboxResult | None = None
+    verifier_run: SandboxResult | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)  # the episode's records
+    commands: list[dict[str, Any]] = field(default_factory=list)  # the agent's steps
+    report_id: str | None = None
+    workspace: Path | None = None
+    error: str | None = None  # why it did not run, or could not be scored
+
+    @property
+    def passed(self) -> bool:
+        return self.reward is not None and self.reward >= 1.0
+
+    @property
+    def limit(self) -> str | None:
+        """The limit that stopped the agent or the test, if one did."""
+        for run in (self.agent_run, self.verifier_run):
+            if run is not None and run.limit is not None:
+                return run.limit
+        return None
+
+    @property
+    def test_output(self) -> str:
+        return self.verifier_run.output if self.verifier_run is not None else ""
+
+    def summary(self) -> dict[str, Any]:
+        """The episode as plain data (what `reef tasks run --json` prints)."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "agent": self.agent,
+            "tree": self.tree,
+            "seed": self.seed,
+            "reward": self.reward,
+            "passed": self.passed,
+            "limit": self.limit,
+            "error": self.error,
+            "calls": [call.get("id") for call in self.calls],
+            "commands": self.commands,
+            "agent_output": self.agent_run.output if self.agent_run else "",
+            "test_output": self.test_output,
+            "report_id": self.report_id,
+        }
+
+
+def run_episode(
+    task: Task,
+    agent: str,
+    reef_url: str,
+    *,
+    tree: str = "current",
+    scenario: str = DEFAULT_SCENARIO,
+    seed: int = 0,
+    token: str | None = None,
+    signing_token: str | None = None,
+    settings: EpisodeSettings | None = None,
+    episode_id: str | None = None,
+) -> Episode:
+    """Run `agent` on `task` against the Reef at `reef_url` (on this machine's loopback).
+
+    `token` is the caller's Reef token (REEF_TOKEN when None): it reads the episode's records
+    and reports on them, and never enters the sandbox. `signing_token` signs the episode's
+    token (`token` when None); `tree` is the label the calls are tagged with (a gate runs the
+    candidate's tree in the scenario that serves it)."""
+    settings = settings or EpisodeSettings()
+    token = env_token() if token is None else token
+    episode = Episode(
+        id=episode_id or new_episode_id(task.name),
+        task=task.name,
+        group=task.group,
+        agent=agent,
+        tree=tree,
+        scenario=scenario,
+        seed=seed,
+    )
+    if task.needs_image:
+        episode.error = "needs its image: " + "; ".join(task.image_installs)
+        return episode
+    require_sandbox(settings.sandbox)
+    port = loopback_port(reef_url)
+    with ReefClient(reef_url, token=token) as client:
+        workspace = _prepare(task, episode, settings)
+        limits = settings.limits.within(task.agent_timeout_s)
+        grant = EpisodeGrant(
+            scenario, episode.id, task.name, tree, time.time() + limits.wall_time_s + TOKEN_GRACE_S
+        )
+        episode_token = mint(grant, signing_token or token or _no_signer(reef_url))
+        sandbox_url = f"http://127.0.0.1:{port}"
+        try:
+            run = agent_run(
+                agent,
+                solution=task.solution,
+                base_url=sandbox_url,
+                token=episode_token,
+                scenario=scenario,
+                model=_served_model(client, scenario),
+                seed=seed,
+                max_steps=settings.max_steps,
+            )
+        except UnknownAgent as error:
+            episode.error = str(error)
+            return episode
+        if run.needs_install_script:
+            _write_install_script(client, agent, scenario, workspace, sandbox_url)
+        episode.agent_run = _run_agent(run, workspace, limits, port, settings)
+        episode.verifier_run = _run_test(task, workspace, settings)
+        episode.reward, problem = read_reward(workspace.logs / "verifier")
+        episode.error = episode.error or problem
+        episode.commands = read_commands(workspace.logs / "agent" / "trajectory.jsonl")
+        episode.calls = episode_records(client, episode)
+        episode.report_id = report_episode(client, episode)
+    if not settings.keep_workspace:
+        shutil.rmtree(workspace.root, ignore_errors=True)
+    return episode
+
+
+def run_paired(
+    tasks: list[Task],
+    agent: str,
+    reef_url: str,
+    sides: dict[str, str],
+    *,
+    repeats: int = 1,
+    seed: int = 0,
+    on_episode: Callable[[Episode], None] | None = None,
+    **options: Any,
+) -> list[tuple[Episode, Episode]]:
+    """Each task `repeats` times on both sides (tree label -> scenario serving it), same task
+    and seed on both, interleaved (the side that goes first alternates), as a gate pairs them;
+    answers (first side's, second side's) pairs in `sides`' order."""
+    (first, first_scenario), (second, second_scenario) = sides.items()
+    pairs = []
+    for task, repeat in _schedule(tasks, repeats):
+        order = [(first, first_scenario), (second, second_scenario)]
+        if repeat % 2:
+            order.reverse()
+        ran = {}
+        for tree, scenario in order:
+            episode = run_episode(
+                task, agent, reef_url, tree=tree, scenario=scenario, seed=seed + repeat, **options
+            )
+            ran[tree] = episode
+            if on_episode is not None:
+                on_episode(episode)
+        pairs.append((ran[first], ran[second]))
+    return pairs
+
+
+def _schedule(tasks: list[Task], repeats: int) -> Iterator[tuple[Task, int]]:
+    for repeat in range(repeats):
+        for task in tasks:
+            yield task, repeat
+
+
+def new_episode_id(task_name: str) -> str:
+    plain = re.sub(r"[^A-Za-z0-9_.-]", "-", task_name)[:48].strip("-.") or "task"
+    return f"ep-{plain}-{secrets.token_hex(6)}"
+
+
+def loopback_port(reef_url: str) -> int:
+    """The port of a Reef on this machine: the sandbox's relay reaches 127.0.0.1 only."""
+    parts = urlsplit(reef_url)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise EpisodeError(
+            f"episodes reach Reef on this machine's loopback; {without_password(reef_url)} is "
+            "not: run the episodes on the server's machine, at http://127.0.0.1:PORT"
+        )
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _no_signer(reef_url: str) -> str:
+    raise EpisodeError(
+        "no token to sign the episode's token with: set REEF_TOKEN (a token of the server at "
+        f"{without_password(reef_url)})"
+    )
+
+
+def _prepare(task: Task, episode: Episode, settings: EpisodeSettings) -> Workspace:
+    root = settings.work_root or Path(os.environ.get("TMPDIR", "/tmp")) / "reef-episodes"
+    root.mkdir(parents=True, exist_ok=True)
+    workspace = create_workspace(root / episode.id, task.environment)
+    episode.workspace = workspace.root
+    (workspace.logs / "agent" / "instruction.md").write_text(task.instruction)
+    give_to_sandbox(workspace)
+    return workspace
+
+
+def _served_model(client: ReefClient, scenario: str) -> str:
+    try:
+        models = client.get("/v1/models").get("data") or []
+    except ReefClientError:
+        return "default"
+    return str(models[0]["id"]) if models else "default"
+
+
+def _write_install_script(
+    client: ReefClient, agent: str, scenario: str, workspace: Workspace, sandbox_url: str
+) -> None:
+    """The adapter's install script for the scenario's tree, pointed at Reef as the sandbox
+    reaches it; it holds no token (it reads REEF_TOKEN when it runs)."""
+    response = client._http.get(  # a shell script, not JSON
+        "/reef/harness/install",
+        params={"adapter": agent, "scenario": scenario},
+        headers={"host": urlsplit(sandbox_url).netloc, "x-reef-scenario": scenario},
+    )
+    if response.status_code != 200:
+        answer = f"HTTP {response.status_code}: {response.text[:300]}"
+        raise EpisodeError(f"cannot get the {agent} install script: {answer}")
+    path = workspace.logs / "agent" / Path(INSTALL_SCRIPT).name
+    path.write_text(response.text)
+    give_to_sandbox(workspace)
+
+
+def _run_agent(
+    run: AgentRun, workspace: Workspace, limits: Limits, port: int, settings: EpisodeSettings
+) -> SandboxResult:
+    sandbox = Sandbox(workspace, limits, reef_port=port, mounts=run.mounts, mode=settings.sandbox)
+    return sandbox.run(run.command, run.env)
+
+
+def _run_test(task: Task, workspace: Workspace, settings: EpisodeSettings) -> SandboxResult:
+    """The task's test, in a sandbox of its own with no network at all."""
+    limits = settings.limits.within(task.verifier_timeout_s)
+    sandbox = Sandbox(workspace, limits, mounts={"/tests": task.tests}, mode=settings.sandbox)
+    return sandbox.run(["bash", "/tests/test.sh"], {})
+
+
+def read_reward(verifier_logs: Path) -> tuple[float | None, str | None]:
+    """The reward the test wrote (reward.txt: a number; reward.json: {"reward": x} or a single
+    number), and what was wrong when there is none."""
+    text_file, json_file = verifier_logs / "reward.txt", verifier_logs / "reward.json"
+    try:
+        if text_file.is_file():
+            return float(text_file.read_text().strip()), None
+        if json_file.is_file():
+            data = json.loads(json_file.read_text())
+            value = data.get("reward") if isinstance(data, dict) else data
+            if not isinstance(value, int | float | str):
+                raise ValueError("no number")
+            return float(value), None
+    except (ValueError, TypeError):
+        return None, "the test wrote a reward that is not a number"
+    return None, "the test wrote no reward (/logs/verifier/reward.txt or reward.json)"
+
+
+def read_commands(trajectory: Path) -> list[dict[str, Any]]:
+    if not trajectory.is_file():
+        return []
+    steps = []
+    for line in trajectory.read_text(errors="replace").splitlines():
+        try:
+            steps.append(json.loads(line))
+        except ValueError:
+            continue  # the agent was killed mid-line
+    return steps
+
+
+def episode_records(client: ReefClient, episode: Episode) -> list[dict[str, Any]]:
+    """Every record of the episode (its calls are tagged with its id), oldest first."""
+    records: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = client.records(
+            episode.scenario, limit=1000, after=after, tags=[f"episode:{episode.id}"]
+        )
+        records += page["data"]
+        if not page.get("has_more") or not page["data"]:
+            return records
+        after = page["data"][-1]["id"]
+
+
+def report_episode(client: ReefClient, episode: Episode) -> str | None:
+    """The test's result as a report on the episode's records (none when it made no call)."""
+    if not episode.calls or episode.reward is None:
+        return None
+    feedback = {
+        "episode": episode.id,
+        "task": episode.task,
+        "tree": episode.tree,
+        "agent": episode.agent,
+        "passed": episode.passed,
+        "limit": episode.limit,
+        "test_output": episode.test_output[-TEST_OUTPUT_IN_REPORT:],
+    }
+    stored = client.report(
+        [call["id"] for call in episode.calls][-1000:],
+        score=episode.reward,
+        feedback=feedback,
+        scenario=episode.scenario,
+        report_id=f"{episode.id}-test",
+    )
+    return str(stored.get("id") or f"{episode.id}-test")

@@ -1,0 +1,162 @@
+"""Tasks in Harbor's format (the task standard of Terminal-Bench): one folder each.
+
+    task.toml            [metadata], [agent] timeout_sec, [verifier] timeout_sec,
+                         [environment] cpus, memory (or memory_mb)
+    instruction.md       what the agent is asked to do
+    environment/         a Dockerfile and the files the task starts with (copied into /app)
+    tests/test.sh        executable; writes the reward to /logs/verifier/reward.txt (or .json)
+    solution/solve.sh    optional: the oracle, which shows the test can pass
+
+There is no Docker here: a task runs over the host's tools, so a Dockerfile that installs
+packages (`RUN apt-get install …`, `RUN pip install …`) is reported as needing its image.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_AGENT_TIMEOUT_S = 600.0
+DEFAULT_VERIFIER_TIMEOUT_S = 120.0
+# A RUN line that installs packages the host may lack.
+INSTALLS = re.compile(
+    r"\b(apt-get|apt|apk|yum|dnf|microdnf|zypper)\s+(-\S+\s+)*install\b"
+    r"|\b(pip3?|uv\s+pip|npm|pnpm|yarn|gem|cargo|go)\s+(-\S+\s+)*(install|add|get)\b"
+    r"|\bconda\s+install\b"
+)
+
+
+class BadTask(ValueError):
+    """A task folder that does not follow Harbor's format; the message names path and fix."""
+
+
+@dataclass(frozen=True)
+class Task:
+    path: Path
+    name: str
+    instruction: str
+    agent_timeout_s: float
+    verifier_timeout_s: float
+    cpus: float | None = None
+    memory_mb: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    # RUN lines of the Dockerfile that install packages: the task needs its image.
+    image_installs: tuple[str, ...] = ()
+
+    @property
+    def environment(self) -> Path:
+        return self.path / "environment"
+
+    @property
+    def tests(self) -> Path:
+        return self.path / "tests"
+
+    @property
+    def solution(self) -> Path | None:
+        solve = self.path / "solution" / "solve.sh"
+        return solve if solve.is_file() else None
+
+    @property
+    def group(self) -> str:
+        """The task's group for a gate's group rules: metadata.category, else its name."""
+        return str(self.metadata.get("category") or self.name)
+
+    @property
+    def needs_image(self) -> bool:
+        return bool(self.image_installs)
+
+
+def load_task(folder: Path | str) -> Task:
+    """The task in `folder`; `BadTask` naming the path and what is missing or wrong."""
+    path = Path(folder).resolve()
+    if not path.is_dir():
+        raise BadTask(f"{path}: not a folder (a task is a folder with task.toml)")
+    config = _task_toml(path)
+    instruction = _required_file(path / "instruction.md", "the instruction given to the agent")
+    test = path / "tests" / "test.sh"
+    _required_file(test, "the test that writes /logs/verifier/reward.txt")
+    if not os.access(test, os.X_OK):
+        raise BadTask(f"{test}: not executable (chmod +x it)")
+    environment = config.get("environment", {})
+    return Task(
+        path=path,
+        name=path.name,
+        instruction=instruction,
+        agent_timeout_s=_seconds(config, "agent", DEFAULT_AGENT_TIMEOUT_S, path),
+        verifier_timeout_s=_seconds(config, "verifier", DEFAULT_VERIFIER_TIMEOUT_S, path),
+        cpus=_number(environment.get("cpus"), "environment.cpus", path),
+        memory_mb=_memory_mb(environment, path),
+        metadata=dict(config.get("metadata", {})),
+        image_installs=installing_lines(path / "environment" / "Dockerfile"),
+    )
+
+
+def load_suite(folder: Path | str) -> list[Task]:
+    """Every task under `folder` (its subfolders holding task.toml), by name; `folder` may be
+    one task itself."""
+    root = Path(folder).resolve()
+    if (root / "task.toml").is_file():
+        return [load_task(root)]
+    if not root.is_dir():
+        raise BadTask(f"{root}: not a folder of tasks")
+    tasks = [load_task(child) for child in sorted(root.iterdir()) if (child / "task.toml").exists()]
+    if not tasks:
+        raise BadTask(f"{root}: no task here (no subfolder has a task.toml)")
+    return tasks
+
+
+def installing_lines(dockerfile: Path) -> tuple[str, ...]:
+    """The Dockerfile's RUN instructions (continuations joined) that install packages."""
+    if not dockerfile.is_file():
+        return ()
+    joined = re.sub(r"\\\n", " ", dockerfile.read_text(errors="replace"))
+    runs = [line.strip() for line in joined.splitlines() if line.strip().upper().startswith("RUN")]
+    return tuple(" ".join(run.split()) for run in runs if INSTALLS.search(run))
+
+
+def _task_toml(path: Path) -> dict[str, Any]:
+    toml = path / "task.toml"
+    if not toml.is_file():
+        raise BadTask(f"{toml}: missing (every task folder has a task.toml)")
+    try:
+        return tomllib.loads(toml.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise BadTask(f"{toml}: not valid TOML ({error})") from None
+
+
+def _required_file(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise BadTask(f"{path}: missing ({what})")
+    return path.read_text()
+
+
+def _seconds(config: dict[str, Any], section: str, default: float, path: Path) -> float:
+    value = _number(config.get(section, {}).get("timeout_sec"), f"{section}.timeout_sec", path)
+    return default if value is None else value
+
+
+def _number(value: Any, key: str, path: Path) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise BadTask(f"{path / 'task.toml'}: {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _memory_mb(environment: dict[str, Any], path: Path) -> int | None:
+    """`memory_mb = 2048`, or Harbor's `memory = "2G"` (M or G)."""
+    if "memory_mb" in environment:
+        value = _number(environment["memory_mb"], "environment.memory_mb", path)
+        return None if value is None else int(value)
+    memory = environment.get("memory")
+    if memory is None:
+        return None
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([MmGg])[Bb]?\s*", str(memory))
+    if not found:
+        raise BadTask(f"{path / 'task.toml'}: environment.memory must be like '2G' or '512M'")
+    size = float(found.group(1))
+    return int(size * 1024 if found.group(2).lower() == "g" else size)
