@@ -167,14 +167,17 @@ HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_si
 # or from the scores alone (sao: one step per scored rollout).
 SDFT = {"recipe": "sdft", "batch_size": 6, "steps": 16}
 SAO = {"recipe": "sao", "batch_size": 1, "max_staleness": 18}
+# GEPA on the same budget of metric calls a harness_evolve step's gate spends on its own tasks.
+GEPA = {"recipe": "gepa", "batch_size": 6, "max_metric_calls": 48, "minibatch_size": 3}
 RECIPES = {
     "sft": [SFT],
     "harness_evolve": [HARNESS_EVOLVE],
     "both": [HARNESS_EVOLVE, SFT],
     "sdft": [SDFT],
     "sao": [SAO],
+    "gepa": [GEPA],
 }
-SCORED = {"sft", "harness_evolve"}  # the recipes that take the preference's scorer
+SCORED = {"sft", "harness_evolve", "gepa"}  # the recipes that take the preference's scorer
 TOKENS = 32  # max_tokens of every answer measured, and of the gate's
 
 

@@ -9,7 +9,8 @@ module only, so its names are the ones a recipe may rely on:
 - the contract: `Recipe`, its `RecipeSettings`, the `StepContext` a step gets, the `Proposal` it
   returns, `ProposalRefused` (nothing usable this step) and `RecipeError` (a bad setting);
 - experience: `ExperienceView`, its `Trajectory`s and their `Turn`s;
-- evaluation: `EvalTask`, `ScorerSpec`, `FEEDBACK_GROUP` (the group of a recipe's own tasks),
+- evaluation: `EvalTask`, `ScorerSpec`, `score(spec, answer, task)` (an answer scored as the
+  gate scores it), `FEEDBACK_GROUP` (the group of a recipe's own tasks),
   `failing_prompts` (the prompts a recipe learned from failing, as a proposal's extra tasks),
   `Evaluated` (a candidate's scores, for recipes that search);
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
@@ -39,6 +40,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, files_of
+from reef.evaluation.scorers import score
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.inference.model import answer_text
 from reef.learning.hindsight import (
@@ -176,6 +178,7 @@ __all__ = [
     "rendered_prompt",
     "reporter",
     "require_weights",
+    "score",
     "served_prompt",
     "train_lora",
     "train_on_current",

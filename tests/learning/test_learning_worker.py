@@ -95,3 +95,33 @@ def test_manual_mode_steps_only_for_instructions(
     assert result is not None and result.outcome == "no proposal"
     assert asyncio.run(learner.next_step("default")) is None  # the instruction was taken
     learner.store.close()
+
+
+def test_a_recipe_generates_under_a_tree_it_is_trying_with_the_real_engine(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+) -> None:
+    """`StepContext.generate_under`: the tree's harness reaches the prompt the model reads (its
+    rendered length is what changes, whatever the model samples), and one tree is one folder."""
+    learner = worker(tmp_path, engine, "{}", peer)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
+    long_rule = {"AGENTS.md": ("Always answer in formal English. " * 20).encode()}
+
+    async def tried() -> tuple[int, int, int]:
+        learner._loop = asyncio.get_running_loop()
+        context = learner._context("default", learner.lanes["default"].learners[0].recipe, None)
+        assert context.generate_under is not None
+        bare = await asyncio.to_thread(context.generate_under, {}, body)
+        ruled = await asyncio.to_thread(context.generate_under, long_rule, body)
+        again = await asyncio.to_thread(context.generate_under, long_rule, body)
+        return (
+            len(bare.prompt_token_ids or []),
+            len(ruled.prompt_token_ids or []),
+            len(again.prompt_token_ids or []),
+        )
+
+    bare, ruled, again = asyncio.run(tried())
+    assert ruled - bare >= 100 and again == ruled  # 20 sentences of 6 tokens or more
+    trials = sorted((tmp_path / ".reef" / "learning" / "trials").iterdir())
+    assert len(trials) == 2  # the empty tree and the ruled one, the second written once
+    assert sum((t / "AGENTS.md").is_file() for t in trials) == 1
+    learner.store.close()

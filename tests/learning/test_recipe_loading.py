@@ -136,7 +136,9 @@ def test_bad_references_say_what_is_wrong(tmp_path: Path) -> None:
     write(tmp_path / "plain.py", RECIPE_FILE)
     with pytest.raises(RecipeError, match="Nope is not a Recipe subclass"):
         load_recipe("plain.py:Nope", {}, base_dir=tmp_path)
-    unknown = f"neither an installed recipe \\(harness_evolve.*entry points of {ENTRY_POINT_GROUP}"
+    unknown = (
+        f"neither an installed recipe \\(gepa, harness_evolve.*entry points of {ENTRY_POINT_GROUP}"
+    )
     with pytest.raises(RecipeError, match=unknown):
         load_recipe("no_such_recipe", {})
 

@@ -96,6 +96,10 @@ class StepContext:
     # Runs an OpenAI chat request body on the served model under the current release, without
     # recording it, and returns the Completion (text, token ids, the prompt's token ids).
     generate: Callable[[dict[str, Any]], Completion] | None = None
+    # The same under a harness tree the recipe is trying instead of the current one (its files:
+    # AGENTS.md, rules/, skills/, examples.jsonl, settings.json), with the weights that serve
+    # now: generate_under(files, body). Search recipes (gepa) score their trees through it.
+    generate_under: Callable[[dict[str, bytes], dict[str, Any]], Completion] | None = None
     # The served model's weights (a GGUF file or a Hugging Face folder), for recipes that train.
     model_path: Path | None = None
     # A folder the recipe may keep files in between steps (caches, scratch).

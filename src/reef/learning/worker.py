@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +44,7 @@ from reef.artifacts import keep_serving_parts
 from reef.config import ReefConfig
 from reef.engines import served_model_path
 from reef.evaluation.runner import model_generate
-from reef.inference.binding import Binding
+from reef.inference.binding import Binding, binding_for
 from reef.inference.model import Model, answer_text
 from reef.learning.plans import LoadedPlan, load_plans
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
@@ -63,6 +66,7 @@ from reef.store.leases import confirm_lease, give_up_lease, new_holder, take_lea
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
+MAX_TRIALS = 256  # harness trees a recipe tried that keep their folder and binding
 
 
 @dataclass
@@ -136,6 +140,8 @@ class LearningWorker:
         # Scenario -> the generation of its lease this worker holds: a publish carries it, and
         # is refused (`confirm_lease`) once another worker took the lease since.
         self.generations: dict[str, int] = {}
+        # Harness trees recipes tried (`generate_under`), by content: their bindings.
+        self._trials: dict[str, Binding] = {}
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -268,6 +274,9 @@ class LearningWorker:
         candidates = self.workflow.candidates.list(scenario)
         rejected = [c for c in candidates if c.state == "rejected"][:5]
         serving = self.workflow.binding(head)
+        if len(self._trials) > MAX_TRIALS:  # trees tried in earlier steps: start afresh
+            self._trials.clear()
+            shutil.rmtree(self.config.state_dir / "learning" / "trials", ignore_errors=True)
         return StepContext(
             scenario=scenario,
             release_id=head.release_id if head else "base",
@@ -277,6 +286,7 @@ class LearningWorker:
             ask=self.ask,
             evaluated=[e for c in candidates[:20] if (e := _evaluated(c)) is not None],
             generate=functools.partial(self.generate, binding=serving),
+            generate_under=functools.partial(self.generate_under, serving=serving),
             model_path=served_model_path(self.config.engine),
             work_dir=self.config.state_dir / "learning" / recipe.name,
             progress=self.progress,
@@ -292,6 +302,33 @@ class LearningWorker:
             self.model.complete(request, binding), self._loop
         )
         return running.result()
+
+    def generate_under(
+        self, files: dict[str, bytes], body: dict[str, Any], serving: Binding
+    ) -> Completion:
+        """A completion under a harness tree a recipe is trying, with the weights `serving`
+        serves, not recorded (called from the recipe's thread). The tree is written once to a
+        folder named by its content and read as a release's harness is."""
+        digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:16]
+        binding = self._trials.get(digest)
+        if binding is None:
+            folder = self.config.state_dir / "learning" / "trials" / digest
+            if not folder.is_dir():
+                staging = folder.with_name(f".{digest}.{os.getpid()}.{threading.get_ident()}")
+                shutil.rmtree(staging, ignore_errors=True)
+                for path, data in files.items():
+                    (staging / path).parent.mkdir(parents=True, exist_ok=True)
+                    (staging / path).write_bytes(data)
+                staging.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):  # another thread wrote the same tree first
+                    staging.rename(folder)
+                shutil.rmtree(staging, ignore_errors=True)
+            tried = binding_for(f"trial-{digest}", "harness", folder, strict=True)
+            binding = dataclasses.replace(
+                tried, adapter=serving.adapter, checkpoint=serving.checkpoint
+            )
+            self._trials[digest] = binding
+        return self.generate(body, binding)
 
     def ask(
         self,
