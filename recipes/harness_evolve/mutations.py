@@ -1,35 +1,30 @@
-"""Harness mutations: one change to one file of the tree, checked before it is applied.
-
-A proposer answers with a mutation; anything that is not one well-formed change inside the tree
-(unparseable, empty, oversized, a path outside the tree) is refused with a reason, never applied.
+"""Harness mutations as a proposer model writes them: the first JSON object in its reply, held to
+the rules every change to a tree meets (`reef.harness.mutations`, shared with the proposals
+agents send). Anything that is not one well-formed change inside the tree (unparseable, empty,
+oversized, a path outside the tree) is refused with a reason, never applied.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
-from reef.sdk import ProposalRefused
-
-OPS = ("create", "update", "remove")
-EDITABLE = re.compile(
-    r"^(AGENTS\.md|examples\.jsonl|rules/[a-z0-9_-]+\.md|skills/[a-z0-9_-]+/SKILL\.md)$"
+from reef.sdk import (
+    EDITABLE,
+    Mutation,
+    ProposalRefused,
+    TreeChangeRefused,
+    apply_mutation,
+    check_mutation,
 )
+
+__all__ = ["EDITABLE", "Mutation", "MutationRefused", "apply", "check", "parse_mutation"]
+OPS = ("create", "update", "remove")
 
 
 class MutationRefused(ProposalRefused):
     """The proposal is not a usable mutation; the message says why."""
-
-
-@dataclass(frozen=True)
-class Mutation:
-    op: str
-    path: str
-    content: str
-    reason: str
 
 
 def parse_mutation(reply: str, max_bytes: int) -> Mutation:
@@ -49,41 +44,18 @@ def parse_mutation(reply: str, max_bytes: int) -> Mutation:
 
 
 def check(mutation: Mutation, max_bytes: int) -> None:
-    pure = PurePosixPath(mutation.path)
-    if pure.is_absolute() or ".." in pure.parts or not EDITABLE.match(mutation.path):
-        raise MutationRefused(
-            f"path {mutation.path!r} is outside the harness tree: use AGENTS.md, examples.jsonl, "
-            "rules/<name>.md or skills/<name>/SKILL.md"
-        )
-    if mutation.op != "remove" and not mutation.content.strip():
-        raise MutationRefused(f"{mutation.op} of {mutation.path} has empty content")
-    if len(mutation.content.encode()) > max_bytes:
-        raise MutationRefused(f"content for {mutation.path} is over {max_bytes} bytes")
-    if mutation.path == "examples.jsonl" and mutation.op != "remove":
-        for line in filter(str.strip, mutation.content.splitlines()):
-            try:
-                item = json.loads(line)
-            except ValueError:
-                item = None
-            if not (isinstance(item, dict) and {"user", "assistant"} <= set(item)):
-                raise MutationRefused('examples.jsonl lines must be {"user": …, "assistant": …}')
+    try:
+        check_mutation(mutation, max_bytes)
+    except TreeChangeRefused as refused:
+        raise MutationRefused(refused.message) from None
 
 
 def apply(files: dict[str, bytes], mutation: Mutation) -> dict[str, bytes]:
     """A copy of the tree with the mutation applied."""
-    changed = dict(files)
-    exists = mutation.path in files
-    if mutation.op == "create" and exists:
-        raise MutationRefused(f"{mutation.path} already exists: use update")
-    if mutation.op in ("update", "remove") and not exists:
-        raise MutationRefused(f"{mutation.path} does not exist: use create")
-    if mutation.op == "remove":
-        del changed[mutation.path]
-    else:
-        changed[mutation.path] = mutation.content.encode()
-    if changed == files:
-        raise MutationRefused("the mutation changes nothing")
-    return changed
+    try:
+        return apply_mutation(files, mutation)
+    except TreeChangeRefused as refused:
+        raise MutationRefused(refused.message) from None
 
 
 def _first_json_object(text: str) -> dict[str, Any] | None:

@@ -22,6 +22,9 @@ module only, so its names are the ones a recipe may rely on:
   `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
   teacher's context, distilled with the recipe's shared settings), `reporter`;
 - messages: `message_text`, `answer_text`, `Completion`;
+- harness trees: `Mutation` (one change to one file), `check_mutation` and `apply_mutation`
+  (the rules every change meets, `TreeChangeRefused` naming the one broken), `EDITABLE` (the
+  files a change may touch);
 - artifacts: `HARNESS`, `ADAPTER` and `CHECKPOINT`, the parts a release carries
   (`StepContext.files_of(part)` gives the current release's files of one), `files_of` for any
   artifact's files;
@@ -42,6 +45,10 @@ from typing import TYPE_CHECKING, Any
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, files_of
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
+from reef.harness.mutations import EDITABLE, Mutation
+from reef.harness.mutations import MutationRefused as TreeChangeRefused
+from reef.harness.mutations import apply as apply_mutation
+from reef.harness.mutations import check as check_mutation
 from reef.inference.model import answer_text
 from reef.learning.hindsight import (
     Generate,
@@ -129,6 +136,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ADAPTER",
     "CHECKPOINT",
+    "EDITABLE",
     "FEEDBACK_GROUP",
     "HARNESS",
     "BaseWeights",
@@ -141,6 +149,7 @@ __all__ = [
     "Generate",
     "LoraRecipeSettings",
     "LoraSettings",
+    "Mutation",
     "PolicyExample",
     "Proposal",
     "ProposalRefused",
@@ -154,9 +163,12 @@ __all__ = [
     "StepContext",
     "TrainingExample",
     "Trajectory",
+    "TreeChangeRefused",
     "Turn",
     "answer_text",
+    "apply_mutation",
     "asking",
+    "check_mutation",
     "completion_logprobs",
     "current_adapter",
     "demonstrations",

@@ -125,3 +125,27 @@ def test_a_recipe_generates_under_a_tree_it_is_trying_with_the_real_engine(
     assert len(trials) == 2  # the empty tree and the ruled one, the second written once
     assert sum((t / "AGENTS.md").is_file() for t in trials) == 1
     learner.store.close()
+
+
+def test_an_agent_s_proposal_is_gated_at_the_next_step_before_the_recipe_is_asked(
+    tmp_path: Path, engine: LlamaCppEngine
+) -> None:
+    (tmp_path / "reef.yaml").write_text(
+        f"state_dir: {tmp_path}/.reef\ngate:\n  policy: always\n"
+        "learning:\n  recipe: harness_evolve\n  proposer: rule\n  batch_size: 1\n"
+    )
+    config = load_config(tmp_path / "reef.yaml", env={})
+    store = ExperienceStore(config.experience_db)
+    recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
+    learner = LearningWorker(
+        config, store, LocalModel(engine), plans=[LoadedPlan("default", "auto", [recipe])]
+    )
+    failing_call(store)  # the recipe is ready too: the agent's proposal still goes first
+    proposed = learner.workflow.propose(
+        "default", "harness", {"rules/tests.md": b"Run the tests."}, source="agent"
+    )
+    first = asyncio.run(learner.step("default"))
+    assert (first.candidate_id, first.outcome, first.recipe) == (proposed.id, "released", "agent")
+    second = asyncio.run(learner.step("default"))  # then the recipe's own step
+    assert second.recipe == "harness_evolve" and second.candidate_id != proposed.id
+    store.close()

@@ -54,7 +54,7 @@ from reef.protocol import ChatRequest, Completion
 from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
-from reef.store.candidates import Candidate
+from reef.store.candidates import AGENT_SOURCE, Candidate
 from reef.store.learning import (
     fingerprint,
     save_annotation,
@@ -175,6 +175,9 @@ class LearningWorker:
     ) -> StepResult:
         self._loop = asyncio.get_running_loop()
         scenario, recipe = learner.scenario, learner.recipe
+        proposed = await asyncio.to_thread(self._agent_proposal, scenario)
+        if proposed is not None:  # an agent's proposal waits: it is gated before the recipe asks
+            return await self._gate_agent_proposal(proposed)
         automatic = instruction is None and not force
         seen = await asyncio.to_thread(self._fingerprint, scenario)
         if automatic and recipe.waits_for_traffic and learner.idle_at == seen:
@@ -202,6 +205,29 @@ class LearningWorker:
         if automatic and result.outcome == "no proposal":
             learner.idle_at = seen
         await asyncio.to_thread(self._save_step, result, started, instruction)
+        return result
+
+    def _agent_proposal(self, scenario: str) -> Candidate | None:
+        """The oldest candidate an agent proposed (`POST /reef/harness/proposals`) still waiting
+        for its gate; None while a canary runs (a gate would end it unjudged)."""
+        candidates = self.workflow.candidates
+        if candidates.list(scenario, "canary"):
+            return None
+        waiting = [c for c in candidates.list(scenario, "proposed") if c.source == AGENT_SOURCE]
+        return waiting[-1] if waiting else None  # the list is newest first
+
+    async def _gate_agent_proposal(self, candidate: Candidate) -> StepResult:
+        started, scenario = time.time(), candidate.scenario
+        generate = model_generate(self.model, self.workflow.eval_settings(scenario))
+        gated = await self.workflow.gate(candidate, generate, fence=self._fence(scenario))
+        log.info(
+            "%s: an agent's proposal %s %s: %s", scenario, gated.id, gated.state, gated.decision
+        )
+        result = StepResult(
+            scenario, gated.state, gated.decision or "", gated.id, retry_later=gated.unjudged
+        )
+        result.recipe = AGENT_SOURCE
+        await asyncio.to_thread(self._save_step, result, started, None)
         return result
 
     def _fingerprint(self, scenario: str) -> tuple[Any, ...]:

@@ -27,6 +27,7 @@ from reef.server.reef_api import (
     imports,
     internal,
     metrics,
+    proposals,
     records,
     releases,
     review,
@@ -88,6 +89,7 @@ def create_app(state: ServerState) -> Starlette:
         *releases.routes,
         *review.routes,
         *harness.routes,
+        *proposals.routes,
         *internal.routes,
     ]
     app = Starlette(

@@ -22,6 +22,8 @@ STATES = ("proposed", "evaluating", "released", "rejected", "held", "canary", "s
 OPEN_STATES = ("proposed", "evaluating", "held", "canary", "shadow")
 _JSON_FIELDS = ("evaluation", "consumed_record_ids", "metrics")
 
+# The source of a candidate an agent proposed (POST /reef/harness/proposals), not a recipe.
+AGENT_SOURCE = "agent"
 
 @dataclass
 class Candidate:
