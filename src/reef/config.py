@@ -461,6 +461,19 @@ class EpisodesConfig(_Section):
     max_steps: int = Field(20, ge=1)  # the native agent's
 
 
+class OtelConfig(_Section):
+    """Traces with OpenTelemetry (`reef.server.tracing`, the `otel` extra)."""
+
+    # None: on when OTEL_EXPORTER_OTLP_ENDPOINT is set; true without the extra stops start-up.
+    enabled: bool | None = None
+    # The OTLP/HTTP collector's base URL (spans go to <endpoint>/v1/traces); default
+    # OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318. Headers (a collector's key) come
+    # from OTEL_EXPORTER_OTLP_HEADERS, read by the exporter, never from this file.
+    endpoint: str | None = None
+    service_name: str = "reef"
+    capture_content: bool = False  # prompts and answers on the engine's spans
+
+
 class ReefConfig(_Section):
     # Relative paths in a config file are relative to the file's folder; without a file, to the
     # current directory.
@@ -483,6 +496,7 @@ class ReefConfig(_Section):
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     episodes: EpisodesConfig = Field(default_factory=EpisodesConfig)
+    otel: OtelConfig = Field(default_factory=OtelConfig)
     # Which key configured the default learning block, for errors: `learning` or `reef`.
     _learning_key: str = PrivateAttr("learning")
 

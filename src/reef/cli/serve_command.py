@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from reef.learning.plans import load_plans
 from reef.releases.workflow import ReleaseWorkflow
 from reef.server.run import check_bind, run
 from reef.server.state import ServerState
+from reef.server.tracing import start_tracing
 from reef.store import ExperienceStore
 
 
@@ -76,6 +78,7 @@ def serve(
             resolved.engine, resolved.server.max_queue, resolved.state_dir
         )
         store = ExperienceStore(resolved.experience_store, resolved.store.synchronous)
+        tracing = start_tracing(resolved.otel, os.environ)
     except ReefError as error:
         fail(error.message, code=2 if error.status == 400 else 1)
     url = f"http://{resolved.server.host}:{resolved.server.port}"
@@ -91,6 +94,7 @@ def serve(
         store=store,
         workflow=ReleaseWorkflow(resolved, store),
         engine_reason=reason,
+        tracing=tracing,
     )
     try:
         run(state)

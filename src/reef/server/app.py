@@ -34,6 +34,7 @@ from reef.server.reef_api import (
     scenarios,
 )
 from reef.server.state import ServerState
+from reef.server.tracing import TraceRequests
 
 log = logging.getLogger("reef.server")
 
@@ -95,6 +96,8 @@ def create_app(state: ServerState) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
+            # Each request in a span of its own, when tracing is on (`otel`).
+            Middleware(TraceRequests, tracing=state.tracing),
             Middleware(CountInFlight, in_flight=state.in_flight),
             # Every request by route and status (refusals too), for GET /metrics.
             Middleware(CountRequests, metrics=state.metrics, routes=routes),

@@ -66,6 +66,8 @@ async def serve(state: ServerState) -> None:
             follower.cancel()
         await asyncio.gather(*followers, return_exceptions=True)
         state.store.close()
+        if state.tracing is not None:
+            await asyncio.to_thread(state.tracing.shutdown)  # the last spans, exported
 
 
 def _scenarios(state: ServerState) -> list[str]:

@@ -35,6 +35,7 @@ from reef.server.cancellation import until_disconnected
 from reef.server.http import sse
 from reef.server.state import ServerState
 from reef.server.teacher import Answer
+from reef.server.tracing import TRACE_TAG
 from reef.store import Record
 
 log = logging.getLogger("reef.server")
@@ -68,6 +69,10 @@ async def served_whole(
     finally:
         metrics.generating -= 1
     metrics.served(answer.call.scenario, answer.completion, started)
+    if state.tracing is not None:
+        state.tracing.engine_answered(
+            answer.call.answered_by or state.engine.name, chat, answer.completion, started
+        )
     headers = await stored(
         state, answer.call, body, answer.completion, started, record_id, raw_body
     )
@@ -106,11 +111,19 @@ async def stored(
     headers = call.release_headers()
     if call.capture:
         build = _builder(state, call, body, completion, started, False, record_id, raw_body)
-        receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
+        receipt = await _write(state, build)
         headers["x-reef-agent-record-id"] = receipt
         state.metrics.scenario(call.scenario).records.inc()
         state.recorded(call.scenario, receipt)
     return headers
+
+
+async def _write(state: ServerState, build: Callable[[], Record]) -> str:
+    """Store a record through the writer's group commit (in its span, when tracing is on)."""
+    if state.tracing is None:
+        return await state.store.add_record_async(build, alone=state.in_flight.alone)
+    with state.tracing.span("reef.store.write", **{"db.system.name": state.store.dialect}):
+        return await state.store.add_record_async(build, alone=state.in_flight.alone)
 
 
 def _builder(
@@ -125,6 +138,7 @@ def _builder(
 ) -> functools.partial[Record]:
     """`record_of`, for the store's writer thread to call, with the latency taken now."""
     latency_ms = (time.perf_counter() - started) * 1000
+    trace_id = state.tracing.trace_id() if state.tracing is not None else None
     return functools.partial(
         record_of,
         state,
@@ -136,6 +150,7 @@ def _builder(
         record_id,
         latency_ms=latency_ms,
         raw_body=raw_body,
+        trace_id=trace_id,
     )
 
 
@@ -213,10 +228,12 @@ async def streamed(
             metrics.generating -= 1
             generating = False
             metrics.served(call.scenario, item, started)
+            if state.tracing is not None:
+                state.tracing.engine_answered(state.engine.name, chat, item, started)
             if call.capture:
                 stored = shape.stored(item)
                 build = _builder(state, call, body, stored, started, True, record_id, raw_body)
-                receipt = await state.store.add_record_async(build, alone=state.in_flight.alone)
+                receipt = await _write(state, build)
                 metrics.scenario(call.scenario).records.inc()
                 state.recorded(call.scenario, receipt)
                 yield _framed(shape.receipt(stored, receipt))
@@ -288,10 +305,11 @@ def record_of(
     record_id: str | None = None,
     latency_ms: float | None = None,
     raw_body: bytes | None = None,
+    trace_id: str | None = None,
 ) -> Record:
     """The record of a served call. `latency_ms` defaults to the time since `started`;
     `raw_body` (the bytes `body` was read from) and the engine's `raw_response` are stored as
-    they are, not serialised again."""
+    they are, not serialised again; `trace_id`, the call's trace, is kept in a tag."""
     if latency_ms is None:
         latency_ms = (time.perf_counter() - started) * 1000
     raw_response = completion.raw_response
@@ -314,7 +332,7 @@ def record_of(
         routing_release_id=call.route[0] if call.route else None,
         arm=call.route[1] if call.route else None,
         failed_arm=call.failed_arm,
-        tags=call.tags,
+        tags={**call.tags, TRACE_TAG: trace_id} if trace_id else call.tags,
         request_json=None if raw_body is None else raw_body.decode(),
         response_json=None if raw_response is None else raw_response.decode(),
     )

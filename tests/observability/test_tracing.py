@@ -1,0 +1,215 @@
+"""Traces with OpenTelemetry: Reef's app served in a thread in front of a scripted upstream,
+with the SDK's in-memory exporter (a span per request, its engine and store spans, a caller's
+traceparent continued, no prompt text unless content capture is on), and `reef serve` exporting
+to a real OTLP/HTTP receiver on loopback (the collector protocol, decoded with its protobuf)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from reef.config import OtelConfig, load_config
+from reef.engines import build_engine
+from reef.releases.workflow import ReleaseWorkflow
+from reef.server.app import create_app
+from reef.server.state import ServerState
+from reef.server.tracing import TRACE_TAG, Tracing, start_tracing
+from reef.store import ExperienceStore
+from reef.testing.processes import free_port, reef_serve
+from reef.testing.threaded import served_in_thread
+from tests.conftest import TOKEN
+from tests.episodes.test_episodes import answer
+
+SECRET_PROMPT = "the-prompt-text-7f3a"
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{CALLER_TRACE}-00f067aa0ba902b7-01"
+
+
+async def hello(request: Request) -> Response:
+    if not (await request.json()).get("stream"):
+        return answer({"role": "assistant", "content": "Hello there."})
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello there."}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}},
+    ]  # fmt: skip
+    events = [f"data: {json.dumps({'id': 'c', 'model': 'scripted', **c})}\n\n" for c in chunks]
+    return Response("".join(events) + "data: [DONE]\n\n", media_type="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[str]:
+    app = Starlette(routes=[Route("/v1/chat/completions", hello, methods=["POST"])])
+    with served_in_thread(app, "the upstream") as url:
+        yield f"{url}/v1"
+
+
+def serve_traced(folder: Path, upstream: str, capture: bool) -> Any:
+    (folder / "reef.yaml").write_text(
+        f"engine:\n  kind: upstream\n  upstream:\n    url: {upstream}\n"
+    )
+    config = load_config(folder / "reef.yaml", env={})
+    store = ExperienceStore(config.experience_db)
+    engine = build_engine(config.engine)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    state = ServerState(config, engine, store, ReleaseWorkflow(config, store))
+    state.tracing = Tracing(provider, capture_content=capture)
+    app = create_app(state)
+
+    @asynccontextmanager
+    async def engine_started(app: Any) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.close()
+
+    app.router.lifespan_context = engine_started
+    return app, store, exporter
+
+
+def chat(url: str, headers: dict[str, str] | None = None, stream: bool = False) -> httpx.Response:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": SECRET_PROMPT}],
+        "stream": stream,
+    }
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=30)
+
+
+def test_each_request_is_one_trace_with_its_engine_and_store_spans(
+    tmp_path: Path, upstream: str
+) -> None:
+    app, store, exporter = serve_traced(tmp_path, upstream, capture=False)
+    with served_in_thread(app, "reef") as url:
+        first, second = chat(url), chat(url, stream=True)
+        assert first.status_code == second.status_code == 200
+    spans = exporter.get_finished_spans()
+    traces = {span.context.trace_id for span in spans}
+    assert len(traces) == 2
+    for trace_id in traces:
+        names = sorted(span.name for span in spans if span.context.trace_id == trace_id)
+        assert names == ["POST /v1/chat/completions", "chat scripted", "reef.store.write"]
+    engine = next(span for span in spans if span.name == "chat scripted")
+    root = next(
+        s
+        for s in spans
+        if s.name.startswith("POST") and s.context.trace_id == engine.context.trace_id
+    )
+    assert engine.parent is not None and engine.parent.span_id == root.context.span_id
+    assert engine.attributes["gen_ai.operation.name"] == "chat"
+    assert engine.attributes["gen_ai.request.model"] == "m"
+    assert engine.attributes["gen_ai.usage.input_tokens"] == 5
+    assert engine.attributes["gen_ai.usage.output_tokens"] == 5
+    assert root.attributes["http.response.status_code"] == 200
+    exported = json.dumps([dict(span.attributes or {}) for span in spans])
+    assert SECRET_PROMPT not in exported and "Hello there" not in exported
+    record = store.get_record(first.headers["x-reef-agent-record-id"])
+    assert record is not None and record["metadata"]["tags"][TRACE_TAG] == format(
+        root.context.trace_id, "032x"
+    )
+    store.close()
+
+
+def test_a_caller_s_traceparent_is_continued_and_content_is_captured_when_asked(
+    tmp_path: Path, upstream: str
+) -> None:
+    app, store, exporter = serve_traced(tmp_path, upstream, capture=True)
+    with served_in_thread(app, "reef") as url:
+        assert chat(url, {"traceparent": TRACEPARENT}).status_code == 200
+    spans = exporter.get_finished_spans()
+    assert {format(span.context.trace_id, "032x") for span in spans} == {CALLER_TRACE}
+    root = next(span for span in spans if span.name.startswith("POST"))
+    assert root.parent is not None and format(root.parent.span_id, "016x") == "00f067aa0ba902b7"
+    engine = next(span for span in spans if span.name == "chat scripted")
+    assert SECRET_PROMPT in engine.attributes["gen_ai.input.messages"]
+    assert "Hello there." in engine.attributes["gen_ai.output.messages"]
+    store.close()
+
+
+def test_tracing_is_off_unless_configured_and_a_configured_one_without_the_extra_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert start_tracing(OtelConfig(), {}) is None
+    assert (
+        start_tracing(OtelConfig(enabled=False), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"})
+        is None
+    )
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_sdk(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("opentelemetry.sdk") or name.startswith("opentelemetry.exporter"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_sdk)
+    with pytest.raises(Exception, match=r"pip install 'reef\[otel\]'"):
+        start_tracing(OtelConfig(enabled=True), {})
+    assert start_tracing(OtelConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}) is None
+
+
+class Collector:
+    """An OTLP/HTTP trace receiver: POST /v1/traces, protobuf ExportTraceServiceRequest."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.headers: list[dict[str, str]] = []
+        self.arrived = threading.Event()
+
+    async def traces(self, request: Request) -> Response:
+        exported = ExportTraceServiceRequest.FromString(await request.body())
+        self.headers.append(dict(request.headers))
+        for resource in exported.resource_spans:
+            for scope in resource.scope_spans:
+                self.spans += [(resource, span) for span in scope.spans]
+        self.arrived.set()
+        return Response(b"", media_type="application/x-protobuf")
+
+
+@pytest.mark.slow
+def test_reef_serve_exports_its_spans_to_an_otlp_http_collector(
+    tmp_path: Path, upstream: str
+) -> None:
+    collector = Collector()
+    app = Starlette(routes=[Route("/v1/traces", collector.traces, methods=["POST"])])
+    (tmp_path / "reef.yaml").write_text(
+        f"engine:\n  kind: upstream\n  upstream:\n    url: {upstream}\n"
+        "otel:\n  service_name: reef-under-test\n"
+    )
+    with served_in_thread(app, "the collector") as collector_url:
+        env = {
+            "REEF_TOKEN": TOKEN,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector_url,
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-collector-key=k-123",
+        }
+        with reef_serve(tmp_path, free_port(), env=env).start() as server:
+            assert chat(server.url, {"authorization": f"Bearer {TOKEN}"}).status_code == 200
+            deadline = time.monotonic() + 20
+            while len(collector.spans) < 3 and time.monotonic() < deadline:
+                collector.arrived.wait(0.5)
+    names = sorted(span.name for _, span in collector.spans)
+    assert names[:3] == ["POST /v1/chat/completions", "chat scripted", "reef.store.write"]
+    resource = collector.spans[0][0].resource
+    service = [a.value.string_value for a in resource.attributes if a.key == "service.name"]
+    assert service == ["reef-under-test"]
+    assert collector.headers[0]["x-collector-key"] == "k-123"
