@@ -21,6 +21,7 @@ from reef.server.app import create_app
 from reef.server.auth import is_loopback
 from reef.server.background.canary_judge import CanaryJudge
 from reef.server.background.follower import HeadFollower
+from reef.server.background.recovery import InterruptedRecovery
 from reef.server.background.remote_follower import RemoteFollower
 from reef.server.background.shadow import ShadowRunner
 from reef.server.state import ServerState
@@ -50,6 +51,7 @@ async def serve(state: ServerState) -> None:
         await asyncio.to_thread(heads.load_heads)
         followers.append(asyncio.create_task(heads.follow()))
         followers.append(asyncio.create_task(CanaryJudge(state).follow()))
+        followers.append(asyncio.create_task(InterruptedRecovery(state).follow()))
         state.shadows = ShadowRunner(state)
         followers.append(asyncio.create_task(state.shadows.follow()))
         state.teachers = teachers_of(state.config, _scenarios(state))
