@@ -1,4 +1,5 @@
-"""Scenario names, the scenario a request names, and the scenarios a server knows at runtime.
+"""Scenario names, the scenario a request names, and the scenarios a server knows at runtime
+(kept in the store: `reef.store.scenarios`).
 
 Names appear in headers, file names and git refs, so they are kept plain. A request names its
 scenario in the `x-reef-scenario` header (upstream Reef's clients send nothing else), or, on the
@@ -10,13 +11,21 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from reef.errors import BadRequest, NotFound
+from reef.store.scenarios import (
+    RuntimeScenario,
+    create_scenario,
+    runtime_scenarios,
+    select_training_mode,
+)
 
 if TYPE_CHECKING:
     from reef.config import ReefConfig
+    from reef.store import ExperienceStore
 
 DEFAULT_SCENARIO = "default"
 SCENARIO_HEADER = "x-reef-scenario"
@@ -61,18 +70,40 @@ def scenario_named(
 
 class RuntimeScenarios:
     """What a server learns about scenarios while it runs, besides what its configuration names
-    and its release chain holds: the scenarios created with `POST /reef/scenarios`, and the
-    training mode chosen for a scenario with `POST /reef/scenarios/{s}/update`.
+    and its release chain holds: the scenarios created with `POST /reef/scenarios` (or by an
+    `x-reef-release-id` on a call), and the training mode chosen for a scenario with `POST
+    /reef/scenarios/{s}/update`.
 
-    In memory, per server process: a restart forgets both (a scenario with a release or in the
-    configuration is still known; the configured mode applies again). Both are replaced whole,
-    never mutated, so readers on other threads see one version or the next.
+    In the store (`reef.store.scenarios`), so every replica and the learning worker see the same
+    and a restart keeps them; read through a cache of `CACHE_S`. Without a store (a test's, or a
+    tool's), in memory.
     """
 
-    def __init__(self) -> None:
-        self.created: frozenset[str] = frozenset()
-        self.training_modes: dict[str, str] = {}
+    CACHE_S = 1.0
+
+    def __init__(self, store: ExperienceStore | None = None) -> None:
+        self.store = store
+        self._memory: dict[str, RuntimeScenario] = {}
+        self._read: tuple[float, dict[str, RuntimeScenario]] | None = None
         self.lock = threading.Lock()  # held by who creates a scenario (`POST /reef/scenarios`)
+
+    def _scenarios(self) -> dict[str, RuntimeScenario]:
+        if self.store is None:
+            return self._memory
+        cached = self._read
+        if cached is None or time.monotonic() - cached[0] > self.CACHE_S:
+            cached = (time.monotonic(), runtime_scenarios(self.store))
+            self._read = cached
+        return cached[1]
+
+    @property
+    def created(self) -> frozenset[str]:
+        return frozenset(self._scenarios())
+
+    def start_release(self, name: str) -> str | None:
+        """The release `name` was created from, if it was created naming one."""
+        found = self._scenarios().get(name)
+        return found.start_release_id if found else None
 
     def knows(self, name: str, config: ReefConfig, serving: Collection[str]) -> bool:
         """Whether `name` is configured (`scenarios:`, `learning.scenarios`, `default`), has a
@@ -91,12 +122,24 @@ class RuntimeScenarios:
             code="unknown_scenario",
         )
 
-    def create(self, name: str) -> None:
-        self.created = self.created | {name}
+    def create(self, name: str, start_release_id: str | None = None) -> None:
+        if self.store is None:
+            if name not in self._memory:
+                self._memory = {**self._memory, name: RuntimeScenario(name, None, start_release_id)}
+            return
+        create_scenario(self.store, name, start_release_id)
+        self._read = None
 
     def select_mode(self, name: str, mode: str) -> None:
-        self.training_modes = {**self.training_modes, name: mode}
+        if self.store is None:
+            known = self._memory.get(name)
+            start = known.start_release_id if known else None
+            self._memory = {**self._memory, name: RuntimeScenario(name, mode, start)}
+            return
+        select_training_mode(self.store, name, mode)
+        self._read = None
 
     def training_mode(self, name: str, configured: str) -> str:
         """The mode `name` learns in: the one selected at runtime, else `configured`."""
-        return self.training_modes.get(name, configured)
+        found = self._scenarios().get(name)
+        return found.training_mode if found and found.training_mode else configured

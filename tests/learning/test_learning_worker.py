@@ -13,6 +13,7 @@ from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore, Record, Report
 from reef.store.learning import learning_status, queue_instruction
+from reef.store.scenarios import select_training_mode
 from reef.testing.processes import ServerProcess
 
 
@@ -94,6 +95,21 @@ def test_manual_mode_steps_only_for_instructions(
     result = asyncio.run(learner.next_step("default"))
     assert result is not None and result.outcome == "no proposal"
     assert asyncio.run(learner.next_step("default")) is None  # the instruction was taken
+    learner.store.close()
+
+
+def test_a_mode_selected_at_runtime_reaches_the_worker_through_the_store(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+) -> None:
+    """`POST /reef/scenarios/{s}/update` on any replica writes the mode to the store: an `auto`
+    worker switched to `manual` takes the queued instruction, and no automatic step."""
+    learner = worker(tmp_path, engine, "nothing useful", peer, mode="auto")
+    failing_call(learner.store)  # an auto step would run on it
+    select_training_mode(learner.store, "default", "manual")
+    assert asyncio.run(learner.next_step("default")) is None
+    queue_instruction(learner.store, "default", "be more formal")
+    result = asyncio.run(learner.next_step("default"))
+    assert result is not None and result.outcome == "no proposal"
     learner.store.close()
 
 

@@ -63,6 +63,7 @@ from reef.store.learning import (
     take_instruction,
 )
 from reef.store.leases import confirm_lease, give_up_lease, new_holder, take_lease
+from reef.store.scenarios import selected_training_mode
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
@@ -486,13 +487,23 @@ class LearningWorker:
         return await self._next_step(lane, lane.next_learner())
 
     async def _next_step(self, lane: Lane, learner: Learner) -> StepResult | None:
-        if lane.mode in ("manual", "hybrid"):
+        mode = await asyncio.to_thread(self.training_mode, lane)
+        if mode in ("manual", "hybrid"):
             instruction = await asyncio.to_thread(take_instruction, self.store, lane.scenario)
             if instruction is not None:
                 return await self.step_learner(learner, instruction)
-        if lane.mode in ("auto", "hybrid"):
+        if mode in ("auto", "hybrid"):
             return await self.step_learner(learner)
         return None
+
+    def training_mode(self, lane: Lane) -> str:
+        """The lane's mode: the one selected at runtime (`POST /reef/scenarios/{s}/update`, on
+        any replica: the store holds it), else the configured one."""
+        try:
+            return selected_training_mode(self.store, lane.scenario) or lane.mode
+        except Exception as error:  # the store is away: the configured mode meanwhile
+            log.warning("could not read the training mode of %s: %s", lane.scenario, error)
+            return lane.mode
 
     # -- bookkeeping in experience.db ----------------------------------------------------------
 

@@ -53,7 +53,7 @@ class ServerState:
     shadows: Shadows | None = None
     # Scenario -> its teacher, started with the server.
     teachers: dict[str, Teacher] = field(default_factory=dict)
-    # Scenarios created at runtime and the training modes chosen for them (in memory).
+    # Scenarios created at runtime and the training modes chosen for them (in the store).
     scenarios: RuntimeScenarios = field(default_factory=RuntimeScenarios)
     # Traces (OpenTelemetry), when on: `reef.server.tracing.Tracing`.
     tracing: Tracing | None = None
@@ -72,6 +72,8 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.metrics.engine = self.engine.name
+        if self.scenarios.store is None:  # what every replica and the learning worker read
+            self.scenarios = RuntimeScenarios(self.store)
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:
         scenario = self.scenarios.require(scenario_from(headers), self.config, self.bindings)

@@ -285,6 +285,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE candidates ADD COLUMN evaluation_heartbeat_at REAL;
         """,
     ),
+    (
+        "0019_runtime_scenarios",
+        # Scenarios created over HTTP (`POST /reef/scenarios`, an `x-reef-release-id` binding a
+        # new one) and the training mode selected for one (`POST /reef/scenarios/{s}/update`):
+        # in the store, so every replica and the learning worker see them, and a restart keeps
+        # them. `start_release_id`: the release a scenario was created from, if one was named.
+        """
+        CREATE TABLE runtime_scenarios (
+            name TEXT PRIMARY KEY,
+            training_mode TEXT,
+            start_release_id TEXT,
+            created_at REAL NOT NULL
+        );
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.

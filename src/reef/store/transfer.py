@@ -31,6 +31,7 @@ TABLES: tuple[tuple[str, str], ...] = (
     ("record_annotations", "seq"),
     ("record_tags", "record_id"),
     ("shadow_records", "seq"),
+    ("runtime_scenarios", "name"),
 )
 PAGE = 500
 

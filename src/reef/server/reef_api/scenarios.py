@@ -92,7 +92,7 @@ def _create(state: ServerState, name: str, release_id: str | None) -> tuple[dict
                     f'/reef/scenarios/{name}/promote {{"release_id": "{release_id}"}}',
                     code="scenario_exists",
                 )
-        state.scenarios.create(name)
+        state.scenarios.create(name, release_id)
     serving = state.bindings.get(name)
     answer = {
         "scenario": name,
@@ -156,7 +156,8 @@ async def update_scenario(request: Request) -> Response:
     scenario = _path_scenario(request)
     body = parse(UpdateScenario, await read_json(request, state.config.server.max_body_bytes))
     plan = _learning_plan(state, scenario)
-    state.scenarios.select_mode(plan.scenario, body.training_mode)
+    # In the store, so the learning worker and every replica learn in it.
+    await run_in_threadpool(state.scenarios.select_mode, plan.scenario, body.training_mode)
     return JSONResponse({"scenario": scenario, "training_mode": body.training_mode})
 
 
