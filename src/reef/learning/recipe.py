@@ -100,6 +100,12 @@ class StepContext:
     # AGENTS.md, rules/, skills/, examples.jsonl, settings.json), with the weights that serve
     # now: generate_under(files, body). Search recipes (gepa) score their trees through it.
     generate_under: Callable[[dict[str, bytes], dict[str, Any]], Completion] | None = None
+    # Experience a recipe goes and gets (proactive acquisition): run_episodes(tasks, agent=
+    # "native", repeats=1) runs an agent on a folder of Harbor tasks (or one task) in the
+    # sandbox against the running server, under what the scenario serves now; each episode's
+    # calls become records and its test's result a report on them, as any traffic's. Answers
+    # one summary per episode (task, reward, passed, limit, calls, report_id, ...).
+    run_episodes: Callable[..., list[dict[str, Any]]] | None = None
     # The served model's weights (a GGUF file or a Hugging Face folder), for recipes that train.
     model_path: Path | None = None
     # A folder the recipe may keep files in between steps (caches, scratch).

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,11 +44,15 @@ import httpx
 from reef.artifacts import keep_serving_parts
 from reef.config import ReefConfig
 from reef.engines import served_model_path
+from reef.episodes.gate import episode_settings
+from reef.episodes.runner import run_episode
+from reef.episodes.tasks import load_suite
 from reef.evaluation.runner import model_generate
 from reef.inference.binding import Binding, binding_for
 from reef.inference.model import Model, answer_text
+from reef.inference.server_file import find_running_server
 from reef.learning.plans import LoadedPlan, load_plans
-from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, StepContext
+from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, RecipeError, StepContext
 from reef.learning.trackers import track_candidate
 from reef.learning.view import ExperienceView, Trajectory
 from reef.protocol import ChatRequest, Completion
@@ -314,6 +319,7 @@ class LearningWorker:
             evaluated=[e for c in candidates[:20] if (e := _evaluated(c)) is not None],
             generate=functools.partial(self.generate, binding=serving),
             generate_under=functools.partial(self.generate_under, serving=serving),
+            run_episodes=functools.partial(self.run_episodes, scenario),
             model_path=served_model_path(self.config.engine),
             work_dir=self.config.state_dir / "learning" / recipe.name,
             progress=self.progress,
@@ -356,6 +362,35 @@ class LearningWorker:
             )
             self._trials[digest] = binding
         return self.generate(body, binding)
+
+    def run_episodes(
+        self, scenario: str, tasks: str | Path, agent: str = "native", repeats: int = 1
+    ) -> list[dict[str, Any]]:
+        """Episodes a recipe asked for (called from its thread), against the server serving
+        this state folder, under what `scenario` serves; one summary per episode."""
+        server = find_running_server(self.config.state_dir)
+        if server is None:
+            raise RecipeError(
+                "episodes run against the running server, and none serves "
+                f"{self.config.state_dir}: start `reef serve`"
+            )
+        token = next(iter([*self.config.token_values(), *self.config.admin_token_values()]), "")
+        settings = episode_settings(self.config.episodes)
+        summaries = []
+        for repeat in range(repeats):
+            for task in load_suite(tasks):
+                episode = run_episode(
+                    task,
+                    agent,
+                    server.url,
+                    scenario=scenario,
+                    seed=repeat,
+                    token=token,
+                    signing_token=server.token,
+                    settings=settings,
+                )
+                summaries.append(episode.summary())
+        return summaries
 
     def ask(
         self,
