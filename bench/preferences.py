@@ -169,6 +169,7 @@ SDFT = {"recipe": "sdft", "batch_size": 6, "steps": 16}
 SAO = {"recipe": "sao", "batch_size": 1, "max_staleness": 18}
 # GEPA on the same budget of metric calls a harness_evolve step's gate spends on its own tasks.
 GEPA = {"recipe": "gepa", "batch_size": 6, "max_metric_calls": 48, "minibatch_size": 3}
+META_HARNESS = {"recipe": "meta_harness", "batch_size": 6, "max_nodes": 6}
 RECIPES = {
     "sft": [SFT],
     "harness_evolve": [HARNESS_EVOLVE],
@@ -176,8 +177,10 @@ RECIPES = {
     "sdft": [SDFT],
     "sao": [SAO],
     "gepa": [GEPA],
+    "meta_harness": [META_HARNESS],
 }
-SCORED = {"sft", "harness_evolve", "gepa"}  # the recipes that take the preference's scorer
+# The recipes that take the preference's scorer.
+SCORED = {"sft", "harness_evolve", "gepa", "meta_harness"}
 TOKENS = 32  # max_tokens of every answer measured, and of the gate's
 
 

@@ -1,0 +1,236 @@
+"""meta_harness: a search over whole harness trees, the proposer reading the full history.
+
+A step turns the batch's scored turns into tasks (as `gepa` does: each prompt, scored by
+`scorer`, with the user's feedback on it) and grows a history of trees, each scored on every
+task. Each new node is a complete tree the proposer model writes (its `AGENTS.md` and a rule
+file) after reading the history: in `full_history` mode every retained node (its files, its
+mean, its score on each task, a few of its answers and their feedback), in `incumbent_only` mode
+the best node alone. At most `max_candidates` nodes are retained (the best by mean, the seed
+always), and at most `max_nodes` are written in a step.
+
+The best node is proposed only when the evidence says it beats the current tree: its paired
+per-task differences against the seed give a one-sided confidence (a normal approximation to the
+mean difference over its standard error), and below `min_confidence` the step decides nothing,
+saying on how many tasks the decision would have rested. The gate then judges the candidate on
+the scenario's own tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from reef.sdk import (
+    HARNESS,
+    EvalTask,
+    ExperienceView,
+    Proposal,
+    ProposalRefused,
+    Recipe,
+    RecipeError,
+    RecipeSettings,
+    ScorerSpec,
+    StepContext,
+    Trajectory,
+    Turn,
+    answer_text,
+    failing_prompts,
+    hints,
+    score,
+)
+
+RULE_PATH = "rules/meta_harness.md"
+MAX_FILE_CHARS = 800
+TREE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "agents_md": {"type": "string", "minLength": 1, "maxLength": 600},
+        "rules": {"type": "string", "maxLength": 600},
+    },
+    "required": ["agents_md", "rules"],
+    "additionalProperties": False,
+}
+PROPOSER_PROMPT = """You design the instructions an AI assistant is given: its AGENTS.md and one \
+rule file. Below are the designs tried so far, each with its mean score (1 is what the users \
+want), its score on each request, and some of its answers with what the users said.
+{history}
+Write a new, complete design that should score higher on every request. Reply with only a JSON \
+object: {{"agents_md": "...", "rules": "..."}}"""
+
+
+class MetaHarnessSettings(RecipeSettings):
+    batch_size: int = 6  # scored turns a step learns from (at least one below `threshold`)
+    threshold: float = 0.5
+    scorer: ScorerSpec | None = None  # required: what every node is scored with
+    mode: Literal["full_history", "incumbent_only"] = "full_history"
+    max_nodes: int = Field(6, ge=1)  # trees the proposer writes in a step
+    max_candidates: int = Field(4, ge=1)  # nodes retained (and shown), the seed among them
+    # The one-sided confidence, from the paired per-task differences, that the best node beats
+    # the current tree; below it the step proposes nothing.
+    min_confidence: float = Field(0.9, gt=0.5, lt=1.0)
+    max_tokens: int = Field(128, ge=1)
+    seed: int = 0
+
+
+@dataclass
+class Node:
+    tree: dict[str, bytes]
+    scores: list[float]
+    answers: list[str] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.scores) if self.scores else 0.0
+
+
+def confidence(better: list[float], baseline: list[float]) -> float:
+    """One-sided confidence that `better`'s mean beats `baseline`'s, from the paired per-task
+    differences (normal approximation; identical differences: 1.0 above zero, 0.5 at it)."""
+    differences = [b - a for b, a in zip(better, baseline, strict=True)]
+    mean = statistics.fmean(differences)
+    if len(differences) < 2:
+        return 0.5
+    spread = statistics.stdev(differences)
+    if spread == 0:
+        return 1.0 if mean > 0 else 0.5 if mean == 0 else 0.0
+    z = mean / (spread / math.sqrt(len(differences)))
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+class MetaHarness(Recipe):
+    name = "meta_harness"
+    signal = "scores on the scenario's scorer, with feedback text"
+    experience = "reactive, from live traffic; every node scored on the served model"
+    target = "harness"
+    Settings = MetaHarnessSettings
+    settings: MetaHarnessSettings
+
+    def scored(self, trajectories: list[Trajectory]) -> list[Turn]:
+        return [turn for t in trajectories for turn in t.turns if turn.score is not None]
+
+    def ready(self, view: ExperienceView) -> bool:
+        turns = self.scored(view.trajectories)
+        failing = [turn for turn in turns if (turn.score or 0.0) < self.settings.threshold]
+        return len(turns) >= self.settings.batch_size and bool(failing)
+
+    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
+        batch: list[Trajectory] = []
+        for trajectory in view.trajectories:
+            if any(turn.score is not None for turn in trajectory.turns):
+                batch.append(trajectory)
+            if len(self.scored(batch)) >= self.settings.batch_size:
+                break
+        return batch
+
+    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
+        if self.settings.scorer is None:
+            raise RecipeError("meta_harness needs `scorer`: what every tree is scored with")
+        if context.generate_under is None or context.ask is None:
+            raise RecipeError("meta_harness needs the served model and a proposer")
+        turns = self.scored(batch)
+        tasks = [
+            EvalTask(id=f"meta:{n}", messages=t.messages, scorer=self.settings.scorer)
+            for n, t in enumerate(turns)
+        ]
+        seed = self._node(context, context.files_of(HARNESS), tasks)
+        retained, written = [seed], 0
+        for _ in range(self.settings.max_nodes):
+            shown = retained if self.settings.mode == "full_history" else [_best(retained)]
+            tree = self._write_tree(context, shown, turns)
+            if tree is None:
+                continue
+            written += 1
+            retained.append(self._node(context, tree, tasks))
+            retained = [seed, *sorted(retained[1:], key=lambda n: -n.mean)][
+                : self.settings.max_candidates
+            ]
+            if context.progress:
+                context.progress("trees", written, self.settings.max_nodes, None)
+        best = _best(retained)
+        sure = confidence(best.scores, seed.scores) if best is not seed else 0.0
+        rests_on = f"{len(tasks)} task(s), {written} tree(s) written"
+        if best is seed or sure < self.settings.min_confidence:
+            raise ProposalRefused(
+                f"no tree beat the current one with confidence {self.settings.min_confidence} "
+                f"(best {best.mean:.2f} vs {seed.mean:.2f}, confidence {sure:.2f}, on {rests_on})"
+            )
+        failures = [turn for turn in turns if (turn.score or 0.0) < self.settings.threshold]
+        return Proposal(
+            kind="harness",
+            files=best.tree,
+            reason=(
+                f"meta_harness ({self.settings.mode}): mean {seed.mean:.2f} -> {best.mean:.2f}, "
+                f"confidence {sure:.2f} on {rests_on}"
+            ),
+            consumed_record_ids=[r for t in batch for r in t.record_ids],
+            eval_tasks=failing_prompts(failures, self.settings.scorer),
+            metrics={
+                "nodes_written": written,
+                "retained": len(retained),
+                "means": [n.mean for n in retained],
+                "confidence": sure,
+                "tasks": len(tasks),
+            },
+        )
+
+    def _node(self, context: StepContext, tree: dict[str, bytes], tasks: list[EvalTask]) -> Node:
+        assert context.generate_under is not None
+        answers, scores = [], []
+        for task in tasks:
+            body = {
+                "messages": task.messages,
+                "temperature": 0.0,
+                "seed": self.settings.seed,
+                "max_tokens": self.settings.max_tokens,
+            }
+            answer = answer_text(context.generate_under(tree, body))
+            answers.append(answer)
+            scores.append(score(task.scorer, answer, task))
+        return Node(tree, scores, answers)
+
+    def _write_tree(
+        self, context: StepContext, shown: list[Node], turns: list[Turn]
+    ) -> dict[str, bytes] | None:
+        assert context.ask is not None
+        history = "\n".join(_described(number, node, turns) for number, node in enumerate(shown))
+        prompt = PROPOSER_PROMPT.format(history=history)
+        reply = context.ask(
+            [{"role": "user", "content": prompt}], json_schema=TREE_SCHEMA, max_tokens=1400
+        )
+        try:
+            data = json.loads(reply)
+            agents, rules = str(data["agents_md"]).strip(), str(data["rules"]).strip()
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not agents:
+            return None
+        tree = {"AGENTS.md": (agents[:MAX_FILE_CHARS] + "\n").encode()}
+        if rules:
+            tree[RULE_PATH] = (rules[:MAX_FILE_CHARS] + "\n").encode()
+        return tree
+
+
+def _best(nodes: list[Node]) -> Node:
+    return max(nodes, key=lambda node: node.mean)  # the earliest of a tie: the seed first
+
+
+def _described(number: int, node: Node, turns: list[Turn], shown_answers: int = 3) -> str:
+    """One node as the proposer reads it: its files, its scores, its worst answers."""
+    files = "\n".join(
+        f"  --- {path}\n  {data.decode(errors='replace')[:400]}"
+        for path, data in sorted(node.tree.items())
+    )
+    per_task = ", ".join(f"{s:g}" for s in node.scores)
+    worst = sorted(range(len(node.scores)), key=lambda i: node.scores[i])[:shown_answers]
+    answers = "\n".join(
+        f"  - request {turns[i].prompt[:200]!r} -> {node.answers[i][:200]!r} (score "
+        f"{node.scores[i]:g}; the user said: {'; '.join(hints(turns[i]))[:200] or 'nothing'})"
+        for i in worst
+    )
+    files = files or "  (no files: the model as it is)"
+    return f"Design {number}: mean {node.mean:.2f}; per request: {per_task}\n{files}\n{answers}\n"

@@ -1,0 +1,112 @@
+"""meta_harness on a scripted model (a function whose answers depend on the tree): the full
+history reaches the proposer (or the incumbent alone), retention keeps the best and the seed,
+and a step proposes only when the paired evidence reaches `min_confidence`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
+from reef.learning.view import Trajectory, Turn
+from reef.protocol import Completion
+from reef.recipes.meta_harness.recipe import MetaHarness, confidence
+
+PROMPTS = ["Name a fruit.", "What is 2+2?", "Name an animal.", "Name a colour.", "Hi?", "Why?"]
+WISH = "Start every answer with the word Sure"
+
+
+def completion(text: str) -> Completion:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": "stop",
+    }
+    return Completion({"id": "c", "object": "chat.completion", "choices": [choice]}, "scripted")
+
+
+def context(replies: list[str], asked: list[str], sure_on: int = len(PROMPTS)) -> StepContext:
+    """Under a tree whose AGENTS.md says Sure, the first `sure_on` prompts answer "Sure!"."""
+
+    def generate_under(files: dict[str, bytes], body: dict[str, Any]) -> Completion:
+        prompt = body["messages"][-1]["content"]
+        says = b"Sure" in files.get("AGENTS.md", b"")
+        return completion("Sure! Yes." if says and PROMPTS.index(prompt) < sure_on else "Yes.")
+
+    def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 0) -> str:
+        asked.append(messages[0]["content"])
+        return replies[min(len(asked), len(replies)) - 1]
+
+    return StepContext("default", "base", {}, ask=ask, generate_under=generate_under)
+
+
+def batch() -> list[Trajectory]:
+    reports = [{"score": 0.0, "feedback": WISH}]
+    turns = [
+        Turn(
+            f"rec_{n}",
+            [{"role": "user", "content": p}],
+            {"role": "assistant", "content": "x"},
+            "base",
+            reports,
+        )
+        for n, p in enumerate(PROMPTS)
+    ]
+    return [Trajectory("t", turns)]
+
+
+def recipe(**settings: Any) -> MetaHarness:
+    chosen = {"scorer": {"type": "regex", "pattern": "^Sure"}, "max_nodes": 3, **settings}
+    loaded = load_recipe("meta_harness", chosen)
+    assert isinstance(loaded, MetaHarness)
+    return loaded
+
+
+def tree(agents: str, rules: str = "") -> str:
+    return json.dumps({"agents_md": agents, "rules": rules})
+
+
+def test_a_clearly_better_tree_is_proposed_whole_saying_what_it_rests_on() -> None:
+    asked: list[str] = []
+    replies = [tree("Be brief."), tree("Say Sure first.", "Always open with Sure."), tree("Hm.")]
+    proposal = recipe().propose(batch(), context(replies, asked))
+    assert proposal is not None
+    assert proposal.files == {
+        "AGENTS.md": b"Say Sure first.\n",
+        "rules/meta_harness.md": b"Always open with Sure.\n",
+    }
+    assert "0.00 -> 1.00" in proposal.reason and "6 task(s), 3 tree(s) written" in proposal.reason
+    assert proposal.metrics["confidence"] == 1.0
+    # full_history: the third proposer call read every retained design, the seed's included.
+    assert "Design 0" in asked[2] and "Design 1" in asked[2] and "Design 2" in asked[2]
+    assert "Say Sure first." in asked[2] and WISH in asked[2]
+
+
+def test_incumbent_only_shows_the_proposer_the_best_design_alone() -> None:
+    asked: list[str] = []
+    replies = [tree("Say Sure first."), tree("Be brief."), tree("Hm.")]
+    recipe(mode="incumbent_only").propose(batch(), context(replies, asked))
+    assert "Design 1" not in asked[2] and "Say Sure first." in asked[2]
+
+
+def test_retention_keeps_the_seed_and_the_best() -> None:
+    asked: list[str] = []
+    replies = [tree("Be brief."), tree("Say Sure first."), tree("Hm.")]
+    proposal = recipe(max_candidates=2).propose(batch(), context(replies, asked))
+    assert proposal is not None and proposal.metrics["means"] == [0.0, 1.0]
+    assert "Be brief." not in asked[2]  # dropped once a better node came
+
+
+def test_a_gain_on_too_few_tasks_is_refused_naming_what_it_rests_on() -> None:
+    """Sure on one prompt of six: better on one task, tied on five, under 0.9 confidence."""
+    with pytest.raises(ProposalRefused, match=r"confidence 0\.\d\d, on 6 task\(s\)"):
+        recipe().propose(batch(), context([tree("Say Sure first.")], [], sure_on=1))
+
+
+def test_the_paired_confidence_on_hand_made_differences() -> None:
+    assert confidence([1, 1, 1, 1], [0, 0, 0, 0]) == 1.0
+    assert confidence([0, 0], [0, 0]) == 0.5
+    assert 0.5 < confidence([1, 0, 0, 0, 0, 0], [0] * 6) < 0.9  # one win in six
+    assert confidence([1, 1, 1, 1, 0, 1], [0] * 6) > 0.99
