@@ -73,6 +73,9 @@ class MetaHarnessSettings(RecipeSettings):
     # The one-sided confidence, from the paired per-task differences, that the best node beats
     # the current tree; below it the step proposes nothing.
     min_confidence: float = Field(0.9, gt=0.5, lt=1.0)
+    # The longest history the proposer is shown, in characters (about 4 a token): the designs
+    # that do not fit are left out, the best kept.
+    history_chars: int = Field(1800, ge=200)
     max_tokens: int = Field(128, ge=1)
     seed: int = 0
 
@@ -197,8 +200,7 @@ class MetaHarness(Recipe):
         self, context: StepContext, shown: list[Node], turns: list[Turn]
     ) -> dict[str, bytes] | None:
         assert context.ask is not None
-        history = "\n".join(_described(number, node, turns) for number, node in enumerate(shown))
-        prompt = PROPOSER_PROMPT.format(history=history)
+        prompt = PROPOSER_PROMPT.format(history=self._history(shown, turns))
         reply = context.ask(
             [{"role": "user", "content": prompt}], json_schema=TREE_SCHEMA, max_tokens=1400
         )
@@ -214,22 +216,34 @@ class MetaHarness(Recipe):
             tree[RULE_PATH] = (rules[:MAX_FILE_CHARS] + "\n").encode()
         return tree
 
+    def _history(self, shown: list[Node], turns: list[Turn]) -> str:
+        """The designs as the proposer reads them, the best first, within `history_chars` (a
+        small model's context holds about a thousand tokens): designs past it are left out."""
+        ranked = sorted(enumerate(shown), key=lambda item: -item[1].mean)
+        parts: list[str] = []
+        for number, node in ranked:
+            described = _described(number, node, turns)
+            if parts and sum(map(len, parts)) + len(described) > self.settings.history_chars:
+                break
+            parts.append(described[: self.settings.history_chars])
+        return "\n".join(parts)
+
 
 def _best(nodes: list[Node]) -> Node:
     return max(nodes, key=lambda node: node.mean)  # the earliest of a tie: the seed first
 
 
-def _described(number: int, node: Node, turns: list[Turn], shown_answers: int = 3) -> str:
+def _described(number: int, node: Node, turns: list[Turn], shown_answers: int = 2) -> str:
     """One node as the proposer reads it: its files, its scores, its worst answers."""
     files = "\n".join(
-        f"  --- {path}\n  {data.decode(errors='replace')[:400]}"
+        f"  --- {path}\n  {data.decode(errors='replace')[:300]}"
         for path, data in sorted(node.tree.items())
     )
     per_task = ", ".join(f"{s:g}" for s in node.scores)
     worst = sorted(range(len(node.scores)), key=lambda i: node.scores[i])[:shown_answers]
     answers = "\n".join(
-        f"  - request {turns[i].prompt[:200]!r} -> {node.answers[i][:200]!r} (score "
-        f"{node.scores[i]:g}; the user said: {'; '.join(hints(turns[i]))[:200] or 'nothing'})"
+        f"  - request {turns[i].prompt[:120]!r} -> {node.answers[i][:120]!r} (score "
+        f"{node.scores[i]:g}; the user said: {'; '.join(hints(turns[i]))[:160] or 'nothing'})"
         for i in worst
     )
     files = files or "  (no files: the model as it is)"

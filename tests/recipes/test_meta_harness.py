@@ -12,7 +12,7 @@ import pytest
 from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
 from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
-from reef.recipes.meta_harness.recipe import MetaHarness, confidence
+from reef.recipes.meta_harness.recipe import PROPOSER_PROMPT, MetaHarness, confidence
 
 PROMPTS = ["Name a fruit.", "What is 2+2?", "Name an animal.", "Name a colour.", "Hi?", "Why?"]
 WISH = "Start every answer with the word Sure"
@@ -110,3 +110,15 @@ def test_the_paired_confidence_on_hand_made_differences() -> None:
     assert confidence([0, 0], [0, 0]) == 0.5
     assert 0.5 < confidence([1, 0, 0, 0, 0, 0], [0] * 6) < 0.9  # one win in six
     assert confidence([1, 1, 1, 1, 0, 1], [0] * 6) > 0.99
+
+
+def test_the_history_fits_its_budget_keeping_the_best_design() -> None:
+    """A small model's context holds about a thousand tokens: past `history_chars` the weaker
+    designs are left out of what the proposer reads, the best never."""
+    asked: list[str] = []
+    long = "Be very thorough. " * 30
+    replies = [tree(long), tree("Say Sure first. " + long), tree("Hm.")]
+    recipe(history_chars=700).propose(batch(), context(replies, asked))
+    assert "Say Sure first." in asked[2]  # the best
+    assert asked[2].count("Design ") == 1
+    assert len(asked[2]) < 700 + len(PROPOSER_PROMPT)
