@@ -82,7 +82,10 @@ def test_the_episode_gate_releases_what_helps_the_agent_and_refuses_what_breaks_
     (result,) = helped.evaluation["results"]
     assert result["task_id"] == "episode:write-word" and result["group"] == "files"
     assert (result["current_score"], result["candidate_score"]) == (0.0, 1.0)
-    assert "write_file" in result["candidate_answer"]
+    assert "write_file" in result["candidate_answer"]  # what each tree did, for a reviewer
+    assert "test: PASS: answer.txt holds coral" in result["candidate_answer"]
+    assert "2 call(s)" in result["candidate_answer"]
+    assert "FAIL: answer.txt does not hold coral" in result["current_answer"]
     assert serving_everywhere([server], helped.release_id, TOKEN)
 
     broken = gate(folder, BREAKS)

@@ -112,13 +112,18 @@ def _mean_reward(episodes: list[Episode]) -> float:
 
 
 def _what_happened(episodes: list[Episode]) -> str:
-    """Each episode in a line: its outcome and the commands its agent ran."""
+    """Each episode, for a reviewer (`reef review` shows both trees' side by side): its outcome,
+    its calls, the commands its agent ran, and the end of its test's output."""
     lines = []
     for episode in episodes:
         outcome = "pass" if episode.passed else (episode.limit and f"limit: {episode.limit}")
         outcome = outcome or (f"error: {episode.error}" if episode.error else "fail")
         commands = "; ".join(_step(step) for step in episode.commands)[:400]
-        lines.append(f"{episode.id} reward={episode.reward} {outcome} | {commands}")
+        test = " ".join(episode.test_output.split())[-200:]
+        lines.append(
+            f"{episode.id} reward={episode.reward} {outcome}, {len(episode.calls)} call(s) | "
+            f"{commands} | test: {test}"
+        )
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ _JSON_FIELDS = ("evaluation", "consumed_record_ids", "metrics")
 # The source of a candidate an agent proposed (POST /reef/harness/proposals), not a recipe.
 AGENT_SOURCE = "agent"
 
+
 @dataclass
 class Candidate:
     scenario: str

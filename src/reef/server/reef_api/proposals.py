@@ -42,22 +42,27 @@ async def propose(request: Request) -> Response:
 
 
 def _fields(body: dict[str, Any]) -> tuple[list[Any], str, str | None, str | None]:
+    """The body's fields, checked: (mutations, reason, session, release_id)."""
     unknown = set(body) - {"mutations", "reason", "session", "release_id"}
     if unknown:
-        raise BadRequest(f"unknown key(s) {', '.join(sorted(unknown))}: send mutations, reason, "
-                         "session and release_id")  # fmt: skip
+        listed = ", ".join(sorted(unknown))
+        raise BadRequest(f"unknown key(s) {listed}: send mutations, reason, session, release_id")
     mutations = body.get("mutations")
     if not isinstance(mutations, list) or not mutations:
         raise BadRequest("mutations must be a non-empty list of {op, path, content}")
     if len(mutations) > MAX_MUTATIONS:
         raise BadRequest(f"at most {MAX_MUTATIONS} mutations in one proposal")
-    reason = body.get("reason", "")
-    texts = {key: body.get(key) for key in ("session", "release_id")}
-    if not isinstance(reason, str) or any(
-        v is not None and not isinstance(v, str) for v in texts.values()
+    reason, session, running = body.get("reason", ""), body.get("session"), body.get("release_id")
+    if not isinstance(reason, str) or not all(
+        value is None or isinstance(value, str) for value in (session, running)
     ):
-        raise BadRequest("reason, session and release_id must be strings")  # fmt: skip
-    return mutations, reason.strip()[:1000], texts["session"], texts["release_id"]
+        raise BadRequest("reason, session and release_id must be strings")
+    # Provenance, kept in the candidate's reason: bounded, as a session header is.
+    return mutations, reason.strip()[:1000], _bounded(session), _bounded(running)
+
+
+def _bounded(value: str | None) -> str | None:
+    return value[:256] if value else None
 
 
 def _admit(
@@ -78,8 +83,7 @@ def _admit(
         for data in mutations:
             tree = apply(tree, mutation_from(data, reason))
     except MutationRefused as refused:
-        return {"proposal_id": None, "admitted": False, "reason": refused.message,
-                "release_id": head_id}  # fmt: skip
+        return _refused(refused.message, head_id)
     kind, files = keep_serving_parts("harness", tree, serving)
     said = f"proposed by session {session}" if session else "proposed by an agent"
     ran = f" on {running}" if running and running != head_id else ""
@@ -92,9 +96,12 @@ def _admit(
             reason=f"{said}{ran}: {reason or 'no reason'}",
         )
     except CandidateRefused as refused:  # a tree that would not serve (stored as rejected)
-        return {"proposal_id": None, "admitted": False, "reason": refused.message,
-                "release_id": head_id}  # fmt: skip
+        return _refused(refused.message, head_id)
     return {"proposal_id": candidate.id, "admitted": True, "reason": None, "release_id": head_id}
+
+
+def _refused(rule: str, head_id: str) -> dict[str, Any]:
+    return {"proposal_id": None, "admitted": False, "reason": rule, "release_id": head_id}
 
 
 routes = [Route("/reef/harness/proposals", propose, methods=["POST"])]
