@@ -113,6 +113,24 @@ def test_a_mode_selected_at_runtime_reaches_the_worker_through_the_store(
     learner.store.close()
 
 
+def test_an_instruction_s_provenance_is_kept_on_the_candidate_it_leads_to(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+) -> None:
+    """`POST /reef/train`'s session, release_id and requires travel with the instruction into
+    the candidate's metrics (`training_request`), with the instruction's id."""
+    mutation = '{"op": "create", "path": "rules/g.md", "content": "Greet formally.", "reason": "r"}'
+    learner = worker(tmp_path, engine, mutation, peer, mode="manual")
+    failing_call(learner.store)
+    provenance = {"session": "s-1", "release_id": "default@3"}
+    request_id = queue_instruction(learner.store, "default", "greet formally", provenance)
+    result = asyncio.run(learner.next_step("default"))
+    assert result is not None and result.candidate_id is not None
+    candidate = learner.workflow.candidates.get(result.candidate_id)
+    assert candidate.metrics is not None
+    assert candidate.metrics["training_request"] == {"id": request_id, **provenance}
+    learner.store.close()
+
+
 def test_a_recipe_generates_under_a_tree_it_is_trying_with_the_real_engine(
     tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
 ) -> None:

@@ -296,8 +296,15 @@ def test_a_training_instruction_in_upstream_shape_is_retry_safe(
     with pytest.raises(ReefClientError) as changed:
         reef.post("/reef/train", "coding", {**instruction, "text": "something else"})
     assert "change-001" in _refused(changed, 409)
-    rows = store.query("SELECT instruction FROM train_requests WHERE id = ?", ["change-001"])
-    assert rows == [{"instruction": instruction["text"]}]
+    rows = store.query(
+        "SELECT instruction, provenance FROM train_requests WHERE id = ?", ["change-001"]
+    )
+    assert [row["instruction"] for row in rows] == [instruction["text"]]
+    assert json.loads(rows[0]["provenance"]) == {  # the candidate it leads to carries it
+        "session": "session-1",
+        "release_id": "base",
+        "requires": [{"name": "TWILIO_SID", "kind": "env"}],
+    }
 
 
 def test_reefs_own_instruction_shape_keeps_working(server: ServerProcess) -> None:

@@ -65,7 +65,7 @@ from reef.store.learning import (
     save_annotation,
     save_counts,
     save_step,
-    take_instruction,
+    take_request,
 )
 from reef.store.leases import confirm_lease, give_up_lease, new_holder, take_lease
 from reef.store.scenarios import selected_training_mode
@@ -177,8 +177,15 @@ class LearningWorker:
         return await self.step_learner(learner, instruction, force)
 
     async def step_learner(
-        self, learner: Learner, instruction: str | None = None, force: bool = False
+        self,
+        learner: Learner,
+        instruction: str | None = None,
+        force: bool = False,
+        provenance: dict[str, Any] | None = None,
     ) -> StepResult:
+        """One step of `learner`; `provenance`: where its instruction came from (`POST
+        /reef/train`'s id, session, release_id, requires), kept on the candidate's metrics as
+        `training_request`."""
         self._loop = asyncio.get_running_loop()
         scenario, recipe = learner.scenario, learner.recipe
         proposed = await asyncio.to_thread(self._agent_proposal, scenario)
@@ -199,7 +206,7 @@ class LearningWorker:
         started = time.time()
         fence = self._fence(scenario)  # bound to the lease's generation as the step begins
         try:
-            result = await self._propose_and_gate(learner, view, instruction, fence)
+            result = await self._propose_and_gate(learner, view, instruction, fence, provenance)
         except ProposalRefused as refused:
             result = StepResult(scenario, "no proposal", str(refused))
             log.info("learning step for %s proposed nothing: %s", scenario, refused)
@@ -249,6 +256,7 @@ class LearningWorker:
         view: ExperienceView,
         instruction: str | None,
         fence: Callable[[], None] | None = None,
+        provenance: dict[str, Any] | None = None,
     ) -> StepResult:
         scenario, recipe = learner.scenario, learner.recipe
         if await asyncio.to_thread(self.workflow.candidates.list, scenario, "canary"):
@@ -271,7 +279,9 @@ class LearningWorker:
             source=recipe.name,
             reason=proposal.reason,
             consumed_record_ids=proposal.consumed_record_ids,
-            metrics=proposal.metrics or None,
+            metrics={**proposal.metrics, "training_request": provenance}
+            if provenance
+            else proposal.metrics or None,
         )
         generate = model_generate(self.model, self.workflow.eval_settings(scenario))
         gated = await self.workflow.gate(
@@ -524,9 +534,9 @@ class LearningWorker:
     async def _next_step(self, lane: Lane, learner: Learner) -> StepResult | None:
         mode = await asyncio.to_thread(self.training_mode, lane)
         if mode in ("manual", "hybrid"):
-            instruction = await asyncio.to_thread(take_instruction, self.store, lane.scenario)
-            if instruction is not None:
-                return await self.step_learner(learner, instruction)
+            request = await asyncio.to_thread(take_request, self.store, lane.scenario)
+            if request is not None:
+                return await self.step_learner(learner, request.text, provenance=request.provenance)
         if mode in ("auto", "hybrid"):
             return await self.step_learner(learner)
         return None

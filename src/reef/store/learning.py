@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from reef.store.database import Database
@@ -15,27 +16,44 @@ from reef.store.experience import ExperienceStore, new_id
 from reef.store.leases import lease_holders
 
 
-def queue_instruction(store: ExperienceStore, scenario: str, instruction: str) -> str:
-    """Queue a `reef train` instruction for the worker; returns its id."""
+def queue_instruction(
+    store: ExperienceStore,
+    scenario: str,
+    instruction: str,
+    provenance: dict[str, Any] | None = None,
+) -> str:
+    """Queue a `reef train` instruction for the worker; returns its id. `provenance`: where it
+    came from (`POST /reef/train`'s session, release_id and requires)."""
     request_id = new_id("train")
     row = {
         "id": request_id,
         "scenario": scenario,
         "instruction": instruction,
         "created_at": time.time(),
+        "provenance": json.dumps(provenance) if provenance else None,
     }
     store.write(lambda db: db.insert("train_requests", row)).result()
     return request_id
 
 
-def take_instruction(store: ExperienceStore, scenario: str) -> str | None:
+@dataclass(frozen=True)
+class QueuedInstruction:
+    """An instruction a worker took: its id, its text, and where it came from (the id, session,
+    release_id and requires it was sent with; None for `reef train`'s plain instructions)."""
+
+    id: str
+    text: str
+    provenance: dict[str, Any] | None = None
+
+
+def take_request(store: ExperienceStore, scenario: str) -> QueuedInstruction | None:
     """The oldest instruction not yet taken for `scenario`, marked taken: each instruction is
     taken once, by one worker, however many take at the same moment."""
 
-    def take(db: Database) -> str | None:
+    def take(db: Database) -> QueuedInstruction | None:
         while True:
             row = db.execute(
-                "SELECT seq, instruction FROM train_requests "
+                "SELECT seq, id, instruction, provenance FROM train_requests "
                 "WHERE scenario = ? AND taken_at IS NULL ORDER BY seq LIMIT 1",
                 [scenario],
             ).fetchone()
@@ -48,9 +66,16 @@ def take_instruction(store: ExperienceStore, scenario: str) -> str | None:
                 [time.time(), row[0]],
             ).rowcount
             if taken:
-                return str(row[1])
+                provenance = {"id": str(row[1]), **json.loads(row[3])} if row[3] else None
+                return QueuedInstruction(str(row[1]), str(row[2]), provenance)
 
     return store.write(take).result()
+
+
+def take_instruction(store: ExperienceStore, scenario: str) -> str | None:
+    """`take_request`'s text alone."""
+    request = take_request(store, scenario)
+    return request.text if request is not None else None
 
 
 def save_counts(

@@ -300,6 +300,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "0020_train_request_provenance",
+        # Where an instruction came from (`POST /reef/train`'s session, release_id and requires,
+        # as JSON): the candidate it leads to carries it in its metrics, `training_request`.
+        """
+        ALTER TABLE train_requests ADD COLUMN provenance TEXT;
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.

@@ -8,6 +8,7 @@ A scenario created here, and the training mode chosen for one, are runtime state
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any, Literal
@@ -217,12 +218,15 @@ async def train(request: Request) -> Response:
             '{"training_mode": "hybrid"})',
             code="wrong_mode",
         )
+    provenance = _provenance(body)
     if body.agent_record_id is None:
-        request_id = await run_in_threadpool(queue_instruction, state.store, scenario, text)
+        request_id = await run_in_threadpool(
+            queue_instruction, state.store, scenario, text, provenance
+        )
         created = True
     else:
         request_id, created = await run_in_threadpool(
-            _queue_once, state.store, body.agent_record_id, scenario, text
+            _queue_once, state.store, body.agent_record_id, scenario, text, provenance
         )
     answer = {
         "id": request_id,
@@ -231,6 +235,15 @@ async def train(request: Request) -> Response:
         "request_type": "train",
     }
     return JSONResponse(answer, status_code=202 if created else 200)
+
+
+def _provenance(body: TrainRequest) -> dict[str, Any] | None:
+    """Where the instruction came from, kept with it and then on the candidate it leads to."""
+    fields: dict[str, Any] = {"session": body.session, "release_id": body.release_id}
+    if body.requires:
+        fields["requires"] = [item.model_dump(exclude_none=True) for item in body.requires]
+    kept = {key: value for key, value in fields.items() if value}
+    return kept or None
 
 
 def _instruction(body: TrainRequest) -> str:
@@ -325,7 +338,11 @@ def _refuse(field: str, why: str, fix: str) -> None:
 
 
 def _queue_once(
-    store: ExperienceStore, request_id: str, scenario: str, text: str
+    store: ExperienceStore,
+    request_id: str,
+    scenario: str,
+    text: str,
+    provenance: dict[str, Any] | None = None,
 ) -> tuple[str, bool]:
     """Queue an instruction under the caller's id, once (blocking): an identical resend is the
     queued one again (False), the same id for another instruction a 409. One write transaction,
@@ -344,7 +361,8 @@ def _queue_once(
                 )
             return False
         fields = {"id": request_id, "scenario": scenario, "instruction": text}
-        db.insert("train_requests", {**fields, "created_at": time.time()})
+        kept = json.dumps(provenance) if provenance else None
+        db.insert("train_requests", {**fields, "created_at": time.time(), "provenance": kept})
         return True
 
     return request_id, store.write(queue).result()
