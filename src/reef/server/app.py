@@ -33,6 +33,7 @@ from reef.server.reef_api import (
     review,
     scenarios,
 )
+from reef.server.start_release import BindStartRelease
 from reef.server.state import ServerState
 from reef.server.tracing import TraceRequests
 
@@ -111,6 +112,8 @@ def create_app(state: ServerState) -> Starlette:
                 admin_tokens=state.config.admin_token_values(),
                 internal_tokens=[state.internal_token],
             ),
+            # A call's x-reef-release-id (upstream's): a new scenario starts from that release.
+            Middleware(BindStartRelease, state=state),
         ],
         exception_handlers={
             ReefError: _reef_error,

@@ -112,9 +112,9 @@ class BearerAuth:
                 else "missing token: send `Authorization: Bearer $REEF_TOKEN` "
                 "(or `x-api-key: $REEF_TOKEN`)"
             )
-            await _refuse(send, Unauthorized(message), scope)
+            await refuse(send, Unauthorized(message), scope)
         elif needs_admin(scope["method"], scope["path"]) and not admin:
-            await _refuse(
+            await refuse(
                 send,
                 Forbidden(
                     "this route changes what a scenario serves and needs an admin token: "
@@ -130,7 +130,7 @@ class BearerAuth:
         if provided and token_matches(provided, [*self.internal_tokens, *self.admin_tokens]):
             await self.app(scope, receive, send)
             return
-        await _refuse(
+        await refuse(
             send,
             Forbidden(
                 "internal routes serve Reef's own processes: send the internal token from "
@@ -145,13 +145,13 @@ class BearerAuth:
         try:
             grant = verify(provided_token(scope), signers)
         except BadEpisodeToken as error:
-            await _refuse(
+            await refuse(
                 send, Unauthorized(f"{error}: ask the episode runner for a new one"), scope
             )
             return
         if scope["path"] not in INFERENCE_PATHS:
             message = f"an episode's token serves inference only, not {scope['path']}"
-            await _refuse(send, Forbidden(message, code="episode_token_scope"), scope)
+            await refuse(send, Forbidden(message, code="episode_token_scope"), scope)
             return
         sent = dict(scope["headers"]).get(b"x-reef-scenario", b"").decode("latin-1")
         if sent and sent != grant.scenario:
@@ -159,7 +159,7 @@ class BearerAuth:
                 f"this episode's token serves scenario {grant.scenario!r}, not {sent!r}: "
                 "drop x-reef-scenario or send the episode's"
             )
-            await _refuse(send, Forbidden(message, code="episode_token_scope"), scope)
+            await refuse(send, Forbidden(message, code="episode_token_scope"), scope)
             return
         await self.app(
             {**scope, "headers": granted_headers(scope["headers"], grant)}, receive, send
@@ -200,7 +200,8 @@ def provided_token(scope: Scope) -> str:
     return _bearer(scope) or _api_key(scope)
 
 
-async def _refuse(send: Send, error: ReefError, scope: Scope) -> None:
+async def refuse(send: Send, error: ReefError, scope: Scope) -> None:
+    """Answer `error` before the app runs, in the shape of the API the path belongs to."""
     headers = [(b"content-type", b"application/json")]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
