@@ -27,20 +27,15 @@ from pydantic import Field
 from reef.sdk import (
     HARNESS,
     EvalTask,
-    ExperienceView,
+    PromptSearch,
+    PromptSearchSettings,
     Proposal,
     ProposalRefused,
-    Recipe,
-    RecipeError,
-    RecipeSettings,
-    ScorerSpec,
     StepContext,
     Trajectory,
     Turn,
-    answer_text,
     failing_prompts,
     hints,
-    score,
 )
 
 from .search import Rollout, SearchResult, Tree, search
@@ -65,10 +60,7 @@ differently so that every answer meets what the users asked for. Reply with only
 {{"text": "..."}}"""
 
 
-class GEPASettings(RecipeSettings):
-    batch_size: int = 6  # scored turns a step learns from (at least one below `threshold`)
-    threshold: float = 0.5
-    scorer: ScorerSpec | None = None  # the metric: required
+class GEPASettings(PromptSearchSettings):
     components: list[Literal["system_prompt", "rules", "skill"]] = Field(
         default_factory=lambda: ["system_prompt", "rules"]  # type: ignore[arg-type]
     )
@@ -76,11 +68,9 @@ class GEPASettings(RecipeSettings):
     max_metric_calls: int = Field(60, ge=1)
     skip_perfect_score: bool = True
     pareto_size: int = Field(6, ge=1)  # the first tasks score every candidate; the rest feed back
-    max_tokens: int = Field(128, ge=1)  # per answer scored
-    seed: int = 0
 
 
-class GEPA(Recipe):
+class GEPA(PromptSearch):
     name = "gepa"
     signal = "scores on the scenario's scorer, with feedback text"
     experience = "reactive, from live traffic; metric calls on the served model"
@@ -88,30 +78,9 @@ class GEPA(Recipe):
     Settings = GEPASettings
     settings: GEPASettings
 
-    def scored(self, trajectories: list[Trajectory]) -> list[Turn]:
-        return [turn for t in trajectories for turn in t.turns if turn.score is not None]
-
-    def ready(self, view: ExperienceView) -> bool:
-        turns = self.scored(view.trajectories)
-        failing = [turn for turn in turns if (turn.score or 0.0) < self.settings.threshold]
-        return len(turns) >= self.settings.batch_size and bool(failing)
-
-    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        batch: list[Trajectory] = []
-        for trajectory in view.trajectories:
-            if any(turn.score is not None for turn in trajectory.turns):
-                batch.append(trajectory)
-            if len(self.scored(batch)) >= self.settings.batch_size:
-                break
-        return batch
-
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        if self.settings.scorer is None:
-            raise RecipeError("gepa needs `scorer`: the metric its search scores answers with")
-        if context.generate_under is None or context.ask is None:
-            raise RecipeError("gepa needs the served model and a proposer: the worker gives both")
-        turns = self.scored(batch)
-        tasks = [self._task(turn, number) for number, turn in enumerate(turns)]
+        turns = self.scored_turns(batch)
+        tasks = self.tasks(turns, context)
         pareto = list(range(min(self.settings.pareto_size, len(tasks))))
         seed_tree = context.files_of(HARNESS)
         found = search(
@@ -135,7 +104,7 @@ class GEPA(Recipe):
                 f"no tree beat the current one on the {len(pareto)} Pareto task(s) "
                 f"({found.metric_calls} metric calls; {_tally(found)})"
             )
-        failures = [turn for turn in turns if (turn.score or 0.0) < self.settings.threshold]
+        failures = [turn for turn in turns if self.failing(turn)]
         return Proposal(
             kind="harness",
             files=best.tree,
@@ -155,10 +124,6 @@ class GEPA(Recipe):
             },
         )
 
-    def _task(self, turn: Turn, number: int) -> EvalTask:
-        assert self.settings.scorer is not None
-        return EvalTask(id=f"gepa:{number}", messages=turn.messages, scorer=self.settings.scorer)
-
     def _evaluate(
         self,
         context: StepContext,
@@ -167,21 +132,11 @@ class GEPA(Recipe):
         turns: list[Turn],
         chosen: list[int],
     ) -> list[Rollout]:
-        assert context.generate_under is not None
         rollouts = []
         for index in chosen:
-            task = tasks[index]
-            body = {
-                "messages": task.messages,
-                "temperature": 0.0,
-                "seed": self.settings.seed,
-                "max_tokens": self.settings.max_tokens,
-            }
-            answer = answer_text(context.generate_under(tree, body))
+            answer, scored = self.answer(context, tree, tasks[index])
             said = "; ".join(hints(turns[index])) or "nothing"
-            rollouts.append(
-                Rollout(index, turns[index].prompt, answer, score(task.scorer, answer, task), said)
-            )
+            rollouts.append(Rollout(index, turns[index].prompt, answer, scored, said))
         return rollouts
 
     def _reflect(

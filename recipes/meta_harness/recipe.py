@@ -28,20 +28,15 @@ from pydantic import Field
 from reef.sdk import (
     HARNESS,
     EvalTask,
-    ExperienceView,
+    PromptSearch,
+    PromptSearchSettings,
     Proposal,
     ProposalRefused,
-    Recipe,
-    RecipeError,
-    RecipeSettings,
-    ScorerSpec,
     StepContext,
     Trajectory,
     Turn,
-    answer_text,
     failing_prompts,
     hints,
-    score,
 )
 
 RULE_PATH = "rules/meta_harness.md"
@@ -63,10 +58,7 @@ Write a new, complete design that should score higher on every request. Reply wi
 object: {{"agents_md": "...", "rules": "..."}}"""
 
 
-class MetaHarnessSettings(RecipeSettings):
-    batch_size: int = 6  # scored turns a step learns from (at least one below `threshold`)
-    threshold: float = 0.5
-    scorer: ScorerSpec | None = None  # required: what every node is scored with
+class MetaHarnessSettings(PromptSearchSettings):
     mode: Literal["full_history", "incumbent_only"] = "full_history"
     max_nodes: int = Field(6, ge=1)  # trees the proposer writes in a step
     max_candidates: int = Field(4, ge=1)  # nodes retained (and shown), the seed among them
@@ -76,8 +68,6 @@ class MetaHarnessSettings(RecipeSettings):
     # The longest history the proposer is shown, in characters (about 4 a token): the designs
     # that do not fit are left out, the best kept.
     history_chars: int = Field(1800, ge=200)
-    max_tokens: int = Field(128, ge=1)
-    seed: int = 0
 
 
 @dataclass
@@ -105,7 +95,7 @@ def confidence(better: list[float], baseline: list[float]) -> float:
     return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
-class MetaHarness(Recipe):
+class MetaHarness(PromptSearch):
     name = "meta_harness"
     signal = "scores on the scenario's scorer, with feedback text"
     experience = "reactive, from live traffic; every node scored on the served model"
@@ -113,33 +103,9 @@ class MetaHarness(Recipe):
     Settings = MetaHarnessSettings
     settings: MetaHarnessSettings
 
-    def scored(self, trajectories: list[Trajectory]) -> list[Turn]:
-        return [turn for t in trajectories for turn in t.turns if turn.score is not None]
-
-    def ready(self, view: ExperienceView) -> bool:
-        turns = self.scored(view.trajectories)
-        failing = [turn for turn in turns if (turn.score or 0.0) < self.settings.threshold]
-        return len(turns) >= self.settings.batch_size and bool(failing)
-
-    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        batch: list[Trajectory] = []
-        for trajectory in view.trajectories:
-            if any(turn.score is not None for turn in trajectory.turns):
-                batch.append(trajectory)
-            if len(self.scored(batch)) >= self.settings.batch_size:
-                break
-        return batch
-
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        if self.settings.scorer is None:
-            raise RecipeError("meta_harness needs `scorer`: what every tree is scored with")
-        if context.generate_under is None or context.ask is None:
-            raise RecipeError("meta_harness needs the served model and a proposer")
-        turns = self.scored(batch)
-        tasks = [
-            EvalTask(id=f"meta:{n}", messages=t.messages, scorer=self.settings.scorer)
-            for n, t in enumerate(turns)
-        ]
+        turns = self.scored_turns(batch)
+        tasks = self.tasks(turns, context)
         seed = self._node(context, context.files_of(HARNESS), tasks)
         retained, written = [seed], 0
         for _ in range(self.settings.max_nodes):
@@ -162,7 +128,7 @@ class MetaHarness(Recipe):
                 f"no tree beat the current one with confidence {self.settings.min_confidence} "
                 f"(best {best.mean:.2f} vs {seed.mean:.2f}, confidence {sure:.2f}, on {rests_on})"
             )
-        failures = [turn for turn in turns if (turn.score or 0.0) < self.settings.threshold]
+        failures = [turn for turn in turns if self.failing(turn)]
         return Proposal(
             kind="harness",
             files=best.tree,
@@ -182,19 +148,8 @@ class MetaHarness(Recipe):
         )
 
     def _node(self, context: StepContext, tree: dict[str, bytes], tasks: list[EvalTask]) -> Node:
-        assert context.generate_under is not None
-        answers, scores = [], []
-        for task in tasks:
-            body = {
-                "messages": task.messages,
-                "temperature": 0.0,
-                "seed": self.settings.seed,
-                "max_tokens": self.settings.max_tokens,
-            }
-            answer = answer_text(context.generate_under(tree, body))
-            answers.append(answer)
-            scores.append(score(task.scorer, answer, task))
-        return Node(tree, scores, answers)
+        answered = [self.answer(context, tree, task) for task in tasks]
+        return Node(tree, [scored for _, scored in answered], [answer for answer, _ in answered])
 
     def _write_tree(
         self, context: StepContext, shown: list[Node], turns: list[Turn]

@@ -12,7 +12,9 @@ module only, so its names are the ones a recipe may rely on:
 - evaluation: `EvalTask`, `ScorerSpec`, `score(spec, answer, task)` (an answer scored as the
   gate scores it), `FEEDBACK_GROUP` (the group of a recipe's own tasks),
   `failing_prompts` (the prompts a recipe learned from failing, as a proposal's extra tasks),
-  `Evaluated` (a candidate's scores, for recipes that search);
+  `Evaluated` (a candidate's scores, for recipes that search); `PromptSearch` and its
+  `PromptSearchSettings`, the base of the recipes that score harness trees on a batch's scored
+  prompts (`gepa`, `meta_harness`), with `has_score`;
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
   words, or else the user's next message), `relabel` (an answer that meets the feedback and
   still answers the question), `with_hint`, `asking` (the proposer model as the model that
@@ -60,6 +62,7 @@ from reef.learning.hindsight import (
     relabel,
     with_hint,
 )
+from reef.learning.prompt_search import PromptSearch, PromptSearchSettings, has_score
 from reef.learning.recipe import (
     Evaluated,
     Proposal,
@@ -151,6 +154,8 @@ __all__ = [
     "LoraSettings",
     "Mutation",
     "PolicyExample",
+    "PromptSearch",
+    "PromptSearchSettings",
     "Proposal",
     "ProposalRefused",
     "Recipe",
@@ -180,6 +185,7 @@ __all__ = [
     "feedback_of",
     "files_of",
     "fit",
+    "has_score",
     "hints",
     "load_base",
     "load_lora",
