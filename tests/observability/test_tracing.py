@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from starlette.routing import Route
 from reef.config import OtelConfig, load_config
 from reef.engines import build_engine
 from reef.releases.workflow import ReleaseWorkflow
-from reef.server.app import create_app
 from reef.server.state import ServerState
 from reef.server.tracing import TRACE_TAG, Tracing, start_tracing
 from reef.store import ExperienceStore
@@ -35,6 +33,7 @@ from reef.testing.processes import free_port, reef_serve
 from reef.testing.threaded import served_in_thread
 from tests.conftest import TOKEN
 from tests.episodes.test_episodes import answer
+from tests.support.in_process import serving
 
 SECRET_PROMPT = "the-prompt-text-7f3a"
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -60,7 +59,9 @@ def upstream() -> Iterator[str]:
         yield f"{url}/v1"
 
 
-def serve_traced(folder: Path, upstream: str, capture: bool) -> Any:
+def traced_state(
+    folder: Path, upstream: str, capture: bool
+) -> tuple[ServerState, ExperienceStore, InMemorySpanExporter]:
     (folder / "reef.yaml").write_text(
         f"engine:\n  kind: upstream\n  upstream:\n    url: {upstream}\n"
     )
@@ -72,18 +73,7 @@ def serve_traced(folder: Path, upstream: str, capture: bool) -> Any:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     state = ServerState(config, engine, store, ReleaseWorkflow(config, store))
     state.tracing = Tracing(provider, capture_content=capture)
-    app = create_app(state)
-
-    @asynccontextmanager
-    async def engine_started(app: Any) -> AsyncIterator[None]:
-        await engine.start()
-        try:
-            yield
-        finally:
-            await engine.close()
-
-    app.router.lifespan_context = engine_started
-    return app, store, exporter
+    return state, store, exporter
 
 
 def chat(url: str, headers: dict[str, str] | None = None, stream: bool = False) -> httpx.Response:
@@ -98,8 +88,8 @@ def chat(url: str, headers: dict[str, str] | None = None, stream: bool = False) 
 def test_each_request_is_one_trace_with_its_engine_and_store_spans(
     tmp_path: Path, upstream: str
 ) -> None:
-    app, store, exporter = serve_traced(tmp_path, upstream, capture=False)
-    with served_in_thread(app, "reef") as url:
+    state, store, exporter = traced_state(tmp_path, upstream, capture=False)
+    with serving(state) as url:
         first, second = chat(url), chat(url, stream=True)
         assert first.status_code == second.status_code == 200
     spans = exporter.get_finished_spans()
@@ -132,8 +122,8 @@ def test_each_request_is_one_trace_with_its_engine_and_store_spans(
 def test_a_caller_s_traceparent_is_continued_and_content_is_captured_when_asked(
     tmp_path: Path, upstream: str
 ) -> None:
-    app, store, exporter = serve_traced(tmp_path, upstream, capture=True)
-    with served_in_thread(app, "reef") as url:
+    state, store, exporter = traced_state(tmp_path, upstream, capture=True)
+    with serving(state) as url:
         assert chat(url, {"traceparent": TRACEPARENT}).status_code == 200
     spans = exporter.get_finished_spans()
     assert {format(span.context.trace_id, "032x") for span in spans} == {CALLER_TRACE}

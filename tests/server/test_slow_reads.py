@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +21,11 @@ import pytest
 from reef.config import load_config
 from reef.engines import build_engine
 from reef.releases.workflow import ReleaseWorkflow
-from reef.server.app import create_app
 from reef.server.state import ServerState
 from reef.store import ExperienceStore
 from reef.testing.processes import ServerProcess
-from reef.testing.threaded import served_in_thread
 from tests.conftest import write_config
+from tests.support.in_process import serving
 
 BOUND_S = 10  # far longer than any answer here; a stalled loop answers only once reads resume
 HI = [{"role": "user", "content": "Say hi."}]
@@ -69,19 +67,8 @@ def reef(tmp_path_factory: pytest.TempPathFactory, peer: ServerProcess) -> Itera
     store = ExperienceStore(config.experience_db)
     engine = build_engine(config.engine)
     state = ServerState(config, engine, store, ReleaseWorkflow(config, store))
-    app = create_app(state)
-
-    @asynccontextmanager
-    async def engine_started(app: Any) -> AsyncIterator[None]:
-        await engine.start()
-        try:
-            yield
-        finally:
-            await engine.close()
-
-    app.router.lifespan_context = engine_started
     try:
-        with served_in_thread(app, "reef") as url:
+        with serving(state) as url:
             answer = httpx.post(f"{url}/v1/chat/completions", json={"messages": HI}, timeout=30)
             assert answer.status_code == 200, answer.text
             yield Reef(url, store, answer.headers["x-reef-agent-record-id"])
