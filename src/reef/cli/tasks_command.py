@@ -19,7 +19,7 @@ from reef.cli.output import console, fail
 from reef.client import DEFAULT_URL, env_token
 from reef.config import ConfigError, EpisodesConfig, load_config
 from reef.episodes.agents import AGENTS
-from reef.episodes.gate import episode_settings
+from reef.episodes.project import episode_settings
 from reef.episodes.runner import Episode, EpisodeError, EpisodeSettings, run_episode
 from reef.episodes.sandbox import EPISODES_PACKAGE, SandboxUnavailable
 from reef.episodes.tasks import BadTask, Task, load_suite

@@ -15,46 +15,28 @@ from __future__ import annotations
 import hashlib
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 
-from reef.config import EpisodeGateConfig, EpisodesConfig
-from reef.episodes.runner import Episode, EpisodeError, EpisodeSettings, run_paired
-from reef.episodes.sandbox import Limits
+from reef.config import EpisodeGateConfig, ReefConfig
+from reef.episodes.project import episode_settings, project_server
+from reef.episodes.runner import Episode, run_paired
 from reef.episodes.tasks import Task, load_suite
 from reef.episodes.tokens import candidate_tree
 from reef.evaluation.runner import TaskResult
-from reef.inference.server_file import RunningServer, find_running_server
 
 CURRENT_TREE = "current"
 EPISODE_TASK_PREFIX = "episode:"
 
 
-def episode_settings(config: EpisodesConfig) -> EpisodeSettings:
-    """The sandbox and limits `episodes:` in reef.yaml configures."""
-    limits = Limits(
-        wall_time_s=config.wall_time_s,
-        cpu_time_s=config.cpu_time_s,
-        memory_mb=config.memory_mb,
-        processes=config.processes,
-        disk_mb=config.disk_mb,
-        output_bytes=config.output_bytes,
-    )
-    return EpisodeSettings(limits=limits, sandbox=config.sandbox, max_steps=config.max_steps)
-
-
 def judge_by_episodes(
     gate: EpisodeGateConfig,
-    settings: EpisodeSettings,
-    state_dir: Path,
+    config: ReefConfig,
     scenario: str,
     candidate_id: str,
-    token: str | None,
     on_episode: Callable[[Episode], None] | None = None,
 ) -> list[TaskResult]:
-    """Run the suite on both trees against the server serving `state_dir` and answer one task
-    result per task. `token` reads and reports the episodes' records (None on a server with no
-    tokens); the server's internal token signs the episodes' own tokens."""
-    server = _running(state_dir)
+    """Run the suite on both trees against the project's running server, and answer one task
+    result per task."""
+    server = project_server(config)
     tasks = load_suite(gate.tasks)
     pairs = run_paired(
         tasks,
@@ -64,9 +46,9 @@ def judge_by_episodes(
         repeats=gate.repeats,
         seed=gate.seed,
         on_episode=on_episode,
-        token=token,
-        signing_token=server.token,
-        settings=settings,
+        token=server.token,
+        signing_token=server.signing_token,
+        settings=episode_settings(config.episodes),
     )
     return task_results(tasks, pairs)
 
@@ -132,13 +114,3 @@ def _step(step: dict[str, object]) -> str:
     if step.get("tool"):
         return f"{step['tool']} {step.get('arguments') or ''}".strip()
     return str(step.get("answer") or step.get("stopped") or "")
-
-
-def _running(state_dir: Path) -> RunningServer:
-    server = find_running_server(state_dir)
-    if server is None:
-        raise EpisodeError(
-            "the episode gate runs the agent against the running server, and none serves "
-            f"{state_dir}: start `reef serve` (episodes judge a candidate by serving it)"
-        )
-    return server

@@ -44,13 +44,11 @@ import httpx
 from reef.artifacts import keep_serving_parts
 from reef.config import ReefConfig
 from reef.engines import served_model_path
-from reef.episodes.gate import episode_settings
-from reef.episodes.runner import run_episode
-from reef.episodes.tasks import load_suite
+from reef.episodes.project import project_episodes
+from reef.episodes.runner import EpisodeError
 from reef.evaluation.runner import model_generate
 from reef.inference.binding import Binding, binding_for
 from reef.inference.model import Model, answer_text
-from reef.inference.server_file import find_running_server
 from reef.learning.plans import LoadedPlan, load_plans
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, RecipeError, StepContext
 from reef.learning.trackers import track_candidate
@@ -378,29 +376,11 @@ class LearningWorker:
     ) -> list[dict[str, Any]]:
         """Episodes a recipe asked for (called from its thread), against the server serving
         this state folder, under what `scenario` serves; one summary per episode."""
-        server = find_running_server(self.config.state_dir)
-        if server is None:
-            raise RecipeError(
-                "episodes run against the running server, and none serves "
-                f"{self.config.state_dir}: start `reef serve`"
-            )
-        token = next(iter([*self.config.token_values(), *self.config.admin_token_values()]), "")
-        settings = episode_settings(self.config.episodes)
-        summaries = []
-        for repeat in range(repeats):
-            for task in load_suite(tasks):
-                episode = run_episode(
-                    task,
-                    agent,
-                    server.url,
-                    scenario=scenario,
-                    seed=repeat,
-                    token=token,
-                    signing_token=server.token,
-                    settings=settings,
-                )
-                summaries.append(episode.summary())
-        return summaries
+        try:
+            episodes = project_episodes(self.config, scenario, tasks, agent, repeats)
+        except EpisodeError as error:
+            raise RecipeError(str(error)) from None
+        return [episode.summary() for episode in episodes]
 
     def ask(
         self,

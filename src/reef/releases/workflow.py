@@ -32,7 +32,7 @@ from typing import Any
 from reef.artifacts import ROUTING_FILE
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.engines import resolve_kind
-from reef.episodes.gate import episode_settings, judge_by_episodes
+from reef.episodes.gate import judge_by_episodes
 from reef.errors import Conflict, NotFound, ReefError
 from reef.evaluation.reference import Reference, best_released, hold_to
 from reef.evaluation.replay import replay_tasks
@@ -422,15 +422,7 @@ class ReleaseWorkflow:
         self, candidate: Candidate, episodes: EpisodeGateConfig
     ) -> list[TaskResult]:
         """The gate's episodes (`reef.episodes.gate`), against the server this project runs."""
-        token = next(iter([*self.config.token_values(), *self.config.admin_token_values()]), "")
-        return judge_by_episodes(
-            episodes,
-            episode_settings(self.config.episodes),
-            self.config.state_dir,
-            candidate.scenario,
-            candidate.id,
-            token,
-        )
+        return judge_by_episodes(episodes, self.config, candidate.scenario, candidate.id)
 
     def _best_released(self, scenario: str) -> dict[str, Reference]:
         """Per task, the best score a release of `scenario` reached, on either side of the
