@@ -23,8 +23,9 @@ from reef.protocol import ChatRequest
 from reef.releases.chain import ReleaseChain, ReleaseConflict
 from reef.releases.remote import MIRROR, ReleaseRemote, RemoteUnreachable
 from reef.releases.workflow import HEARTBEAT_INTERVAL_S, HEARTBEAT_MISSES, ReleaseWorkflow
-from reef.store import ExperienceStore, Record
+from reef.store import ExperienceStore
 from reef.store.leases import LeaseLost, confirm_lease, new_holder, take_lease
+from tests.releases.test_records_returned import records
 
 HARNESS = {"AGENTS.md": b"Be brief.\n"}
 LEASE = "learner:default"
@@ -153,22 +154,6 @@ def workflow_with_remote(folder: Path, remote_url: str) -> ReleaseWorkflow:
     (folder / "reef.yaml").write_text(text)
     config = load_config(folder / "reef.yaml", env={})
     return ReleaseWorkflow(config, ExperienceStore(config.experience_db))
-
-
-def records(workflow: ReleaseWorkflow, count: int = 2) -> list[str]:
-    store = workflow.candidates.store
-    return [
-        store.add_record(
-            Record(
-                scenario="default",
-                request={"messages": [{"role": "user", "content": f"Call {n}?"}]},
-                response={"choices": [{"message": {"role": "assistant", "content": "Lyon"}}]},
-                engine="test",
-                release_id="base",
-            )
-        ).result()
-        for n in range(count)
-    ]
 
 
 async def gate_never_runs(request: ChatRequest, binding: Binding) -> str:
