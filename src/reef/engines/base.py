@@ -28,6 +28,9 @@ class Preempted(Cancelled):
 class Capabilities:
     token_ids: bool = False
     logprobs: bool = False
+    # A checkpoint's weights load beside the served ones (llama.cpp), rather than in their
+    # place (vLLM holds one set): background work may use a checkpoint only where they do.
+    checkpoints_beside: bool = False
 
 
 class Engine(Protocol):

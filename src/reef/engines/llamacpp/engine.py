@@ -15,6 +15,12 @@ model is loaded beside the one this engine serves, as an engine of its own with 
 (its own slots and KV cache), on first use or when a release is about to serve it
 (`load_checkpoint`). The most recently used `MAX_CHECKPOINTS` stay loaded; one that goes is closed
 only when its last request in flight has finished, so a hot-swap never cuts an answer short.
+
+The engine and the checkpoint engines beside it share the CPU, so they share one count of live
+requests (`_LiveCount`): background work on any of them (a shadow's copy) is refused while a live
+request is in flight on any, and preempted when one arrives. Background work never unloads a
+checkpoint a live request used: it loads one only into a free place, or in the place of one that
+only background work used, and those go first when a live request needs a place.
 """
 
 from __future__ import annotations
@@ -104,6 +110,14 @@ def embedded_model_path() -> Path:
     return path
 
 
+class _LiveCount:
+    """Live requests running or waiting on an engine and the checkpoint engines beside it
+    (changed on the event loop; the decode loops read it, a turn late at worst)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 @dataclass
 class _Prepared:
     """A request checked and tokenized before it joins the queue."""
@@ -118,7 +132,7 @@ class _Prepared:
 
 class LlamaCppEngine:
     name = "llamacpp"
-    capabilities = Capabilities(token_ids=True, logprobs=True)
+    capabilities = Capabilities(token_ids=True, logprobs=True, checkpoints_beside=True)
     runs_background = True  # complete(background=True): only on capacity no live request uses
 
     def __init__(
@@ -152,6 +166,7 @@ class LlamaCppEngine:
         self.adaptive_threads = adaptive_threads
         self.cache = cache
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
+        self._live = _LiveCount()  # shared with the checkpoint engines loaded beside this one
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
         self._seconds_per_request = 1.0
         self._model: Any = None  # weights, vocabulary and metadata
@@ -165,6 +180,7 @@ class LlamaCppEngine:
         self._checkpoints: OrderedDict[Path, LlamaCppEngine] = OrderedDict()
         self._checkpoint_loads: dict[Path, asyncio.Task[LlamaCppEngine]] = {}
         self._retiring: dict[asyncio.Task[None], LlamaCppEngine] = {}
+        self._live_checkpoints: set[Path] = set()  # loaded ones a live request has asked for
 
     @property
     def model(self) -> str:
@@ -177,8 +193,9 @@ class LlamaCppEngine:
 
     @property
     def in_flight(self) -> int:
-        """Requests accepted and not finished: those running and those waiting."""
-        return self._admitted
+        """Live requests accepted and not finished, running or waiting, on this engine and the
+        checkpoint engines beside it."""
+        return self._live.value
 
     @property
     def cache_counters(self) -> dict[str, int]:
@@ -231,7 +248,13 @@ class LlamaCppEngine:
         self._adapters = Adapters(self._model.model, self._context.ctx)
         threads = ThreadChoice(self.n_threads, self.adaptive_threads)
         self._loop = DecodeLoop(
-            self._model, self._context.ctx, self.slots, self.n_batch, self._adapters, threads
+            self._model,
+            self._context.ctx,
+            self.slots,
+            self.n_batch,
+            self._adapters,
+            threads,
+            live_elsewhere=lambda: self._live.value > self._admitted,
         )
 
     def _batch_context(self) -> Any:
@@ -304,11 +327,11 @@ class LlamaCppEngine:
         with `Overloaded` while a live request is in flight, and ended with `Preempted` when
         one needs its slot."""
         if checkpoint is not None:
-            engine = await self.load_checkpoint(checkpoint)
+            engine = await self.load_checkpoint(checkpoint, background=background)
             return await engine.complete(request, adapter, background=background)
-        if background and self._admitted:
+        if background and self._live.value:
             raise Overloaded(
-                f"{self._admitted} live request(s) in flight: background work waits for an idle "
+                f"{self._live.value} live request(s) in flight: background work waits for an idle "
                 "engine",
                 headers={"retry-after": "1"},
             )
@@ -366,10 +389,20 @@ class LlamaCppEngine:
 
     # -- checkpoints: other weights, loaded beside -----------------------------------------
 
-    async def load_checkpoint(self, checkpoint: Path) -> LlamaCppEngine:
+    async def load_checkpoint(self, checkpoint: Path, background: bool = False) -> LlamaCppEngine:
         """The engine serving `checkpoint` (a checkpoint release's folder, or its GGUF), loaded
-        now if it is not: requests for it wait for the load, others go on."""
+        now if it is not: requests for it wait for the load, others go on. `background`: for
+        background work, which never takes the place of a checkpoint a live request used
+        (`Overloaded` when there is no other)."""
         path = checkpoint_gguf(checkpoint)
+        if not background:
+            self._live_checkpoints.add(path)
+        elif path not in self._checkpoints and not self._room_for_background():
+            raise Overloaded(
+                f"the {MAX_CHECKPOINTS} checkpoint models loaded serve live requests: background "
+                f"work on {checkpoint} would unload one, so it waits",
+                headers={"retry-after": "5"},
+            )
         if path in self._checkpoints:
             self._checkpoints.move_to_end(path)
             return self._checkpoints[path]
@@ -407,13 +440,29 @@ class LlamaCppEngine:
                 "checkpoint/*.gguf must be a whole model of the same vocabulary"
             ) from None
         log.info("llama.cpp: loaded checkpoint %s in %.1f s", path, time.perf_counter() - started)
+        engine._live = self._live  # one count of live requests for the CPU they share
         self._checkpoints[path] = engine
         while len(self._checkpoints) > MAX_CHECKPOINTS:
-            _, oldest = self._checkpoints.popitem(last=False)
+            oldest = self._checkpoints.pop(self._next_to_unload())
             retiring = asyncio.create_task(_close_when_idle(oldest))
             self._retiring[retiring] = oldest
             retiring.add_done_callback(lambda done: self._retiring.pop(done, None))
         return engine
+
+    def _room_for_background(self) -> bool:
+        """Whether a checkpoint can be loaded for background work without unloading one that
+        a live request used."""
+        loaded = len(self._checkpoints) + len(self._checkpoint_loads)
+        background_only = [p for p in self._checkpoints if p not in self._live_checkpoints]
+        return loaded < MAX_CHECKPOINTS or bool(background_only)
+
+    def _next_to_unload(self) -> Path:
+        """The least recently used checkpoint only background work used, else the least recently
+        used."""
+        order = list(self._checkpoints)
+        chosen = next((p for p in order if p not in self._live_checkpoints), order[0])
+        self._live_checkpoints.discard(chosen)
+        return chosen
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """Embeddings of `texts` and the tokens they took, computed between two decode turns."""
@@ -498,10 +547,12 @@ class LlamaCppEngine:
                 headers={"retry-after": str(retry_after)},
             )
         self._admitted += 1
+        self._live.value += 1
         try:
             yield
         finally:
             self._admitted -= 1
+            self._live.value -= 1
 
     def _served(self, job: Job) -> None:
         """Fold the time `job` held its slot into the average Retry-After is computed from. The
@@ -672,7 +723,7 @@ def checkpoint_gguf(checkpoint: Path) -> Path:
 
 async def _close_when_idle(engine: LlamaCppEngine) -> None:
     """Close a checkpoint model no release serves once its requests in flight have finished."""
-    while engine.in_flight:
+    while engine._admitted:  # its own requests, not those beside it
         await asyncio.sleep(RETIRE_POLL_S)
     await engine.close()
     log.info("llama.cpp: unloaded checkpoint %s", engine.model_path)

@@ -17,6 +17,8 @@ Each turn of the loop
 A background job (a shadow candidate's copy of a live request) takes a slot only when no live
 request waits or runs, advances only while none runs, and is stopped (`Preempted`) as soon as a
 live request waits for its slot: it never delays a live request by more than the step in progress.
+A live request on another engine sharing the CPU (a checkpoint's, `live_elsewhere`) counts as one
+here: background jobs wait for it, and running ones are stopped.
 
 Prompt blocks and decode steps go to separate llama_decode calls so each sequence's tokens are
 evaluated in the same shapes whatever runs beside them (see slots.py): batching changes no
@@ -115,6 +117,7 @@ class DecodeLoop:
         prompt_budget: int,
         adapters: Adapters,
         threads: ThreadChoice | None = None,
+        live_elsewhere: Callable[[], bool] = lambda: False,
     ) -> None:
         import llama_cpp
 
@@ -124,6 +127,8 @@ class DecodeLoop:
         self._n_vocab = model.n_vocab()
         self._scratch = np.empty(self._n_vocab, dtype=np.float32)  # logprob_of's, per token
         self._adapters = adapters
+        # Whether a live request is in flight on an engine sharing this CPU (a checkpoint's).
+        self._live_elsewhere = live_elsewhere
         self.threads = threads or ThreadChoice(1, adaptive=False)
         self._threads_set: int | None = None  # the count the context decodes with now
         self._prompt_budget = max(BLOCK, prompt_budget)
@@ -199,18 +204,23 @@ class DecodeLoop:
         return list(self._running)
 
     def _yield_to_live(self) -> None:
-        """A live request waiting for a slot takes one from a background job."""
+        """A live request waiting for a slot takes one from a background job; one on an engine
+        beside this one stops them all."""
         with self._wake:
             live_waiting = sum(not job.background for job in self._waiting)
         background = [s for s in self._running if s.job.background]
-        for sequence in background[: max(0, live_waiting - self.slots.free())]:
+        if not self._live_elsewhere():
+            background = background[: max(0, live_waiting - self.slots.free())]
+        for sequence in background:
             self._stop(sequence, Preempted())
 
     def _next_waiting(self) -> Job | None:
-        """The oldest waiting live job; else, while no live job runs, the oldest background."""
+        """The oldest waiting live job; else, while no live job runs here or beside, the oldest
+        background."""
         with self._wake:
             chosen = next((job for job in self._waiting if not job.background), None)
-            if chosen is None and self._waiting and not self._live_running():
+            idle = not self._live_running() and not self._live_elsewhere()
+            if chosen is None and self._waiting and idle:
                 chosen = self._waiting[0]
             if chosen is not None:
                 self._waiting.remove(chosen)

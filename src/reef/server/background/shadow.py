@@ -7,7 +7,10 @@ applies the candidate's binding, and runs it on the engine only on capacity no l
 uses: on llama.cpp as a background job (a slot only while none is live, stopped at once when a
 live request wants it; `LlamaCppEngine.complete(background=True)`), elsewhere only while the
 server answers no request. A copy preempted three times, or turned away by a full queue, is
-dropped. The answer is stored as a
+dropped. A checkpoint candidate's copies run only where its weights load beside the served ones
+(llama.cpp, whose background work on them yields to live requests on either): on vLLM, which
+holds one set of weights, a copy would swap the weights every live request uses, so each is
+skipped (and counted). The answer is stored as a
 shadow record beside the live one (`reef.store.shadows`), both scored by `gate.shadow.scorer`
 when the scenario has one, and never returned to anyone.
 
@@ -124,7 +127,7 @@ class ShadowRunner:
     async def _answer(self, shadow: Shadowing, scenario: str, record_id: str) -> None:
         record = await asyncio.to_thread(self.state.store.get_record, record_id)
         asked = _chat_request(record)
-        if record is None or asked is None:
+        if record is None or asked is None or not self._can_run(shadow):
             shadow.counts["skipped"] += 1
             return
         request = shadow.binding.apply(asked).capped(self.state.max_tokens_for(scenario))
@@ -167,6 +170,13 @@ class ShadowRunner:
             except (Preempted, Overloaded):
                 shadow.counts["preempted"] += 1
         return None
+
+    def _can_run(self, shadow: Shadowing) -> bool:
+        """Whether the shadow's copies can run without touching what serves: a checkpoint's
+        only where its weights load beside the served ones."""
+        if shadow.binding.checkpoint is None:
+            return True
+        return self.state.engine.capabilities.checkpoints_beside
 
     def _busy(self) -> bool:
         """Whether a live request is in flight: the engine's count where it keeps one, else the
