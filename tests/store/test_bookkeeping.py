@@ -96,6 +96,20 @@ def test_a_fingerprint_moves_with_each_record_report_and_candidate(
     assert learning.fingerprint(store, "default") == seen[-1]
 
 
+def test_a_fingerprint_moves_when_a_candidate_is_decided_and_its_records_return(
+    store: ExperienceStore,
+) -> None:
+    """A learner that looked while a record was held by a candidate in its gate must look again
+    once the gate ends and the record is free: nothing new was stored meanwhile."""
+    made = candidate(store, [served(store, "a")])
+    candidates = CandidateStore(store)
+    candidates.move(made.id, ("proposed",), "evaluating")
+    seen = [learning.fingerprint(store, "default")]
+    candidates.move(made.id, ("evaluating",), "rejected", records_returned=True)
+    seen.append(learning.fingerprint(store, "default"))
+    assert seen[0] != seen[1]
+
+
 def test_annotations_and_the_reviews_record_queries(store: ExperienceStore) -> None:
     first, second = served(store, "50% off_sale"), served(store, "plain")
     learning.save_annotation(store, "default", "openclaw_rl", first, {"votes": [1, 0]})

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from reef.store.candidates import OPEN_STATES
 from reef.store.database import Database
 from reef.store.experience import ExperienceStore, new_id
 from reef.store.leases import lease_holders
@@ -98,21 +99,27 @@ def save_step(store: ExperienceStore, row: dict[str, Any]) -> None:
 
 
 def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
-    """Changes whenever the scenario gets a record, a report or a candidate. Records commit in
-    `seq` order across replicas (`Database.begin_write`), so their largest `seq` says it;
-    reports and candidates need not, so a row count goes with theirs: one that commits late
-    with a lower `seq` than a row already seen still changes it (rows are never deleted)."""
+    """Changes whenever the scenario gets a record, a report or a candidate, and whenever a
+    candidate is decided (its records may be free to learn from again: a rejected gate, one
+    a recovery ended on another replica). Records commit in `seq` order across replicas
+    (`Database.begin_write`), so their largest `seq` says it; reports and candidates need not,
+    so a row count goes with theirs: one that commits late with a lower `seq` than a row
+    already seen still changes it (rows are never deleted)."""
+    open_states = ", ".join(f"'{state}'" for state in OPEN_STATES)
     (row,) = store.query(
         "SELECT (SELECT MAX(seq) FROM records WHERE scenario = ?) AS records, "
         "(SELECT MAX(seq) FROM reports WHERE scenario = ?) AS reports, "
         "(SELECT COUNT(*) FROM reports WHERE scenario = ?) AS reports_n, "
         "(SELECT MAX(seq) FROM candidates WHERE scenario = ?) AS candidates, "
-        "(SELECT COUNT(*) FROM candidates WHERE scenario = ?) AS candidates_n",
-        [scenario] * 5,
+        "(SELECT COUNT(*) FROM candidates WHERE scenario = ?) AS candidates_n, "
+        f"(SELECT COUNT(*) FROM candidates WHERE scenario = ? AND state IN ({open_states})) "
+        "AS open_n, "
+        "(SELECT COUNT(*) FROM candidates WHERE scenario = ? AND records_returned = 1) "
+        "AS returned_n",
+        [scenario] * 7,
     )
-    return tuple(
-        row[name] for name in ("records", "reports", "reports_n", "candidates", "candidates_n")
-    )
+    names = ("records", "reports", "reports_n", "candidates", "candidates_n", "open_n")
+    return tuple(row[name] for name in (*names, "returned_n"))
 
 
 def learning_status(store: ExperienceStore) -> dict[str, Any]:
