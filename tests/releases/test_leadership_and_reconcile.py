@@ -22,7 +22,7 @@ from reef.inference.binding import Binding
 from reef.protocol import ChatRequest
 from reef.releases.chain import ReleaseChain, ReleaseConflict
 from reef.releases.remote import MIRROR, ReleaseRemote, RemoteUnreachable
-from reef.releases.workflow import HEARTBEAT_INTERVAL_S, HEARTBEAT_MISSES, ReleaseWorkflow
+from reef.releases.workflow import HEARTBEAT_MISSES, ReleaseWorkflow
 from reef.store import ExperienceStore
 from reef.store.leases import LeaseLost, confirm_lease, new_holder, take_lease
 from tests.releases.test_records_returned import records
@@ -140,6 +140,43 @@ def test_the_remote_refuses_a_push_whose_expected_head_moved_after_the_fence_pas
         )
     assert first.head("default").release_id == "default@1"  # type: ignore[union-attr]
     assert first.files("default@1") == HARNESS  # the other's, fetched on the refusal
+
+
+def test_a_long_lfs_upload_leaves_the_copy_free_to_catch_up(
+    tmp_path: Path, remote_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a worker uploads a release's weights (git lfs push: up to half an hour), the
+    server sharing its copy of the chain still follows what other replicas publish: the upload
+    holds none of the copy's locks."""
+    copy = tmp_path / "replica" / "releases.git"
+    worker, server = ReleaseChain(copy, remote_url), ReleaseChain(copy, remote_url)
+    elsewhere = ReleaseChain(tmp_path / "elsewhere" / "releases.git", remote_url)
+    uploading, uploaded = threading.Event(), threading.Event()
+    assert worker.remote is not None
+    real_upload = worker.remote._push_lfs
+
+    def long_upload(commit: str) -> None:
+        uploading.set()
+        assert uploaded.wait(30)
+        real_upload(commit)
+
+    monkeypatch.setattr(worker.remote, "_push_lfs", long_upload)
+    publishing = threading.Thread(
+        target=lambda: worker.publish("learned", "harness", HARNESS, None)
+    )
+    publishing.start()
+    try:
+        assert uploading.wait(30)
+        released = elsewhere.publish("default", "harness", HARNESS, None)
+        caught_up = threading.Thread(target=server.catch_up, daemon=True)
+        caught_up.start()
+        caught_up.join(10)
+        assert not caught_up.is_alive(), "the server waited for the worker's upload"
+        assert server.head("default").release_id == released.release_id  # type: ignore[union-attr]
+    finally:
+        uploaded.set()
+        publishing.join(60)
+    assert worker.head("learned").release_id == "learned@1"  # type: ignore[union-attr]
 
 
 # -- (b) a push that landed but reported failure ------------------------------------------------
@@ -299,7 +336,7 @@ def test_an_evaluation_whose_heartbeat_stopped_is_ended_whatever_its_host(
             candidate.id, ("proposed",), "evaluating", evaluating_pid=1, evaluating_host=host
         )
         assert workflow.beat(candidate.id)
-    stale_s = HEARTBEAT_MISSES * HEARTBEAT_INTERVAL_S + 5
+    stale_s = HEARTBEAT_MISSES * workflow.config.releases.heartbeat_s + 5
     store.write(
         lambda db: db.execute(
             f"UPDATE candidates SET evaluation_heartbeat_at = {db.sql_now()} - ? WHERE id = ?",
@@ -319,8 +356,8 @@ def test_a_gate_beats_while_it_evaluates(
 ) -> None:
     """The heartbeat goes on on its own thread while the event loop is held (here: blocked in a
     generate call), and stops once the gate ended."""
-    monkeypatch.setattr("reef.releases.workflow.HEARTBEAT_INTERVAL_S", 0.05)
     workflow = workflow_on
+    monkeypatch.setattr(workflow.config.releases, "heartbeat_s", 0.05)
     (workflow.config.evals_dir / "default.jsonl").write_text(
         json.dumps(
             {

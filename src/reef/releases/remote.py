@@ -191,10 +191,14 @@ class ReleaseRemote:
 
         A push git reports as failed may have landed (a time-out or a dropped connection after
         the remote took it, a failing mirror update): before saying it failed, the remote is
-        asked (`landed`), and a push that landed is a push that succeeded."""
+        asked (`landed`), and a push that landed is a push that succeeded.
+
+        The LFS upload (up to half an hour of weights) runs outside the copy's turn, which it
+        does not need (no ref of the copy moves): the other processes sharing the copy (the
+        server's follower) keep catching up with the remote meanwhile."""
+        if _has_lfs():  # without it, no commit of this chain has LFS objects
+            self._push_lfs(commit)
         with self.turn():
-            if _has_lfs():  # without it, no commit of this chain has LFS objects
-                self._push_lfs(commit)
             if fence is not None:
                 fence()
             leases = [
