@@ -178,6 +178,10 @@ class ReleasesConfig(_Section):
     # How often a replica asks the remote for new heads. With a PostgreSQL store, a publish
     # notifies every replica at once and this poll is only a safety net, ten times slower.
     poll_s: float = Field(1.0, gt=0)
+    # The process gating a candidate renews its evaluation's heartbeat this often; an evaluation
+    # whose heartbeat was missed three times (its process died or froze) is ended by any
+    # replica, which looks as often: rejected, its records returned.
+    heartbeat_s: float = Field(10.0, gt=0)
 
 
 class TrainingConfig(_Section):

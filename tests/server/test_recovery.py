@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reef.config import load_config
 from reef.engines import build_engine
-from reef.releases.workflow import HEARTBEAT_INTERVAL_S, HEARTBEAT_MISSES, ReleaseWorkflow
+from reef.releases.workflow import HEARTBEAT_MISSES, ReleaseWorkflow
 from reef.server.background.recovery import InterruptedRecovery
 from reef.server.state import ServerState
 from reef.store import ExperienceStore
@@ -24,7 +24,7 @@ def left_evaluating(workflow: ReleaseWorkflow, text: bytes, stale: bool) -> Cand
     )
     assert workflow.beat(candidate.id)
     if stale:
-        ago = HEARTBEAT_MISSES * HEARTBEAT_INTERVAL_S + 5
+        ago = HEARTBEAT_MISSES * workflow.config.releases.heartbeat_s + 5
         workflow.candidates.store.write(
             lambda db: db.execute(
                 f"UPDATE candidates SET evaluation_heartbeat_at = {db.sql_now()} - ? WHERE id = ?",

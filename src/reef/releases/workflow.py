@@ -79,9 +79,8 @@ from reef.store.candidates import Candidate, CandidateStore
 log = logging.getLogger("reef.releases")
 
 INTERRUPTED = "evaluation was interrupted (the process running it stopped)"
-# The gating process renews an evaluation's heartbeat this often; one not renewed for
-# HEARTBEAT_MISSES intervals is recoverable by any replica.
-HEARTBEAT_INTERVAL_S = 10.0
+# An evaluation whose heartbeat (every releases.heartbeat_s) was not renewed for HEARTBEAT_MISSES
+# intervals is recoverable by any replica.
 HEARTBEAT_MISSES = 3
 
 
@@ -190,7 +189,7 @@ class ReleaseWorkflow:
             "SELECT id FROM candidates WHERE state = 'evaluating' "
             "AND evaluation_heartbeat_at IS NOT NULL "
             f"AND evaluation_heartbeat_at < {store.sql_now()} - ?",
-            [HEARTBEAT_MISSES * HEARTBEAT_INTERVAL_S],
+            [HEARTBEAT_MISSES * self.config.releases.heartbeat_s],
         )
         return {row["id"] for row in rows}
 
@@ -216,7 +215,7 @@ class ReleaseWorkflow:
         done = threading.Event()
 
         def keep_beating() -> None:
-            while not done.wait(HEARTBEAT_INTERVAL_S):
+            while not done.wait(self.config.releases.heartbeat_s):
                 try:
                     if not self.beat(candidate_id):
                         return

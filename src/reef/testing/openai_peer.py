@@ -6,7 +6,8 @@ or streamed, `GET /v1/models`, and, as vLLM does, `GET /health` and
 `fail-<status>` answers with that HTTP status and an OpenAI error body; `tool-call` answers with a
 call to the first tool in the request; `reply:<text>` answers with that text; `words` answers the
 echo cut to `max_tokens` words, with finish_reason `length` when cut (a model whose tokens are
-words). `GET /peer/last`
+words). A last user message starting `sleep <seconds>:` is answered that much later (a slow
+model: a gate that takes a while). `GET /peer/last`
 returns the last request it saw, with its Authorization header, so tests can check what was
 forwarded.
 
@@ -16,7 +17,9 @@ Run it alone with `python -m reef.testing.openai_peer --port 9000`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,6 +42,12 @@ def _echo(body: dict[str, Any]) -> str:
     return "echo:"
 
 
+def _delay(body: dict[str, Any]) -> float:
+    """Seconds the last user message asks the answer to wait (`sleep <seconds>: ...`)."""
+    said = re.match(r"echo: sleep ([0-9.]+):", _echo(body))
+    return float(said.group(1)) if said else 0.0
+
+
 def _tool_call(body: dict[str, Any]) -> dict[str, Any]:
     name = body["tools"][0]["function"]["name"]
     return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": '{"x": 1}'}}
@@ -53,6 +62,7 @@ async def chat(request: Request) -> Response:
         status = int(model.removeprefix("fail-"))
         error = {"message": f"peer failure {status}", "type": "peer_error", "code": None}
         return JSONResponse({"error": error}, status_code=status)
+    await asyncio.sleep(_delay(body))
     text = model.removeprefix("reply:") if model.startswith("reply:") else _echo(body)
     finish = "stop"
     if model == "words" and body.get("max_tokens") and len(text.split()) > body["max_tokens"]:

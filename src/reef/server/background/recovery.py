@@ -1,6 +1,7 @@
 """End the candidates a process that died left `evaluating`, while the server runs.
 
-`reef serve` recovers them as it starts; this keeps doing it every `RECOVERY_INTERVAL_S`, so a
+`reef serve` recovers them as it starts; this keeps doing it as often as a heartbeat may be
+missed before an evaluation counts as stopped (`HEARTBEAT_MISSES` x `releases.heartbeat_s`), so a
 gate whose process was killed on another replica (its heartbeat stopped, by the database's
 clock: `ReleaseWorkflow.recover_interrupted`) is rejected, unjudged, with its records returned,
 without waiting for some replica to restart. Any number of replicas may run it: ending a
@@ -12,19 +13,17 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from reef.releases.workflow import HEARTBEAT_INTERVAL_S, HEARTBEAT_MISSES
+from reef.releases.workflow import HEARTBEAT_MISSES
 from reef.server.state import ServerState
 from reef.store.candidates import Candidate
 
 log = logging.getLogger("reef.releases")
-# As often as a heartbeat may be missed before an evaluation counts as stopped.
-RECOVERY_INTERVAL_S = HEARTBEAT_MISSES * HEARTBEAT_INTERVAL_S
 
 
 class InterruptedRecovery:
-    def __init__(self, state: ServerState, interval_s: float = RECOVERY_INTERVAL_S) -> None:
+    def __init__(self, state: ServerState, interval_s: float | None = None) -> None:
         self.state = state
-        self.interval_s = interval_s
+        self.interval_s = interval_s or HEARTBEAT_MISSES * state.config.releases.heartbeat_s
 
     def once(self) -> list[Candidate]:
         """Recover what is recoverable now (blocking: store, git); the candidates ended."""
