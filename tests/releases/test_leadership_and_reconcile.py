@@ -261,6 +261,39 @@ def test_a_push_the_remote_took_but_reported_failed_leaves_the_candidate_release
         workflow.candidates.store.close()
 
 
+def test_a_push_that_lands_after_a_recovery_ended_its_candidate_releases_it_again(
+    tmp_path: Path, remote_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publisher froze after its fence, in its ref push; a recovery elsewhere saw the
+    heartbeat stop and, the release not on the remote yet, rejected the candidate and handed its
+    records back. Then the push landed: every replica serves that release, so its candidate is
+    released again, with its records consumed, not left rejected with them back in learning."""
+    workflow = workflow_with_remote(tmp_path, remote_url)
+    try:
+        ids = records(workflow)
+        candidate = workflow.propose("default", "harness", HARNESS, consumed_record_ids=ids)
+        assert workflow.chain.remote is not None
+        real = workflow.chain.remote._run
+
+        def run(timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
+            if args[0] == "push":  # frozen past its heartbeat: another replica recovers
+                ended = workflow._end_evaluation(workflow.candidates.get(candidate.id), "lost")
+                assert ended.state == "rejected" and ended.records_returned
+            return real(timeout, *args)
+
+        monkeypatch.setattr(workflow.chain.remote, "_run", run)
+        gated = asyncio.run(workflow.gate(candidate, gate_never_runs))
+        monkeypatch.undo()
+        head = workflow.chain.head("default")
+        assert head is not None and remote_head(remote_url) == head.commit
+        assert gated.state == "released", gated.decision
+        assert gated.release_id == head.release_id
+        assert not gated.records_returned
+        assert workflow.candidates.consumed_record_ids("default") == set(ids)
+    finally:
+        workflow.candidates.store.close()
+
+
 def test_recovery_after_a_crash_once_the_push_landed_leaves_the_candidate_released(
     tmp_path: Path, remote_url: str
 ) -> None:

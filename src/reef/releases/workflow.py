@@ -618,13 +618,31 @@ class ReleaseWorkflow:
                 f"is now {conflict.current}: propose it again"
             )
             return self._reject(candidate, allowed_from, moved, evaluation, judged=False)
+        released = {"decision": why, "evaluation": evaluation, "release_id": release.release_id}
+        try:
+            return self.candidates.move(candidate_id, allowed_from, "released", **released)
+        except Conflict:
+            return self._released_after_all(candidate_id, released)
+
+    def _released_after_all(self, candidate_id: str, released: dict[str, Any]) -> Candidate:
+        """A candidate whose push landed after a recovery elsewhere ended it unjudged (its
+        publisher froze after the fence, past its heartbeat, and the remote did not have the
+        release yet): every replica serves it, so it is released after all, its records
+        consumed again. Records handed back meanwhile may have been taken by another step."""
+        ended = self.candidates.get(candidate_id)
+        if ended.state != "rejected" or not ended.unjudged:
+            raise Conflict(
+                f"candidate {candidate_id} is {ended.state}, though its release is on the chain"
+            )
+        log.warning("candidate %s: its release landed after it was ended; released", candidate_id)
+        decision = f"{released['decision']} (its push landed after a recovery had ended it)"
         return self.candidates.move(
             candidate_id,
-            allowed_from,
+            ("rejected",),
             "released",
-            decision=why,
-            evaluation=evaluation,
-            release_id=release.release_id,
+            **{**released, "decision": decision},
+            unjudged=False,
+            records_returned=False,
         )
 
 
