@@ -236,6 +236,9 @@ class Completion:
     token_ids: list[int] | None = None
     token_logprobs: list[float] | None = None
     ttft_ms: float | None = None
+    # How long the request waited for the engine to take it (a free slot), where the engine
+    # queues requests itself (llama.cpp): part of ttft_ms.
+    queue_ms: float | None = None
     # The prompt exactly as the model read it (after a harness and the chat template), where the
     # engine renders it itself: training learns from what was served, not what was sent.
     prompt_token_ids: list[int] | None = None

@@ -27,11 +27,12 @@ from reef.config import OtelConfig, load_config
 from reef.engines import build_engine
 from reef.releases.workflow import ReleaseWorkflow
 from reef.server.state import ServerState
+from reef.server.teacher import teachers_of
 from reef.server.tracing import TRACE_TAG, Tracing, start_tracing
 from reef.store import ExperienceStore
 from reef.testing.processes import free_port, reef_serve
 from reef.testing.threaded import served_in_thread
-from tests.conftest import TOKEN
+from tests.conftest import SMALL_ENGINE, TOKEN
 from tests.episodes.test_episodes import answer
 from tests.support.in_process import serving
 
@@ -95,9 +96,11 @@ def test_each_request_is_one_trace_with_its_engine_and_store_spans(
     spans = exporter.get_finished_spans()
     traces = {span.context.trace_id for span in spans}
     assert len(traces) == 2
+    whole = ["POST /v1/chat/completions", "chat scripted", "reef.store.write"]
     for trace_id in traces:
         names = sorted(span.name for span in spans if span.context.trace_id == trace_id)
-        assert names == ["POST /v1/chat/completions", "chat scripted", "reef.store.write"]
+        # A stream's first token is seen: its prompt and decode phases are spans too.
+        assert names in (whole, sorted([*whole, "reef.prompt", "reef.decode"]))
     engine = next(span for span in spans if span.name == "chat scripted")
     root = next(
         s
@@ -117,6 +120,66 @@ def test_each_request_is_one_trace_with_its_engine_and_store_spans(
         root.context.trace_id, "032x"
     )
     store.close()
+
+
+def spans_under(spans: list[Any], parent: Any) -> dict[str, Any]:
+    return {
+        span.name: span
+        for span in spans
+        if span.parent is not None and span.parent.span_id == parent.context.span_id
+    }
+
+
+def test_the_engine_s_queue_prompt_and_decode_are_spans_under_its_answer(
+    tmp_path: Path,
+) -> None:
+    """On the real llama.cpp engine (which queues requests itself and sees its first token)."""
+    (tmp_path / "reef.yaml").write_text(SMALL_ENGINE)
+    config = load_config(tmp_path / "reef.yaml", env={})
+    store = ExperienceStore(config.experience_db)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    state = ServerState(config, build_engine(config.engine), store, ReleaseWorkflow(config, store))
+    state.tracing = Tracing(provider)
+    with serving(state) as url:
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    spans = exporter.get_finished_spans()
+    answer = next(span for span in spans if span.name.startswith("chat "))
+    phases = spans_under(spans, answer)
+    assert sorted(phases) == ["reef.decode", "reef.prompt", "reef.queue"]
+    queue, prompt, decode = phases["reef.queue"], phases["reef.prompt"], phases["reef.decode"]
+    assert answer.start_time == queue.start_time <= queue.end_time == prompt.start_time
+    assert prompt.start_time <= prompt.end_time == decode.start_time
+    assert decode.start_time <= decode.end_time == answer.end_time
+    store.close()
+
+
+def test_a_teacher_s_answer_is_a_span_under_the_call_s_answer(
+    tmp_path: Path, upstream: str
+) -> None:
+    state, store, exporter = traced_state(tmp_path, upstream, capture=False)
+    state.config = load_config_text(
+        tmp_path,
+        f"engine:\n  kind: upstream\n  upstream:\n    url: {upstream}\n"
+        f"teacher:\n  url: {upstream}\n  model: big\n  share: 100\n",
+    )
+    state.teachers = teachers_of(state.config, ["default"])
+    with serving(state) as url:
+        assert chat(url).status_code == 200
+    spans = exporter.get_finished_spans()
+    answer = next(span for span in spans if span.name.startswith("chat "))
+    teacher = spans_under(spans, answer)["reef.teacher"]
+    assert teacher.attributes["reef.teacher.reason"] == "share"  # it took the session outright
+    assert teacher.attributes["gen_ai.request.model"] == "m"
+    assert answer.start_time <= teacher.start_time <= teacher.end_time == answer.end_time
+    store.close()
+
+
+def load_config_text(folder: Path, text: str) -> Any:
+    (folder / "reef.yaml").write_text(text)
+    return load_config(folder / "reef.yaml", env={})
 
 
 def test_a_caller_s_traceparent_is_continued_and_content_is_captured_when_asked(

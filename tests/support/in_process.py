@@ -1,6 +1,6 @@
 """Reef's app served in a thread of the test's own process, for the tests that reach into its
-state while it serves (an exporter, a store lock): the engine starts with the app and closes
-with it."""
+state while it serves (an exporter, a store lock): the engine and the teachers start with the
+app and close with it."""
 
 from __future__ import annotations
 
@@ -21,9 +21,13 @@ def serving(state: ServerState) -> Iterator[str]:
     @asynccontextmanager
     async def engine_started(app: Any) -> AsyncIterator[None]:
         await state.engine.start()
+        for teacher in state.teachers.values():
+            await teacher.start()
         try:
             yield
         finally:
+            for teacher in state.teachers.values():
+                await teacher.close()
             await state.engine.close()
 
     app.router.lifespan_context = engine_started

@@ -70,8 +70,13 @@ async def served_whole(
         metrics.generating -= 1
     metrics.served(answer.call.scenario, answer.completion, started)
     if state.tracing is not None:
+        lesson = answer.lesson
         state.tracing.engine_answered(
-            answer.call.answered_by or state.engine.name, chat, answer.completion, started
+            answer.call.answered_by or state.engine.name,
+            chat,
+            answer.completion,
+            started,
+            (lesson.reason, lesson.asked_at, lesson.completion) if lesson else None,
         )
     headers = await stored(
         state, answer.call, body, answer.completion, started, record_id, raw_body

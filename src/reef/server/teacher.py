@@ -34,6 +34,7 @@ import logging
 import os
 import random
 import statistics
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class Lesson:
 
     reason: str
     completion: Completion
+    asked_at: float = 0.0  # time.perf_counter() as the teacher was asked
 
     @property
     def text(self) -> str:
@@ -217,6 +219,7 @@ class Teacher:
 
     async def answer(self, request: ChatRequest, reason: str) -> Lesson | None:
         """The teacher's answer to `request`, or None when it could not answer (logged)."""
+        asked_at = time.perf_counter()
         try:
             completion = await self.engine.complete(request)
         except ReefError as error:
@@ -227,7 +230,7 @@ class Teacher:
         self.costs.calls[reason] += 1
         self.costs.prompt_tokens += int(usage.get("prompt_tokens") or 0)
         self.costs.completion_tokens += int(usage.get("completion_tokens") or 0)
-        return Lesson(reason, completion)
+        return Lesson(reason, completion, asked_at)
 
 
 def teachers_of(config: Any, scenarios: list[str]) -> dict[str, Teacher]:

@@ -4,7 +4,10 @@
 A span per HTTP request (kind SERVER, continuing a caller's W3C `traceparent`), and under an
 inference call's span the engine's answer (`chat <model>`, with the GenAI semantic conventions'
 attributes: `gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.usage.input_tokens`, …)
-and the store's write (`reef.store.write`). The record keeps its trace id in the tag
+and the store's write (`reef.store.write`). Under the answer, its phases where the engine
+measures them (`reef.queue`: waiting for a slot; `reef.prompt`: reading the prompt to the first
+token; `reef.decode`: the rest), and the teacher's answer when it took the call
+(`reef.teacher`). The record keeps its trace id in the tag
 `otel_trace_id`. Prompts and answers are exported only with `otel.capture_content: true`.
 
 OpenTelemetry's packages are imported here only, and only once tracing is on: serving without
@@ -68,19 +71,56 @@ class Tracing:
         return format(context.trace_id, "032x") if context.is_valid else None
 
     def engine_answered(
-        self, engine: str, chat: ChatRequest, completion: Completion, started: float
+        self,
+        engine: str,
+        chat: ChatRequest,
+        completion: Completion,
+        started: float,
+        teacher: tuple[str, float, Completion] | None = None,
     ) -> None:
         """The engine's answer as a child span of the current one, from `started` (a
-        `time.perf_counter()` reading as the call began) to now."""
+        `time.perf_counter()` reading as the call began) to now, with its phases as children.
+        `teacher`: the teacher took the call over (why, when it was asked, its answer)."""
         from opentelemetry.trace import SpanKind
 
-        begun_ns = time.time_ns() - int((time.perf_counter() - started) * 1e9)
+        clock = _Clock()
+        now_ns, begun_ns = clock.now_ns, clock.at(started)
         model = completion.model or chat.model or engine
         span = self.tracer.start_span(f"chat {model}", kind=SpanKind.CLIENT, start_time=begun_ns)
         for name, value in self._genai_attributes(engine, chat, completion).items():
             if value is not None:
                 span.set_attribute(name, value)
-        span.end()
+        under = self._trace.set_span_in_context(span)
+        if teacher is None:
+            self._phases(under, completion, begun_ns, now_ns)
+        else:
+            self._teacher_answered(under, chat, teacher, clock)
+        span.end(end_time=now_ns)
+
+    def _phases(self, under: Any, completion: Completion, begun_ns: int, end_ns: int) -> None:
+        """The engine's queue wait, prompt and decode, as the engine measured them."""
+        prompt_from = begun_ns
+        if completion.queue_ms is not None:
+            prompt_from = begun_ns + int(completion.queue_ms * 1e6)
+            self._interval(under, "reef.queue", begun_ns, prompt_from)
+        if completion.ttft_ms is not None:
+            first_token = max(prompt_from, begun_ns + int(completion.ttft_ms * 1e6))
+            self._interval(under, "reef.prompt", prompt_from, first_token)
+            self._interval(under, "reef.decode", first_token, end_ns)
+
+    def _teacher_answered(
+        self, under: Any, chat: ChatRequest, teacher: tuple[str, float, Completion], clock: _Clock
+    ) -> None:
+        reason, asked, answer = teacher
+        span = self.tracer.start_span("reef.teacher", context=under, start_time=clock.at(asked))
+        span.set_attribute("reef.teacher.reason", reason)
+        for name, value in self._genai_attributes("teacher", chat, answer).items():
+            if value is not None:
+                span.set_attribute(name, value)
+        span.end(end_time=clock.now_ns)
+
+    def _interval(self, under: Any, name: str, start_ns: int, end_ns: int) -> None:
+        self.tracer.start_span(name, context=under, start_time=start_ns).end(end_time=end_ns)
 
     def _genai_attributes(
         self, engine: str, chat: ChatRequest, completion: Completion
@@ -167,6 +207,17 @@ def start_tracing(config: OtelConfig, env: Mapping[str, str]) -> Tracing | None:
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))
     log.info("tracing to %s/v1/traces", endpoint.rstrip("/"))
     return Tracing(provider, config.capture_content)
+
+
+class _Clock:
+    """The wall clock (nanoseconds, as spans take it) at `time.perf_counter()` readings, all
+    converted from one pair of readings, so that their order is kept."""
+
+    def __init__(self) -> None:
+        self.now_ns, self._now = time.time_ns(), time.perf_counter()
+
+    def at(self, reading: float) -> int:
+        return self.now_ns - int((self._now - reading) * 1e9)
 
 
 def _endpoint(config: OtelConfig, env: Mapping[str, str]) -> str | None:

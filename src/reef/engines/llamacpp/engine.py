@@ -351,7 +351,7 @@ class LlamaCppEngine:
                 raise
             if not background:
                 self._served(job)
-        return self._completion(prepared, _raise_error(choices))
+        return self._completion(prepared, _raise_error(choices), job)
 
     async def stream(
         self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
@@ -378,7 +378,7 @@ class LlamaCppEngine:
                 while not isinstance(item := await items.get(), _Done):
                     yield item
                 self._served(job)
-                completion = self._completion(prepared, _raise_error(item.result))
+                completion = self._completion(prepared, _raise_error(item.result), job)
                 if prepared.request.include_usage_chunk() and completion.usage:
                     yield prepared.chunks.usage_chunk(completion.usage)
                 yield completion
@@ -506,8 +506,9 @@ class LlamaCppEngine:
             stop_loops=self.stop_loops,
         )
 
-    def _completion(self, prepared: _Prepared, choices: Choices) -> Completion:
+    def _completion(self, prepared: _Prepared, choices: Choices, job: Job) -> Completion:
         request, prompt = prepared.request, prepared.prompt
+        queued = job.started_at - prepared.received_at if job.started_at is not None else None
         first = choices[0][0]
         ttft_ms = (
             None
@@ -530,6 +531,7 @@ class LlamaCppEngine:
             token_ids=first.token_ids,
             token_logprobs=first.token_logprobs,
             ttft_ms=ttft_ms,
+            queue_ms=queued * 1000 if queued is not None else None,
             prompt_token_ids=prompt,
             sampling=prepared.sampling.as_served(),
         )
