@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from reef.config import load_config
+from reef.learning.trackers import run_folder
 from reef.releases.chain import ReleaseChain
 from reef.releases.workflow import ReleaseWorkflow
 from reef.review import queries
+from reef.review.rows import CandidateDetail
+from reef.server.tracing import TRACE_TAG
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.artifacts import harness
 from reef.testing.processes import run_reef
+from reef.tui.screens.candidate_screen import heading
+from reef.tui.screens.record_screen import conversation
 from tests.conftest import peer_process
 
 
@@ -136,6 +142,24 @@ def test_candidate_detail_pairs_answers_with_the_prompt_and_diffs_the_parent(
     assert task.current_score == 1.0 and task.current_answer.strip()
     assert "-You are terse." in detail.diff and "+You are held for review." in detail.diff
     assert detail.row.base_release_id == "default@1" and detail.weights == []
+    assert detail.run_folder is None  # no learning step wrote curves for it
+
+
+def test_a_candidate_s_training_run_is_linked_and_a_record_s_trace_shown(
+    workflow: ReleaseWorkflow,
+) -> None:
+    held = queries.candidate_rows(workflow, state="held")[0]
+    folder = run_folder(workflow.config.state_dir, "default", held.id)
+    folder.mkdir(parents=True)
+    detail = queries.candidate_detail(workflow, held.id)
+    assert detail.run_folder == str(folder)
+    assert f"tensorboard --logdir {folder}" in str(heading(detail))
+    assert CandidateDetail.from_json(asdict(detail)).run_folder == str(folder)  # over HTTP
+    store = workflow.candidates.store
+    record = store.get_record(queries.record_rows(store)[0].id)
+    assert record is not None and "trace" not in str(conversation(record)).split("\n")[1]
+    record["metadata"] = {"tags": {TRACE_TAG: "4bf92f3577b34da6a3ce929d0e0e4736"}}
+    assert "trace 4bf92f3577b34da6a3ce929d0e0e4736" in str(conversation(record))
 
 
 def test_records_newest_first_with_feedback_and_search(workflow: ReleaseWorkflow) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from reef.errors import ReefError
 from reef.evaluation.tasks import load_tasks, tasks_path
+from reef.learning.trackers import run_folder
 from reef.protocol import last_user_text, response_text
 from reef.releases.canary import arm_scores, judge
 from reef.releases.chain import Release, is_weight_file, lfs_size, read_folder, text_diff
@@ -151,7 +152,14 @@ def candidate_detail(workflow: ReleaseWorkflow, candidate_id: str) -> CandidateD
         loss=[float(value) for value in loss if isinstance(value, int | float)],
         record_ids=list(candidate.consumed_record_ids),
         shadows=_shadow_pairs(workflow, candidate.id),
+        run_folder=_run_folder(workflow, candidate.scenario, candidate.id),
     )
+
+
+def _run_folder(workflow: ReleaseWorkflow, scenario: str, candidate_id: str) -> str | None:
+    """Where the learning step that proposed the candidate wrote its TensorBoard run."""
+    folder = run_folder(workflow.config.state_dir, scenario, candidate_id)
+    return str(folder) if folder.is_dir() else None
 
 
 def _shadow_pairs(workflow: ReleaseWorkflow, candidate_id: str) -> list[TaskView]:

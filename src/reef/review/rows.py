@@ -100,6 +100,8 @@ class CandidateDetail:
     record_ids: list[str]
     # In shadow: live calls beside the candidate's answers to their copies, newest first.
     shadows: list[TaskView] = field(default_factory=list)
+    # The folder of its learning step's TensorBoard run, on the server's machine, if written.
+    run_folder: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CandidateDetail:
@@ -111,6 +113,7 @@ class CandidateDetail:
             loss=list(data["loss"]),
             record_ids=list(data["record_ids"]),
             shadows=[TaskView(**task) for task in data.get("shadows", [])],
+            run_folder=data.get("run_folder"),
         )
 
 

@@ -37,6 +37,7 @@ def heading(detail: CandidateDetail) -> Text:
         ")",
         f"  released as {row.release_id}" if row.release_id else "",
         f"\n{row.decision or row.reason or ''}",
+        f"\ncurves: tensorboard --logdir {detail.run_folder}" if detail.run_folder else "",
     )
 
 

@@ -17,15 +17,19 @@ from reef.protocol import message_text, response_text
 from reef.review.queries import describe_report
 from reef.review.rows import ReviewError
 from reef.review.source import ReviewSource
+from reef.server.tracing import TRACE_TAG
 
 ROLE_STYLES = {"system": "magenta", "user": "bold cyan", "assistant": "bold green"}
 
 
 def conversation(record: dict[str, Any]) -> Text:
+    trace_id = ((record.get("metadata") or {}).get("tags") or {}).get(TRACE_TAG)
     text = Text.assemble(
         (record["id"], "bold"),
         f"  {record['scenario']} · served by {record['release_id']} · {record.get('engine', '')}",
-        f" · {record.get('latency_ms') or 0:.0f} ms\n\n",
+        f" · {record.get('latency_ms') or 0:.0f} ms",
+        f"\ntrace {trace_id}" if trace_id else "",
+        "\n\n",
     )
     for message in record["request"].get("messages", []):
         role = str(message.get("role"))
