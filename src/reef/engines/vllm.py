@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -52,12 +53,13 @@ import httpx
 
 from reef.engines.base import Capabilities
 from reef.engines.upstream import UpstreamEngine
-from reef.errors import ConfigurationRefused, EngineUnavailable, Unsupported
+from reef.errors import ConfigurationRefused, EngineUnavailable, ReefError, Unsupported
 
 if TYPE_CHECKING:
     from reef.config import VLLMConfig
 
 
+log = logging.getLogger("reef.engine")
 GUARD_MODULE = "reef_vllm_guard"
 GUARD_MIDDLEWARE = f"{GUARD_MODULE}.KeyOnEveryPath"
 # The guard vLLM loads (`--middleware reef_vllm_guard.KeyOnEveryPath`): plain ASGI and the
@@ -336,6 +338,22 @@ class VLLMEngine(UpstreamEngine):
                 )
         self._loaded_weights = weights
 
+    async def child_metrics(self) -> bytes:
+        """vLLM's own Prometheus metrics (its `vllm:` families: engine queue, KV cache, prefix
+        cache, spec decode...), read from the child's `/metrics` with its key, for Reef's
+        `/metrics` to pass through. Its other families (the Python process's, which Reef
+        exports too) are left out, so no family appears twice. Empty when the child cannot say."""
+        headers = {"Authorization": f"Bearer {self._child_api_key}"}
+        try:
+            response = await self._http.get(
+                f"http://127.0.0.1:{self.port}/metrics", headers=headers, timeout=2.0
+            )
+            response.raise_for_status()
+        except (httpx.HTTPError, ReefError) as error:
+            log.warning("vllm's /metrics could not be read: %s", error)
+            return b""
+        return vllm_families(response.text).encode()
+
     def _log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
@@ -355,6 +373,20 @@ class VLLMEngine(UpstreamEngine):
         guard, self._guard_dir = self._guard_dir, None
         if guard is not None:
             shutil.rmtree(guard, ignore_errors=True)
+
+
+def vllm_families(exposition: str) -> str:
+    """The `vllm:` metric families of a Prometheus text exposition: their HELP, TYPE and
+    sample lines."""
+    kept = []
+    for line in exposition.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        name = words[2] if words[0] == "#" and len(words) > 2 else words[0].split("{", 1)[0]
+        if name.startswith("vllm:") and (words[0] != "#" or words[1] in ("HELP", "TYPE")):
+            kept.append(line)
+    return "".join(f"{line}\n" for line in kept)
 
 
 def hugging_face_checkpoint(checkpoint: Path) -> Path:

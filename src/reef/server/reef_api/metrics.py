@@ -5,6 +5,7 @@ exists as state is read here when Prometheus scrapes, by collectors: the engine'
 and KV cache, the store writer's commits, the heads served, canaries, shadows and teachers, and
 the learning worker's bookkeeping in the store (the worker runs in another process: the store is
 where its steps are). The scrape runs in the thread pool, off the event loop (it reads the store).
+With the vLLM engine, the child's own `vllm:` families follow Reef's (`VLLMEngine.child_metrics`).
 
 The route is guarded like every route but /healthz: an inference or admin token once the server
 has any (open without one, on loopback). `server.metrics_token` (REEF_METRICS_TOKEN) is a token
@@ -404,6 +405,9 @@ class MetricsRoute:
             await _answer(send, refusal.status, headers, json.dumps(refusal.to_json()).encode())
             return
         body = await run_in_threadpool(generate_latest, self.state.metrics.registry)
+        child_metrics = getattr(self.state.engine, "child_metrics", None)
+        if child_metrics is not None:  # vLLM's own, passed through (`vllm:` families)
+            body += await child_metrics()
         head = scope["method"] == "HEAD"
         await _answer(
             send,
