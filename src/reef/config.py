@@ -466,7 +466,7 @@ class EpisodesConfig(_Section):
 
 
 class OtelConfig(_Section):
-    """Traces with OpenTelemetry (`reef.server.tracing`, the `otel` extra)."""
+    """Traces with OpenTelemetry (`reef.tracing`, the `otel` extra)."""
 
     # None: on when OTEL_EXPORTER_OTLP_ENDPOINT is set; true without the extra stops start-up.
     enabled: bool | None = None

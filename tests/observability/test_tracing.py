@@ -28,10 +28,10 @@ from reef.engines import build_engine
 from reef.releases.workflow import ReleaseWorkflow
 from reef.server.state import ServerState
 from reef.server.teacher import teachers_of
-from reef.server.tracing import TRACE_TAG, Tracing, start_tracing
 from reef.store import ExperienceStore
 from reef.testing.processes import free_port, reef_serve
 from reef.testing.threaded import served_in_thread
+from reef.tracing import TRACE_TAG, Tracing, start_tracing
 from tests.conftest import SMALL_ENGINE, TOKEN
 from tests.episodes.test_episodes import answer
 from tests.support.in_process import serving

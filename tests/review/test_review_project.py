@@ -23,10 +23,10 @@ from reef.releases.chain import ReleaseChain
 from reef.releases.workflow import ReleaseWorkflow
 from reef.review import queries
 from reef.review.rows import CandidateDetail
-from reef.server.tracing import TRACE_TAG
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.artifacts import harness
 from reef.testing.processes import run_reef
+from reef.tracing import TRACE_TAG
 from reef.tui.screens.candidate_screen import heading
 from reef.tui.screens.record_screen import conversation
 from tests.conftest import peer_process

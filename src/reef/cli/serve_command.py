@@ -19,8 +19,8 @@ from reef.learning.plans import load_plans
 from reef.releases.workflow import ReleaseWorkflow
 from reef.server.run import check_bind, run
 from reef.server.state import ServerState
-from reef.server.tracing import start_tracing
 from reef.store import ExperienceStore
+from reef.tracing import start_tracing
 
 
 def serve(

@@ -35,8 +35,8 @@ from reef.server.cancellation import until_disconnected
 from reef.server.http import sse
 from reef.server.state import ServerState
 from reef.server.teacher import Answer
-from reef.server.tracing import TRACE_TAG
 from reef.store import Record
+from reef.tracing import TRACE_TAG
 
 log = logging.getLogger("reef.server")
 

@@ -21,8 +21,8 @@ from reef.server.call import CallContext, tags_of
 from reef.server.in_flight import InFlight
 from reef.server.metrics import ServingMetrics
 from reef.server.teacher import Teacher
-from reef.server.tracing import Tracing
 from reef.store import ExperienceStore
+from reef.tracing import Tracing
 
 
 class Shadows(Protocol):
@@ -55,7 +55,7 @@ class ServerState:
     teachers: dict[str, Teacher] = field(default_factory=dict)
     # Scenarios created at runtime and the training modes chosen for them (in the store).
     scenarios: RuntimeScenarios = field(default_factory=RuntimeScenarios)
-    # Traces (OpenTelemetry), when on: `reef.server.tracing.Tracing`.
+    # Traces (OpenTelemetry), when on: `reef.tracing.Tracing`.
     tracing: Tracing | None = None
     # Candidate id -> its binding, for the episodes a gate runs under it (`episode_binding`).
     episode_bindings: dict[str, Binding] = field(default_factory=dict)

@@ -17,7 +17,7 @@ from reef.protocol import message_text, response_text
 from reef.review.queries import describe_report
 from reef.review.rows import ReviewError
 from reef.review.source import ReviewSource
-from reef.server.tracing import TRACE_TAG
+from reef.tracing import TRACE_TAG
 
 ROLE_STYLES = {"system": "magenta", "user": "bold cyan", "assistant": "bold green"}
 
