@@ -152,8 +152,10 @@ class Tracing:
 
     @contextlib.contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[Any]:
-        """A child span of the current one around a block (the store's write)."""
-        with self.tracer.start_as_current_span(name, attributes=attributes) as span:
+        """A child span of the current one around a block (the store's write), current while
+        it runs; attributes that are None are left out."""
+        given = {key: value for key, value in attributes.items() if value is not None}
+        with self.tracer.start_as_current_span(name, attributes=given) as span:
             yield span
 
     def shutdown(self) -> None:
@@ -185,6 +187,22 @@ def start_tracing(config: OtelConfig, env: Mapping[str, str]) -> Tracing | None:
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))
     log.info("tracing to %s/v1/traces", endpoint.rstrip("/"))
     return Tracing(provider, config.capture_content)
+
+
+def traced(tracing: Tracing | None, name: str, **attributes: Any) -> Any:
+    """`tracing.span(name, ...)`, or, with tracing off, a block that yields None: for code that
+    runs traced or not (`set_on` then writes to the span only when there is one)."""
+    if tracing is None:
+        return contextlib.nullcontext()
+    return tracing.span(name, **attributes)
+
+
+def set_on(span: Any, **attributes: Any) -> None:
+    """Set the attributes that are not None on `span`, if there is one."""
+    if span is not None:
+        for key, value in attributes.items():
+            if value is not None:
+                span.set_attribute(key, value)
 
 
 class _Clock:

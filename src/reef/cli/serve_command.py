@@ -88,11 +88,13 @@ def serve(
         highlight=False,
         soft_wrap=True,
     )
+    workflow = ReleaseWorkflow(resolved, store)
+    workflow.tracing = tracing  # a release approved, rolled back or promoted here: a span
     state = ServerState(
         config=resolved,
         engine=serving_engine,
         store=store,
-        workflow=ReleaseWorkflow(resolved, store),
+        workflow=workflow,
         engine_reason=reason,
         tracing=tracing,
     )

@@ -21,6 +21,7 @@ from reef.inference.model import ServerModel
 from reef.inference.server_file import RunningServer
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
+from reef.tracing import start_tracing
 
 log = logging.getLogger("reef.learning")
 
@@ -67,6 +68,8 @@ async def run_worker(config: ReefConfig, server: RunningServer) -> None:
     store = ExperienceStore(config.experience_store, config.store.synchronous)
     model = ServerModel(server.url, server.token)
     worker = LearningWorker(config, store, model)
+    # Each step, its gate and its publish, one trace per step (`reef.tracing`).
+    worker.workflow.tracing = start_tracing(config.otel, os.environ)
     stop = asyncio.Event()
     learning = asyncio.create_task(worker.run(stop))
 
@@ -88,6 +91,8 @@ async def run_worker(config: ReefConfig, server: RunningServer) -> None:
         watcher.cancel()
         await model.close()
         store.close()
+        if worker.workflow.tracing is not None:
+            worker.workflow.tracing.shutdown()  # the last spans, exported
 
 
 async def _stop_when_orphaned(stop_now: Callable[[], None]) -> None:

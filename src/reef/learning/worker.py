@@ -67,6 +67,7 @@ from reef.store.learning import (
 )
 from reef.store.leases import confirm_lease, give_up_lease, new_holder, take_lease
 from reef.store.scenarios import selected_training_mode
+from reef.tracing import set_on, traced
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
@@ -204,7 +205,13 @@ class LearningWorker:
         started = time.time()
         fence = self._fence(scenario)  # bound to the lease's generation as the step begins
         try:
-            result = await self._propose_and_gate(learner, view, instruction, fence, provenance)
+            attributes = {"reef.scenario": scenario, "reef.recipe": recipe.name}
+            with traced(self.workflow.tracing, "reef.learning.step", **attributes) as span:
+                result = await self._propose_and_gate(learner, view, instruction, fence, provenance)
+                set_on(
+                    span,
+                    **{"reef.outcome": result.outcome, "reef.candidate.id": result.candidate_id},
+                )
         except ProposalRefused as refused:
             result = StepResult(scenario, "no proposal", str(refused))
             log.info("learning step for %s proposed nothing: %s", scenario, refused)

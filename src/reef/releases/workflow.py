@@ -75,6 +75,7 @@ from reef.releases.shadowing import SHADOW
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate, CandidateStore
+from reef.tracing import Tracing, set_on, traced
 
 log = logging.getLogger("reef.releases")
 
@@ -118,6 +119,7 @@ class ReleaseWorkflow:
         self.housekeeping = Housekeeping(config, self.chain, self.candidates)
         self.checkouts = self.housekeeping.checkouts
         self.candidate_folders = self.housekeeping.candidate_folders
+        self.tracing: Tracing | None = None  # when on: each gate and publish is a span
 
     # -- what serves now ----------------------------------------------------------------------
 
@@ -305,11 +307,20 @@ class ReleaseWorkflow:
             evaluating_pid=os.getpid(),
             evaluating_host=socket.gethostname(),
         )
+        policy = self.config.gate_for(candidate.scenario).policy
+        attributes = {"reef.candidate.id": candidate.id, "reef.gate.policy": policy}
         try:
-            with self.heartbeat(candidate.id):
-                return await self._evaluate_and_decide(
+            with (
+                traced(self.tracing, "reef.gate", **attributes) as span,
+                self.heartbeat(candidate.id),
+            ):
+                gated = await self._evaluate_and_decide(
                     candidate, generate, on_task, extra_tasks or [], fence
                 )
+                set_on(
+                    span, **{"reef.candidate.state": gated.state, "reef.decision": gated.decision}
+                )
+                return gated
         finally:
             self.housekeeping.prune_candidates()
 
@@ -599,17 +610,21 @@ class ReleaseWorkflow:
                 code="candidate_state",
             )
         try:
-            release = self.chain.publish(
-                candidate.scenario,
-                candidate.kind,
-                read_folder(candidate.folder),
-                candidate.base_release_id,
-                candidate_id=candidate.id,
-                evaluation=evaluation,
-                records_consumed=len(candidate.consumed_record_ids),
-                reason=f"{candidate.reason} (gate: {why})" if candidate.reason else why,
-                fence=fence,
-            )
+            with traced(
+                self.tracing, "reef.publish", **{"reef.candidate.id": candidate_id}
+            ) as span:
+                release = self.chain.publish(
+                    candidate.scenario,
+                    candidate.kind,
+                    read_folder(candidate.folder),
+                    candidate.base_release_id,
+                    candidate_id=candidate.id,
+                    evaluation=evaluation,
+                    records_consumed=len(candidate.consumed_record_ids),
+                    reason=f"{candidate.reason} (gate: {why})" if candidate.reason else why,
+                    fence=fence,
+                )
+                set_on(span, **{"reef.release.id": release.release_id})
         except ReleaseConflict as conflict:
             if on_conflict == "raise":
                 raise
