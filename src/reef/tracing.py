@@ -89,10 +89,11 @@ class Tracing:
         clock = _Clock()
         now_ns, begun_ns = clock.now_ns, clock.at(started)
         model = completion.model or chat.model or engine
-        span = self.tracer.start_span(f"chat {model}", kind=SpanKind.CLIENT, start_time=begun_ns)
-        for name, value in self._genai_attributes(engine, chat, completion).items():
-            if value is not None:
-                span.set_attribute(name, value)
+        # Given at the start, the attributes are checked once, not under a lock one by one.
+        attributes = self._genai_attributes(engine, chat, completion)
+        span = self.tracer.start_span(
+            f"chat {model}", kind=SpanKind.CLIENT, start_time=begun_ns, attributes=attributes
+        )
         under = self._trace.set_span_in_context(span)
         if teacher is None:
             self._phases(under, completion, begun_ns, now_ns)
@@ -115,11 +116,13 @@ class Tracing:
         self, under: Any, chat: ChatRequest, teacher: tuple[str, float, Completion], clock: _Clock
     ) -> None:
         reason, asked, answer = teacher
-        span = self.tracer.start_span("reef.teacher", context=under, start_time=clock.at(asked))
-        span.set_attribute("reef.teacher.reason", reason)
-        for name, value in self._genai_attributes("teacher", chat, answer).items():
-            if value is not None:
-                span.set_attribute(name, value)
+        attributes = {
+            "reef.teacher.reason": reason,
+            **self._genai_attributes("teacher", chat, answer),
+        }
+        span = self.tracer.start_span(
+            "reef.teacher", context=under, start_time=clock.at(asked), attributes=attributes
+        )
         span.end(end_time=clock.now_ns)
 
     def _interval(self, under: Any, name: str, start_ns: int, end_ns: int) -> None:
@@ -148,7 +151,7 @@ class Tracing:
             attributes["gen_ai.input.messages"] = json.dumps(messages)
             outputs = [c.get("message") for c in choices if c.get("message")]
             attributes["gen_ai.output.messages"] = json.dumps(outputs)
-        return attributes
+        return {name: value for name, value in attributes.items() if value is not None}
 
     @contextlib.contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[Any]:
