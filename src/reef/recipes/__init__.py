@@ -1,4 +1,4 @@
-"""Reef's built-in learning recipes: harness_evolve, openclaw_rl, sft and tttd, one subpackage each.
+"""Reef's built-in learning recipes, one subpackage each (the `reef.recipes` entry points).
 
 Their source lives in the repository's top-level `recipes/` folder (one folder per recipe, as
 the design card draws it). The wheel installs that folder here, under Reef's own name, so no
