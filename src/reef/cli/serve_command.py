@@ -89,7 +89,7 @@ def serve(
         soft_wrap=True,
     )
     workflow = ReleaseWorkflow(resolved, store)
-    workflow.tracing = tracing  # a release approved, rolled back or promoted here: a span
+    workflow.tracing = tracing  # a candidate approved here: its publish is a span
     state = ServerState(
         config=resolved,
         engine=serving_engine,
