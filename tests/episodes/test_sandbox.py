@@ -115,3 +115,16 @@ def test_output_past_its_cap_is_dropped_and_flagged(tmp_path: Path) -> None:
     assert result.ok
     assert result.output_truncated
     assert len(result.output) == 10_000
+
+
+def test_a_python_under_tmp_is_reachable_inside(tmp_path: Path) -> None:
+    """Reef in a virtual environment under /tmp (a CI checkout there): the paths bound read-only
+    for it lie under the episode's own /tmp, and the agent can still run what they hold."""
+    tool = tmp_path / "venv" / "bin" / "tool"  # tmp_path is under /tmp
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\necho tool ran\n")
+    tool.chmod(0o755)
+    assert str(tool).startswith("/tmp/")
+    result = run(tmp_path, str(tool), readonly=[tmp_path / "venv"])
+    assert result.ok, result.output
+    assert "tool ran" in result.output

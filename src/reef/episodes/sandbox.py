@@ -209,9 +209,15 @@ class Sandbox:
 
     def _bwrap(self, command: list[str], sockets: Path | None) -> list[str]:
         binds = [*_system_binds(), *self._workspace_binds(sockets)]
+        readonly: list[str] = []
         for host, inside in self._readonly_paths().items():
-            binds += ["--ro-bind", str(host), inside]
+            readonly += ["--ro-bind", str(host), inside]
+        # The read-only paths' folders are made after the workspace is bound: a Python under
+        # /tmp (a virtual environment there) is then reached through the episode's own /tmp,
+        # where a folder made before would be hidden by it, and one made by bubblewrap's bind
+        # alone would be root's, closed to the agent.
         args = [shutil.which("bwrap") or "bwrap", *_parent_folders(binds), *binds]
+        args += [*_parent_folders(readonly), *readonly]
         # Every namespace but the user's (`_identity` decides that one): --unshare-all would
         # also try a user namespace, in which the uid `drop_to` takes does not exist.
         args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
