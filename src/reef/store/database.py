@@ -87,6 +87,16 @@ class Database(ABC):
         """Commit the transaction begun with `begin_write`."""
         self.execute("COMMIT")
 
+    # Whether `pipelined` saves round trips: statements sent without waiting for each answer.
+    pipelines: bool = False
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """A block whose statements go to the database without waiting for each answer, for
+        statements whose results nobody reads; an error surfaces at the block's end at the
+        latest. Here (a database in this process) a block like any other."""
+        yield
+
     @abstractmethod
     def schema(self, sql: str) -> str:
         """A migration's portable DDL in this database's words."""

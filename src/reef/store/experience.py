@@ -323,7 +323,7 @@ class ExperienceStore:
         writer thread, or on the caller's when `alone`); the future resolves to its id once it
         is committed. `alone`: the caller has no concurrent writes to share a commit with, so an
         idle writer lets it commit on its own thread."""
-        return self._writer.submit(_inserting(record), here=alone, ordered=True)
+        return self._writer.submit(_inserting(record), here=alone, ordered=True, blind=True)
 
     async def add_record_async(
         self, record: Record | Callable[[], Record], alone: bool = False

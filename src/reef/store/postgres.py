@@ -113,6 +113,15 @@ class PostgresDatabase(Database):
             raise RuntimeError("the transaction failed before its commit: nothing of it is stored")
         self.conn.execute("COMMIT")
 
+    pipelines = True
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """psycopg's pipeline mode: the block's statements in one round trip, their answers read
+        at its end (where a failed one raises)."""
+        with self.conn.pipeline():
+            yield
+
     def begin_write_now(self) -> bool:
         # A commit here is a round trip and an fsync on the server: never on a caller's thread
         # (the event loop); the writer thread takes every job.

@@ -10,6 +10,13 @@ hand-offs (about 0.1 ms each on two cores) and blocks the caller only for its ow
 another process holds the database's write lock, the job goes to the writer thread, which waits.
 (Only SQLite offers that: on PostgreSQL a commit is a round trip, never made on a caller's thread.)
 
+On PostgreSQL every statement is a round trip, three per job with its savepoint and three more
+per group, so a group of record inserts (jobs that read no result back), one record or many, goes
+first in one pipeline, without savepoints: begin, inserts and commit sent together, one round
+trip and one fsync for the group. If any of
+them fails, that transaction is rolled back whole and the group runs again the usual way, each
+job in its savepoint, so a failing job still fails alone.
+
 Once the writer is stopped, a job submitted fails at once (`StoreClosed`): nobody would ever
 commit it, and its caller must not wait for it.
 """
@@ -42,6 +49,8 @@ class _Job:
     work: Callable[[Database], Any]
     # It inserts records: its transaction must commit in `seq` order (`Database.begin_write`).
     ordered: bool = False
+    # It reads no result back (no rowcount, no row): it may run in a pipeline.
+    blind: bool = False
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -104,6 +113,7 @@ class WriterStats:
         self.commit_seconds = Buckets(COMMIT_SECONDS_BUCKETS)
         self.group_size = Buckets(GROUP_SIZE_BUCKETS)
         self.unavailable = 0  # commits that failed: the store could not be written
+        self.pipelined = 0  # groups committed in one pipeline (PostgreSQL's record inserts)
 
 
 class GroupCommitWriter(threading.Thread):
@@ -123,7 +133,11 @@ class GroupCommitWriter(threading.Thread):
         self.stats = WriterStats()
 
     def submit(
-        self, work: Callable[[Database], T], here: bool = False, ordered: bool = False
+        self,
+        work: Callable[[Database], T],
+        here: bool = False,
+        ordered: bool = False,
+        blind: bool = False,
     ) -> Future[T]:
         """Queue `work`; the future resolves once the commit holding it is done, or at once
         with `StoreClosed` once the writer is stopped.
@@ -132,8 +146,9 @@ class GroupCommitWriter(threading.Thread):
         queued, no group is running and no other process holds the database's write lock (the
         future is then already resolved); else queue it. `ordered`: it inserts records, so its
         transaction commits in `seq` order with every other process's
-        (`Database.begin_write`)."""
-        job = _Job(work, ordered)
+        (`Database.begin_write`). `blind`: it reads no result back from the database (record
+        inserts), so it may be sent in a pipeline."""
+        job = _Job(work, ordered, blind)
         if here and self._ran_here(job):
             return job.future
         self._enqueue(job)
@@ -172,7 +187,10 @@ class GroupCommitWriter(threading.Thread):
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(error)
             return True
-        self._finish([job])
+        if job.future.set_running_or_notify_cancel():
+            self._finish([job])
+        else:  # its caller gave up: nothing to write
+            self._roll_back()
         return True
 
     def stop(self) -> None:
@@ -211,20 +229,44 @@ class GroupCommitWriter(threading.Thread):
         return group, False
 
     def _commit(self, group: list[_Job]) -> None:
-        try:
-            self._db.begin_write(ordered=any(job.ordered for job in group))
-        except BaseException as error:
-            self.stats.unavailable += 1
-            for job in group:
-                if job.future.set_running_or_notify_cancel():
-                    job.future.set_exception(self._db.unavailable(error))
-            return
-        self._finish(group)
-
-    def _finish(self, group: list[_Job]) -> None:
-        """Run the jobs inside the transaction already begun, commit, resolve their futures."""
         # A job whose caller already gave up is dropped: nobody waits for its row.
         live = [job for job in group if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        pipelinable = self._db.pipelines and all(job.blind for job in live)
+        if pipelinable and self._committed_in_one_pipeline(live):
+            return
+        try:
+            self._db.begin_write(ordered=any(job.ordered for job in live))
+        except BaseException as error:
+            self.stats.unavailable += 1
+            for job in live:
+                job.future.set_exception(self._db.unavailable(error))
+            return
+        self._finish(live)
+
+    def _committed_in_one_pipeline(self, live: list[_Job]) -> bool:
+        """Run `live` as one transaction in one pipeline, without savepoints; whether it
+        committed. False (everything rolled back) when anything failed: the caller runs them
+        again, each in its savepoint, and the one that fails fails alone."""
+        started = time.perf_counter()
+        try:
+            with self._db.pipelined():
+                self._db.begin_write(ordered=any(job.ordered for job in live))
+                values = [job.work(self._db) for job in live]
+                self._db.commit()
+        except Exception:
+            self._roll_back()
+            return False
+        self.stats.commit_seconds.observe(time.perf_counter() - started)
+        self.stats.group_size.observe(len(live))
+        self.stats.pipelined += 1
+        for job, value in zip(live, values, strict=True):
+            job.future.set_result(value)
+        return True
+
+    def _finish(self, live: list[_Job]) -> None:
+        """Run the jobs inside the transaction already begun, commit, resolve their futures."""
         outcomes: list[tuple[Any, BaseException | None]] = []
         started = time.perf_counter()
         try:
