@@ -13,10 +13,8 @@ import pytest
 from reef.engines.llamacpp import LlamaCppEngine, Preempted
 from reef.engines.llamacpp import engine as engine_module
 from reef.errors import Overloaded
-from reef.protocol import ChatRequest
 from reef.testing.artifacts import random_checkpoint
-
-EOS = 2  # SmolLM2's <|im_end|>
+from tests.engines.test_llamacpp_background import request, run
 
 
 @pytest.fixture(scope="module")
@@ -28,29 +26,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name in names:
         shutil.copytree(folder / "merged" / "checkpoint", folder / name / "checkpoint")
     return {name: folder / name / "checkpoint" for name in names}
-
-
-def request(tokens: int) -> ChatRequest:
-    return ChatRequest.model_validate(
-        {
-            "messages": [{"role": "user", "content": "Count to a hundred."}],
-            "max_tokens": tokens,
-            "temperature": 0,
-            "logit_bias": {str(EOS): -100},  # runs to max_tokens
-        }
-    )
-
-
-def run(scenario):  # type: ignore[no-untyped-def]
-    async def main():  # type: ignore[no-untyped-def]
-        engine = LlamaCppEngine(n_ctx=512, slots=2, n_threads=2, adaptive_threads=False)
-        await engine.start()
-        try:
-            return await scenario(engine)
-        finally:
-            await engine.close()
-
-    return asyncio.run(main())
 
 
 def test_a_live_request_on_the_served_model_preempts_background_work_on_a_checkpoint(
@@ -65,7 +40,7 @@ def test_a_live_request_on_the_served_model_preempts_background_work_on_a_checkp
         await engine.complete(request(8))  # a free slot on the served model: no slot is shared
         return (await asyncio.gather(background, return_exceptions=True))[0]
 
-    assert isinstance(run(scenario), Preempted)
+    assert isinstance(run(2, scenario), Preempted)
 
 
 def test_background_work_on_a_checkpoint_waits_while_the_served_model_is_busy(
@@ -78,7 +53,7 @@ def test_background_work_on_a_checkpoint_waits_while_the_served_model_is_busy(
             await engine.complete(request(5), checkpoint=checkpoints["a"], background=True)
         await live
 
-    run(scenario)
+    run(2, scenario)
 
 
 def test_background_work_never_unloads_a_checkpoint_a_live_request_used(
@@ -92,7 +67,7 @@ def test_background_work_never_unloads_a_checkpoint_a_live_request_used(
             await engine.complete(request(1), checkpoint=checkpoints["b"], background=True)
         return engine.checkpoints_loaded
 
-    assert run(scenario) == ["a"]
+    assert run(2, scenario) == ["a"]
 
 
 def test_a_checkpoint_only_background_work_used_is_the_first_to_go(
@@ -106,4 +81,4 @@ def test_a_checkpoint_only_background_work_used_is_the_first_to_go(
         await engine.complete(request(1), checkpoint=checkpoints["c"])  # live: a place is needed
         return sorted(engine.checkpoints_loaded)
 
-    assert run(scenario) == ["a", "c"]  # b went, though a was used longer ago
+    assert run(2, scenario) == ["a", "c"]  # b went, though a was used longer ago

@@ -16,6 +16,7 @@ from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
 from reef.recipes.gepa.recipe import GEPA
 from reef.recipes.gepa.search import Rollout, Tree, pareto_front, sample_parent, search
+from tests.support.scripted import said
 
 WISH = "Start every answer with the word Sure"
 PROMPTS = ["Name a fruit.", "What is 2+2?", "Name an animal.", "What colour is the sky?"]
@@ -101,10 +102,7 @@ def turn(number: int, prompt: str) -> Turn:
 
 def context(reply: str, asked: list[Any]) -> StepContext:
     def generate_under(files: dict[str, bytes], body: dict[str, Any]) -> Completion:
-        text = "Sure! Here." if b"Sure" in files.get("AGENTS.md", b"") else "Here."
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "finish_reason": "stop"}
-        return Completion({"id": "c", "object": "chat.completion", "choices": [choice]}, "scripted")
+        return said("Sure! Here." if b"Sure" in files.get("AGENTS.md", b"") else "Here.")
 
     def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 400) -> str:
         asked.append((messages, json_schema, max_tokens))

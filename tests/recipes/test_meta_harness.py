@@ -13,18 +13,10 @@ from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
 from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
 from reef.recipes.meta_harness.recipe import PROPOSER_PROMPT, MetaHarness, confidence
+from tests.support.scripted import said
 
 PROMPTS = ["Name a fruit.", "What is 2+2?", "Name an animal.", "Name a colour.", "Hi?", "Why?"]
 WISH = "Start every answer with the word Sure"
-
-
-def completion(text: str) -> Completion:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": "stop",
-    }
-    return Completion({"id": "c", "object": "chat.completion", "choices": [choice]}, "scripted")
 
 
 def context(replies: list[str], asked: list[str], sure_on: int = len(PROMPTS)) -> StepContext:
@@ -33,7 +25,7 @@ def context(replies: list[str], asked: list[str], sure_on: int = len(PROMPTS)) -
     def generate_under(files: dict[str, bytes], body: dict[str, Any]) -> Completion:
         prompt = body["messages"][-1]["content"]
         says = b"Sure" in files.get("AGENTS.md", b"")
-        return completion("Sure! Yes." if says and PROMPTS.index(prompt) < sure_on else "Yes.")
+        return said("Sure! Yes." if says and PROMPTS.index(prompt) < sure_on else "Yes.")
 
     def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 0) -> str:
         asked.append(messages[0]["content"])
