@@ -72,9 +72,7 @@ class GEPASettings(PromptSearchSettings):
 
 class GEPA(PromptSearch):
     name = "gepa"
-    signal = "scores on the scenario's scorer, with feedback text"
     experience = "reactive, from live traffic; metric calls on the served model"
-    target = "harness"
     Settings = GEPASettings
     settings: GEPASettings
 

@@ -97,9 +97,7 @@ def confidence(better: list[float], baseline: list[float]) -> float:
 
 class MetaHarness(PromptSearch):
     name = "meta_harness"
-    signal = "scores on the scenario's scorer, with feedback text"
     experience = "reactive, from live traffic; every node scored on the served model"
-    target = "harness"
     Settings = MetaHarnessSettings
     settings: MetaHarnessSettings
 

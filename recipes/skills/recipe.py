@@ -6,16 +6,16 @@ description, reaches the model on every live request: the harness renders it int
 prompt (`reef.inference.binding.compose_system_prompt`), and installs the files for the agents.
 
 A step is a night after a day. The day is the batch's scored turns, run as tasks against the
-current pool on the served model and scored by `scorer`. The night groups the day's turns by
-the skill each one concerns (the skill whose name and description share the most words with its
-request; none: the no-skill bucket) and makes one decision per group, asked of the proposer with
-the group's skill and its turns (request, answer, score, what the user said): `create` a skill,
-`improve` the group's skill, `merge` it into another, or `skip`. The decisions apply as one
-composite change of the tree, or not at all: one that breaks a rule (a name that is taken or not
-a skill name, a merge into a skill that is not there, a pool past `max_skills`) refuses the
-whole night. The next day, the same tasks against the new pool, is scored in the step, and the
-gate judges the candidate on the scenario's tasks and the day's failing ones.
-"""
+current pool on the served model and scored by `scorer`. The night groups the day's turns by the
+skill each one concerns (the skill whose name and description share the most word stems with its
+request, common words aside; none: the no-skill bucket) and makes one decision per group, asked
+of the proposer with the group's skill and its turns (request, answer, score, what the user
+said): `create` a skill, `improve` the group's skill, `merge` it into another, or `skip`. The
+decisions apply as one composite change of the tree, or not at all: one that breaks a rule (a
+name that is taken or not a skill name, a merge into a skill that is not there, a pool past
+`max_skills`) refuses the whole night. The next day, the same tasks against the new pool, is
+scored in the step, and the gate judges the candidate on the scenario's tasks and the day's
+failing ones."""
 
 from __future__ import annotations
 
@@ -48,7 +48,50 @@ from reef.sdk import (
 NO_SKILL = ""  # the bucket of the turns no skill concerns
 SKILL_PATH = "skills/{name}/SKILL.md"
 SKILL_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,40}")
-WORD = re.compile(r"[a-z]{4,}")
+WORD = re.compile(r"[a-z]{3,}")
+# Words too common to say what a request is about.
+COMMON = frozenset(
+    {
+        "about",
+        "and",
+        "are",
+        "can",
+        "could",
+        "does",
+        "for",
+        "from",
+        "have",
+        "how",
+        "into",
+        "its",
+        "not",
+        "please",
+        "tell",
+        "than",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "this",
+        "those",
+        "was",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+    }
+)
+SUFFIXES = ("ing", "ed", "es", "s", "e")
 Decision = Literal["create", "improve", "merge", "skip"]
 DECISION_SCHEMA = {
     "type": "object",
@@ -101,7 +144,7 @@ class Skill:
         return f"{front}\n{self.body}\n".encode()
 
     def words(self) -> set[str]:
-        return set(WORD.findall(f"{self.name.replace('-', ' ')} {self.description}".lower()))
+        return stems(f"{self.name.replace('-', ' ')} {self.description}")
 
 
 @dataclass
@@ -143,10 +186,25 @@ def pool_of(tree: dict[str, bytes]) -> dict[str, Skill]:
     return found
 
 
+def stems(text: str) -> set[str]:
+    """The words of `text` that say what it is about, each cut to a stem (`adding`, `adds` and
+    `add` are one), common words left out."""
+    found = set()
+    for word in WORD.findall(text.lower()):
+        if word in COMMON:
+            continue
+        for suffix in SUFFIXES:
+            if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+                word = word[: -len(suffix)]
+                break
+        found.add(word)
+    return found
+
+
 def group_of(turn: Turn, pool: dict[str, Skill]) -> str:
     """The skill `turn` concerns: the one sharing the most words with its request (NO_SKILL
     when none shares any)."""
-    asked = set(WORD.findall(turn.prompt.lower()))
+    asked = stems(turn.prompt)
     overlap = {name: len(skill.words() & asked) for name, skill in pool.items()}
     best = max(sorted(overlap), key=lambda name: overlap[name], default=NO_SKILL)
     return best if best and overlap[best] > 0 else NO_SKILL
@@ -185,9 +243,7 @@ def _subject(decision: NightDecision) -> str:
 
 class Skills(PromptSearch):
     name = "skills"
-    signal = "scores on the scenario's scorer, with feedback text"
     experience = "reactive, from live traffic; the day's tasks scored on the served model"
-    target = "harness"
     Settings = SkillsSettings
     settings: SkillsSettings
 

@@ -15,19 +15,11 @@ from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
 from reef.learning.view import Trajectory, Turn
 from reef.protocol import ChatRequest, Completion
 from reef.recipes.skills.recipe import Skill, Skills, group_of, pool_of
+from tests.support.scripted import said
 
 MATHS = Skill("arithmetic", "adding and multiplying numbers", "Work digit by digit.")
 TREE = {"AGENTS.md": b"Be helpful.\n", "skills/arithmetic/SKILL.md": MATHS.render()}
 PROMPTS = ["What is 12 plus 30? Add the numbers.", "Name a fruit.", "Name a colour."]
-
-
-def completion(text: str) -> Completion:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": "stop",
-    }
-    return Completion({"id": "c", "object": "chat.completion", "choices": [choice]}, "scripted")
 
 
 def context(decisions: dict[str, dict[str, str]], asked: list[str]) -> StepContext:
@@ -35,7 +27,7 @@ def context(decisions: dict[str, dict[str, str]], asked: list[str]) -> StepConte
     the group its question names (the arithmetic skill, or none)."""
 
     def generate_under(files: dict[str, bytes], body: dict[str, Any]) -> Completion:
-        return completion("Sure! 42." if "skills/polite/SKILL.md" in files else "42.")
+        return said("Sure! 42." if "skills/polite/SKILL.md" in files else "42.")
 
     def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 0) -> str:
         question = messages[0]["content"]
@@ -73,6 +65,25 @@ def test_turns_go_to_the_skill_their_request_concerns() -> None:
     pool = pool_of(TREE)
     groups = [group_of(turn, pool) for turn in batch()[0].turns]
     assert groups == ["arithmetic", "", ""]
+
+
+POEMS = Skill("poems", "writing short poems about nature", "Four lines, one image.")
+
+
+@pytest.mark.parametrize(
+    ("request_text", "group"),
+    [
+        ("Multiply 7 by 8.", "arithmetic"),  # multiply ~ multiplying
+        ("How do I add two numbers?", "arithmetic"),  # add ~ adding, numbers
+        ("Write a poem about the sea.", "poems"),  # write ~ writing, poem ~ poems
+        ("Tell me about the weather.", ""),  # "about" and "tell" say nothing of a skill
+        ("Tell me a joke.", ""),
+    ],
+)
+def test_a_request_goes_to_the_skill_its_words_stem_from(request_text: str, group: str) -> None:
+    pool = {"arithmetic": MATHS, "poems": POEMS}
+    asked = Turn("r", [{"role": "user", "content": request_text}], {"role": "assistant"}, "b", [])
+    assert group_of(asked, pool) == group
 
 
 def test_a_night_s_decisions_apply_as_one_change_of_the_tree() -> None:

@@ -28,6 +28,8 @@ def has_score(turn: Turn) -> bool:
 class PromptSearch(Recipe):
     """A recipe that scores harness trees on its batch's prompts; subclasses search."""
 
+    signal = "scores on the scenario's scorer, with feedback text"
+    target = "harness"
     Settings = PromptSearchSettings
     settings: PromptSearchSettings
 
