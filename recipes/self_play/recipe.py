@@ -229,7 +229,10 @@ def _examples(tree: dict[str, bytes], new: list[dict[str, str]], kept: int) -> b
     """The tree's worked examples with `new` after them, the newest `kept`, one per request."""
     lines = tree.get(EXAMPLES, b"").decode().splitlines()
     old = [json.loads(line) for line in lines if line.strip()]
-    by_user = {example["user"]: example for example in [*old, *new]}
+    by_user: dict[str, dict[str, str]] = {}
+    for example in [*old, *new]:  # a request answered again moves to the newest place
+        by_user.pop(example["user"], None)
+        by_user[example["user"]] = example
     return "".join(json.dumps(e) + "\n" for e in list(by_user.values())[-kept:]).encode()
 
 

@@ -13,27 +13,22 @@ import pytest
 
 from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
 from reef.protocol import Completion
-from reef.recipes.self_play.recipe import SelfPlay, regret
+from reef.recipes.self_play.recipe import SelfPlay, _examples, regret
 from reef.recipes.self_play.tasks import NotATask, held_out, task_of
+from tests.support.scripted import said
 
 EASY = {"kind": "arithmetic", "a": 2, "op": "+", "b": 3}  # always solved
 HARD = {"kind": "arithmetic", "a": 987, "op": "*", "b": 654}  # never
 EDGE = {"kind": "reverse", "text": "stone"}  # solved on even seeds
 
 
-def completion(text: str) -> Completion:
-    message = {"role": "assistant", "content": text}
-    choice = {"index": 0, "message": message, "finish_reason": "stop"}
-    return Completion({"id": "c", "object": "chat.completion", "choices": [choice]}, "scripted")
-
-
 def agent(body: dict[str, Any]) -> Completion:
     prompt = body["messages"][-1]["content"]
     if "2 + 3" in prompt:
-        return completion("5")
+        return said("5")
     if "backwards" in prompt:
-        return completion("enots" if body["seed"] % 2 == 0 else "stone")
-    return completion("12345")
+        return said("enots" if body["seed"] % 2 == 0 else "stone")
+    return said("12345")
 
 
 def context(designs: list[list[dict[str, Any]]], asked: list[str]) -> StepContext:
@@ -104,3 +99,15 @@ def test_rounds_need_no_traffic_but_wait_every_s() -> None:
     with pytest.raises(ProposalRefused):
         playing.propose([], context([[EASY]], []))
     assert not playing.ready(None)  # type: ignore[arg-type]
+
+
+def test_the_tree_keeps_the_newest_worked_examples_one_per_request() -> None:
+    old = [{"user": f"q{n}", "assistant": f"a{n}"} for n in range(3)]
+    tree = {"examples.jsonl": "".join(json.dumps(e) + "\n" for e in old).encode()}
+    kept = _examples(
+        tree, [{"user": "q0", "assistant": "again"}, {"user": "q9", "assistant": "new"}], 3
+    )
+    lines = [json.loads(line) for line in kept.decode().splitlines()]
+    # q0, answered again, is now among the newest: q1 is the one that goes.
+    assert [e["user"] for e in lines] == ["q2", "q0", "q9"]
+    assert lines[1]["assistant"] == "again"
