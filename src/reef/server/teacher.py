@@ -69,7 +69,7 @@ class Lesson:
 
     reason: str
     completion: Completion
-    asked_at: float = 0.0  # time.perf_counter() as the teacher was asked
+    asked_at: float  # time.perf_counter() as the teacher was asked
 
     @property
     def text(self) -> str:
