@@ -167,6 +167,10 @@ HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_si
 # or from the scores alone (sao: one step per scored rollout).
 SDFT = {"recipe": "sdft", "batch_size": 6, "steps": 16}
 SAO = {"recipe": "sao", "batch_size": 1, "max_staleness": 18}
+# From the model's own correct attempts: sdpo needs siblings, so its user samples each training
+# prompt ATTEMPTS times (temperature 1, a seed each) and scores every attempt.
+SDPO = {"recipe": "sdpo", "batch_size": 6, "steps": 8}
+ATTEMPTS = {"sdpo": 4}
 # GEPA on the same budget of metric calls a harness_evolve step's gate spends on its own tasks.
 GEPA = {"recipe": "gepa", "batch_size": 6, "max_metric_calls": 48, "minibatch_size": 3}
 META_HARNESS = {"recipe": "meta_harness", "batch_size": 6, "max_nodes": 6}
@@ -176,6 +180,7 @@ RECIPES = {
     "both": [HARNESS_EVOLVE, SFT],
     "sdft": [SDFT],
     "sao": [SAO],
+    "sdpo": [SDPO],
     "gepa": [GEPA],
     "meta_harness": [META_HARNESS],
 }
@@ -284,15 +289,23 @@ def latest_decided(server: ServerProcess) -> dict:
     return next((c for c in listed if c["state"] in ("released", "rejected")), {})
 
 
-def a_round(server: ServerProcess, preference: Preference, number: int, path: str = "alone") -> int:
+def a_round(
+    server: ServerProcess,
+    preference: Preference,
+    number: int,
+    path: str = "alone",
+    attempts: int = 1,
+) -> int:
     """The scripted user asks every training prompt and scores the answer; how many missed.
     A `next-turn` user says what it wants in its next message of the session instead; on the
     `demonstration` path, the user writes the answer it wanted (from `bench.taught`'s table).
-    An answer the teacher gave counts as a miss of the student's."""
+    An answer the teacher gave counts as a miss of the student's. With `attempts` > 1 each
+    prompt is sampled that many times (siblings) and each attempt is scored."""
     misses = 0
-    for index, prompt in enumerate(TRAINING):
-        session = f"round{number}-{index}"
-        response = ask_in(server.url, prompt, session)
+    for index, prompt in enumerate(TRAINING * attempts):
+        session = f"round{number}-{index % len(TRAINING)}"
+        seed = None if attempts == 1 else index // len(TRAINING)
+        response = ask_in(server.url, prompt, session, seed)
         hit = meets(response, preference.pattern)
         answer = response.json()["choices"][0]["message"]["content"] or ""
         said = {} if hit else {"feedback": preference.feedback_on(answer)}
@@ -310,12 +323,13 @@ def a_round(server: ServerProcess, preference: Preference, number: int, path: st
     return misses
 
 
-def ask_in(url: str, prompt: str, session: str) -> httpx.Response:
-    """One greedy answer to `prompt`, recorded in `session`."""
+def ask_in(url: str, prompt: str, session: str, seed: int | None = None) -> httpx.Response:
+    """One answer to `prompt`, recorded in `session`: greedy, or sampled with `seed`."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS}
+    sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
     headers = {"x-reef-session": session}
     response = httpx.post(
-        f"{url}/v1/chat/completions", json={**body, "temperature": 0}, headers=headers, timeout=600
+        f"{url}/v1/chat/completions", json={**body, **sampling}, headers=headers, timeout=600
     )
     response.raise_for_status()
     return response
@@ -353,15 +367,18 @@ def run(
         before, knew = held_out_rate(server.url, preference), correct(server.url, TOKENS)
         told = told_rate(server.url, preference)
         started = time.monotonic()
+        round_seconds = []
         for number in range(rounds):
+            round_started = time.monotonic()
             before_round = steps_so_far(server.url)
             table.answering = True
-            missed = a_round(server, preference, number, path)
+            missed = a_round(server, preference, number, path, ATTEMPTS.get(recipe, 1))
             if not missed:
                 decisions.append("no misses")  # nothing left to learn from
                 break
             outcomes = next_steps(server.url, before_round, len(RECIPES[recipe]), budget)
             decisions.append("+".join(outcomes))
+            round_seconds.append(round(time.monotonic() - round_started))
             if not outcomes or time.monotonic() - started > rounds * budget:
                 break
         table.answering = False
@@ -387,6 +404,7 @@ def run(
         "decisions": decisions,
         "last_decision": last.get("decision", ""),
         "seconds": round(time.monotonic() - started),
+        "round_seconds": round_seconds,
     }
 
 
@@ -403,6 +421,11 @@ def main() -> None:
     parser.add_argument(
         "--paths", default="alone", help=f"how the preference reaches the learner: {PATHS}"
     )
+    parser.add_argument(
+        "--told",
+        action="store_true",
+        help="only whether the base follows each chosen phrasing when told (no learning)",
+    )
     parser.add_argument("--json", type=Path, default=OUT / "preferences.json")
     args = parser.parse_args()
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
@@ -416,6 +439,8 @@ def main() -> None:
     unknown = sorted(set(paths) - set(PATHS))
     if unknown:
         parser.error(f"--paths: unknown {unknown}; choose from {PATHS}")
+    if args.told:
+        return survey_told(chosen)
     rows = []
     print(
         f"{'preference':18} {'recipe':15} {'path':13} {'told':>5} {'held-out':>13} "
@@ -441,6 +466,16 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
     draw(rows, args.json.with_suffix(".png"))
+
+
+def survey_told(chosen: list[Preference]) -> None:
+    """The base's `told` rate for each preference as phrased, on one server: which preferences
+    the model can follow when told, the ones a recipe alone can learn from its own answers."""
+    folder = Path(tempfile.mkdtemp(prefix="reef-told-"))
+    (folder / "reef.yaml").write_text("engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n")
+    with reef_serve(folder, free_port()).start() as server:
+        for preference in chosen:
+            print(f"{preference.name:24} told {told_rate(server.url, preference):.2f}", flush=True)
 
 
 def show(row: dict) -> None:

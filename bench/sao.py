@@ -6,7 +6,9 @@ Each arm is a fresh `reef serve` on the embedded SmolLM2-135M with its recipe (`
 rollout per optimiser step, a critic for the baseline; `sao_grpo`: the same loss, a step per
 group of `--group` rollouts of one prompt, score minus the group's mean) and `gate.policy:
 always`, so each step's LoRA is released and serves the next request. The task is verifiable:
-"What is A + B? Answer with the number only.", scored 1 when the answer's first number is the sum.
+"Which is larger, A or B? Answer with the number only." (two numbers from 1 to 19), scored 1
+when the answer's first number is the larger one. The 135M model meets it about 0.44 of the time
+at temperature 1 (a sum, "What is A + B?", about 0.08: too rare a success to learn from in 48).
 Both arms see the same prompts in the same order (each `--group` times in a row, so the control
 can form its groups) and the same sampling seeds. After each report the bench waits for the step
 the recipe owes (SAO: every report; GRPO: every `--group`-th), up to `--step-timeout` seconds, so
@@ -48,12 +50,14 @@ NUMBER = re.compile(r"-?\d+")
 
 
 def prompts(count: int, group: int, seed: int = 0) -> list[tuple[str, int]]:
-    """`count` arithmetic questions with their answers, each `group` times in a row."""
+    """`count` comparisons with their answers, each `group` times in a row."""
     rng = random.Random(seed)
     questions = []
     while len(questions) < count:
-        a, b = rng.randint(1, 9), rng.randint(1, 9)
-        questions += [(f"What is {a} + {b}? Answer with the number only.", a + b)] * group
+        a, b = rng.sample(range(1, 20), 2)
+        questions += [
+            (f"Which is larger, {a} or {b}? Answer with the number only.", max(a, b))
+        ] * group
     return questions[:count]
 
 
@@ -68,8 +72,24 @@ def candidates(server: ServerProcess) -> int:
     return len(response.json()["data"]) if response.status_code == 200 else 0
 
 
-def run_arm(recipe: str, questions: list[tuple[str, int]], args: argparse.Namespace) -> list[float]:
-    """The rewards of the arm's rollouts, in order."""
+def learning_counts(server: ServerProcess) -> dict[str, int]:
+    """The scenario's optimiser steps (candidates), how many were released, and the records the
+    experience view dropped as served too many releases ago."""
+    found = httpx.get(f"{server.url}/reef/scenarios/default/candidates", timeout=30)
+    rows = found.json()["data"] if found.status_code == 200 else []
+    status = httpx.get(f"{server.url}/reef/status", timeout=30).json()
+    learning = status["learning"]["scenarios"].get("default", {})
+    return {
+        "steps": len(rows),
+        "released": sum(row.get("state") == "released" for row in rows),
+        "stale_skipped": int(learning.get("stale_skipped") or 0),
+    }
+
+
+def run_arm(
+    recipe: str, questions: list[tuple[str, int]], args: argparse.Namespace
+) -> tuple[list[float], dict[str, int]]:
+    """The rewards of the arm's rollouts, in order, and its learning counts at the end."""
     extra = f"  group_size: {args.group}\n" if recipe == "sao_grpo" else ""
     folder = Path(tempfile.mkdtemp(prefix=f"reef-bench-{recipe}-"))
     (folder / "reef.yaml").write_text(CONFIG.replace("RECIPE", recipe).replace("EXTRA", extra))
@@ -93,14 +113,18 @@ def run_arm(recipe: str, questions: list[tuple[str, int]], args: argparse.Namesp
                 json={"references": [receipt], "score": reward},
                 timeout=30,
             ).raise_for_status()
-            owes_a_step = recipe == "sao" or number % args.group == 0
+            # SAO steps on every scored rollout; the control on each group whose scores differ
+            # (a group of equal scores carries no signal, and it waits for none).
+            group = rewards[-args.group :]
+            owes_a_step = recipe == "sao" or (number % args.group == 0 and len(set(group)) > 1)
             started = time.monotonic()
             while owes_a_step and time.monotonic() - started < args.step_timeout:
                 if candidates(server) > before:
                     break
                 time.sleep(1.0)
             print(f"{recipe} {number}/{len(questions)} reward {reward:.0f}", flush=True)
-    return rewards
+        counts = learning_counts(server)
+    return rewards, counts
 
 
 def cumulative(rewards: list[float]) -> list[float]:
@@ -116,15 +140,27 @@ def main() -> None:
     parser.add_argument("--arms", default="sao,sao_grpo")
     args = parser.parse_args()
     questions = prompts(args.rollouts, args.group)
-    curves = {arm: run_arm(arm, questions, args) for arm in args.arms.split(",")}
+    arms = {arm: run_arm(arm, questions, args) for arm in args.arms.split(",")}
+    curves = {arm: rewards for arm, (rewards, _) in arms.items()}
+    counts = {arm: found for arm, (_, found) in arms.items()}
     base = [r for rewards in curves.values() for r in rewards[: args.group]]
     print(f"\nbase (each arm's first {args.group} rollouts): {sum(base) / max(1, len(base)):.3f}")
     print("rollouts  " + "  ".join(f"{arm:>9}" for arm in curves))
     means = {arm: cumulative(rewards) for arm, rewards in curves.items()}
     for index in range(7, args.rollouts, 8):
         print(f"{index + 1:8d}  " + "  ".join(f"{means[arm][index]:9.3f}" for arm in curves))
+    for arm, found in counts.items():
+        print(
+            f"{arm}: {found['steps']} optimiser step(s), {found['released']} released, "
+            f"{found['stale_skipped']} record(s) dropped as stale"
+        )
     OUT.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"args": vars(args), "rewards": curves, "cumulative": means}
+    result: dict[str, Any] = {
+        "args": vars(args),
+        "rewards": curves,
+        "cumulative": means,
+        "counts": counts,
+    }
     (OUT / "sao.json").write_text(json.dumps(result, indent=2))
     try:
         import matplotlib
