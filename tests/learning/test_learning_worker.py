@@ -7,11 +7,13 @@ from pathlib import Path
 
 from reef.config import load_config
 from reef.engines.llamacpp import LlamaCppEngine
+from reef.evaluation.replay import held_back
 from reef.inference.model import LocalModel
 from reef.learning.plans import LoadedPlan
 from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore, Record, Report
+from reef.store.experience import new_id
 from reef.store.learning import learning_status, queue_instruction
 from reef.store.scenarios import select_training_mode
 from reef.testing.processes import ServerProcess
@@ -183,3 +185,33 @@ def test_an_agent_s_proposal_is_gated_at_the_next_step_before_the_recipe_is_aske
     second = asyncio.run(learner.step("default"))  # then the recipe's own step
     assert second.recipe == "harness_evolve" and second.candidate_id != proposed.id
     store.close()
+
+
+def good_call(store: ExperienceStore) -> str:
+    record = Record(
+        scenario="default",
+        request={"messages": [{"role": "user", "content": f"Hi {new_id('n')}"}]},
+        response={"choices": [{"message": {"role": "assistant", "content": "Hello."}}]},
+        engine="test",
+        release_id="base",
+    )
+    record_id = store.add_record(record).result()
+    store.add_report(Report("default", [record_id], score=1.0)).result()
+    return record_id
+
+
+def test_good_answers_are_held_back_for_replay_only_where_a_gate_evaluates(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+) -> None:
+    """Under `gate.policy: always` nothing replays a held-back answer, so none is held back (a
+    recipe like sao, one step per scored rollout, waited forever for the held one)."""
+    learner = worker(tmp_path, engine, "unused", peer)
+    while not any(held_back(r) for r in [good_call(learner.store)]):
+        pass
+    assert learner.view("default").counts.held_back == 1
+    learner.config = learner.config.model_copy(
+        update={"gate": learner.config.gate.model_copy(update={"policy": "always"})}
+    )
+    view = learner.view("default")
+    assert view.counts.held_back == 0 and view.counts.waiting == len(view.turns())
+    learner.store.close()

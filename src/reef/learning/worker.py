@@ -161,7 +161,9 @@ class LearningWorker:
             consumed=self.workflow.candidates.consumed_record_ids(scenario, source=recipe.name),
             head_number=head.number if head else 0,
             max_staleness=recipe.settings.max_staleness,
-            hold_back_at=gate.replay_threshold if gate.replay else None,
+            # Good answers are held back for the gate's replay only where a gate evaluates:
+            # under `always` nothing replays them, and a recipe would lose a sample in four.
+            hold_back_at=gate.replay_threshold if gate.replay and gate.policy != "always" else None,
         )
         counts = view.counts
         save_counts(self.store, scenario, counts.waiting, counts.consumed, counts.stale_skipped)
