@@ -75,8 +75,14 @@ def candidates(server: ServerProcess) -> int:
 def learning_counts(server: ServerProcess) -> dict[str, int]:
     """The scenario's optimiser steps (candidates), how many were released, and the records the
     experience view dropped as served too many releases ago."""
-    found = httpx.get(f"{server.url}/reef/scenarios/default/candidates", timeout=30)
-    rows = found.json()["data"] if found.status_code == 200 else []
+    deadline = time.monotonic() + 60  # the last step may still be on its way to release
+    while True:
+        found = httpx.get(f"{server.url}/reef/scenarios/default/candidates", timeout=30)
+        rows = found.json()["data"] if found.status_code == 200 else []
+        settling = any(row.get("state") in ("proposed", "evaluating") for row in rows)
+        if not settling or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     status = httpx.get(f"{server.url}/reef/status", timeout=30).json()
     learning = status["learning"]["scenarios"].get("default", {})
     return {
