@@ -34,19 +34,23 @@ def worker(
     return LearningWorker(config, store, LocalModel(engine), plans=[plan])
 
 
-def failing_call(store: ExperienceStore) -> str:
+def scored_call(
+    store: ExperienceStore, asked: str, answer: str, score: float, feedback: str | None = None
+) -> str:
     record = Record(
         scenario="default",
-        request={"messages": [{"role": "user", "content": "Hi"}]},
-        response={"choices": [{"message": {"role": "assistant", "content": "Yo"}}]},
+        request={"messages": [{"role": "user", "content": asked}]},
+        response={"choices": [{"message": {"role": "assistant", "content": answer}}]},
         engine="test",
         release_id="base",
     )
     record_id = store.add_record(record).result()
-    store.add_report(
-        Report("default", [record_id], score=0.0, feedback="greet me formally")
-    ).result()
+    store.add_report(Report("default", [record_id], score=score, feedback=feedback)).result()
     return record_id
+
+
+def failing_call(store: ExperienceStore) -> str:
+    return scored_call(store, "Hi", "Yo", 0.0, "greet me formally")
 
 
 def test_a_garbage_proposal_makes_no_candidate_and_says_why(
@@ -188,16 +192,7 @@ def test_an_agent_s_proposal_is_gated_at_the_next_step_before_the_recipe_is_aske
 
 
 def good_call(store: ExperienceStore) -> str:
-    record = Record(
-        scenario="default",
-        request={"messages": [{"role": "user", "content": f"Hi {new_id('n')}"}]},
-        response={"choices": [{"message": {"role": "assistant", "content": "Hello."}}]},
-        engine="test",
-        release_id="base",
-    )
-    record_id = store.add_record(record).result()
-    store.add_report(Report("default", [record_id], score=1.0)).result()
-    return record_id
+    return scored_call(store, f"Hi {new_id('n')}", "Hello.", 1.0)
 
 
 def test_good_answers_are_held_back_for_replay_only_where_a_gate_evaluates(
