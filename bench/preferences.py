@@ -174,6 +174,9 @@ ATTEMPTS = {"sdpo": 4}
 # GEPA on the same budget of metric calls a harness_evolve step's gate spends on its own tasks.
 GEPA = {"recipe": "gepa", "batch_size": 6, "max_metric_calls": 48, "minibatch_size": 3}
 META_HARNESS = {"recipe": "meta_harness", "batch_size": 6, "max_nodes": 6}
+SKILLS = {"recipe": "skills", "batch_size": 6}
+# The harness recipes, compared on one budget of metric calls (`--metric-calls`).
+HARNESS_RECIPES = ["harness_evolve", "gepa", "skills", "meta_harness"]
 RECIPES = {
     "sft": [SFT],
     "harness_evolve": [HARNESS_EVOLVE],
@@ -183,9 +186,10 @@ RECIPES = {
     "sdpo": [SDPO],
     "gepa": [GEPA],
     "meta_harness": [META_HARNESS],
+    "skills": [SKILLS],
 }
 # The recipes that take the preference's scorer.
-SCORED = {"sft", "harness_evolve", "gepa", "meta_harness"}
+SCORED = {"sft", "harness_evolve", "gepa", "meta_harness", "skills"}
 TOKENS = 32  # max_tokens of every answer measured, and of the gate's
 
 
@@ -260,6 +264,13 @@ def told_rate(url: str, preference: Preference) -> float:
         response.raise_for_status()
         hits += meets(response, preference.pattern)
     return hits / len(TRAINING)
+
+
+def metric_calls_so_far(url: str) -> int:
+    """The metric calls of every recipe's steps on the scenario so far: the answers each step
+    asked for to score, its search's and its gate's."""
+    status = httpx.get(f"{url}/reef/status").json()["learning"]["scenarios"].get("default", {})
+    return sum(found.get("metric_calls", 0) for found in status.get("recipes", {}).values())
 
 
 def steps_so_far(url: str) -> dict[str, int]:
@@ -355,9 +366,12 @@ def run(
     budget: float,
     path: str = "alone",
     taught: tuple[Table, str] | None = None,
+    metric_calls: int | None = None,
 ) -> dict:
     """One run from the base; with `taught`, the taught model's table and URL, which answers
-    only while the user trains (never while the student is measured)."""
+    only while the user trains (never while the student is measured). With `metric_calls`, the
+    rounds go on (up to `rounds`) until the recipe's steps have spent that many, and the held-out
+    pass rate is measured after each round: the run's `curve`, (metric calls, pass rate)."""
     table, taught_url = taught if taught else (Table(answering=False), None)
     table.preference, table.answering = preference.name.split("/")[0], False
     folder = Path(tempfile.mkdtemp(prefix="reef-pref-"))
@@ -368,6 +382,7 @@ def run(
         told = told_rate(server.url, preference)
         started = time.monotonic()
         round_seconds = []
+        curve = [(0, before)]
         for number in range(rounds):
             round_started = time.monotonic()
             before_round = steps_so_far(server.url)
@@ -379,6 +394,11 @@ def run(
             outcomes = next_steps(server.url, before_round, len(RECIPES[recipe]), budget)
             decisions.append("+".join(outcomes))
             round_seconds.append(round(time.monotonic() - round_started))
+            if metric_calls is not None:
+                spent = metric_calls_so_far(server.url)
+                curve.append((spent, held_out_rate(server.url, preference)))
+                if spent >= metric_calls:
+                    break
             if not outcomes or time.monotonic() - started > rounds * budget:
                 break
         table.answering = False
@@ -387,6 +407,7 @@ def run(
         parts = httpx.get(f"{server.url}/reef/harness").json()["parts"]
         after, knows = held_out_rate(server.url, preference), correct(server.url, TOKENS)
         last = latest_decided(server)
+        spent = metric_calls_so_far(server.url)
     return {
         "preference": preference.name,
         "phrasing": preference.phrasing,
@@ -405,6 +426,8 @@ def run(
         "last_decision": last.get("decision", ""),
         "seconds": round(time.monotonic() - started),
         "round_seconds": round_seconds,
+        "metric_calls": spent,
+        "curve": curve,
     }
 
 
@@ -426,6 +449,12 @@ def main() -> None:
         action="store_true",
         help="only whether the base follows each chosen phrasing when told (no learning)",
     )
+    parser.add_argument(
+        "--metric-calls",
+        type=int,
+        help="each run's budget of metric calls (answers its steps score, search and gate): "
+        "rounds go on until it is spent, and the pass rate after each is drawn against it",
+    )
     parser.add_argument("--json", type=Path, default=OUT / "preferences.json")
     args = parser.parse_args()
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
@@ -444,7 +473,7 @@ def main() -> None:
     rows = []
     print(
         f"{'preference':18} {'recipe':15} {'path':13} {'told':>5} {'held-out':>13} "
-        f"{'correct':>8} {'release':>10} {'parts':>16} {'rounds':>22} {'s':>5}"
+        f"{'correct':>8} {'release':>10} {'parts':>16} {'rounds':>22} {'s':>5} {'calls':>6}"
     )
     table = Table()
     with taught_model(table) as taught_url:
@@ -460,12 +489,15 @@ def main() -> None:
                             args.budget,
                             path,
                             (table, taught_url),
+                            args.metric_calls,
                         )
                         rows.append(row)
                         show(row)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
     draw(rows, args.json.with_suffix(".png"))
+    if args.metric_calls is not None:
+        draw_curves(rows, args.json.with_name(f"{args.json.stem}-calls.png"), args.metric_calls)
 
 
 def survey_told(chosen: list[Preference]) -> None:
@@ -484,7 +516,7 @@ def show(row: dict) -> None:
         f"{row['before']:>5.2f} -> {row['after']:<5.2f} "
         f"{row['correct_before']:>3} -> {row['correct_after']:<2} "
         f"{row['release']:>10} {'+'.join(row['parts']) or 'base':>16} "
-        f"{','.join(row['decisions']):>22} {row['seconds']:>5}",
+        f"{','.join(row['decisions']):>22} {row['seconds']:>5} {row['metric_calls']:>6}",
         flush=True,
     )
     if row["last_decision"]:
@@ -515,6 +547,29 @@ def draw(rows: list[dict], path: Path) -> None:
     knowledge.set_ylabel("correctness tasks (of 6)")
     knowledge.set_xticks(positions, labels, fontsize=7)
     figure.suptitle("A preference said only in feedback, SmolLM2-135M on 2 CPU cores")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"drawn: {path}")
+
+
+def draw_curves(rows: list[dict], path: Path, budget: int) -> None:
+    """The held-out pass rate against the metric calls spent, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for row in rows:
+        calls, rates = zip(*row["curve"], strict=True)
+        axes.plot(calls, rates, marker="o", label=f"{row['preference']}, {row['recipe']}")
+    axes.axvline(budget, color="grey", linestyle=":", linewidth=0.8, label="budget")
+    axes.axhline(0.75, color="grey", linestyle="--", linewidth=0.8, label="goal 0.75")
+    axes.set_xlabel("metric calls (answers scored by the steps: search and gate)")
+    axes.set_ylabel("preference, held out")
+    axes.set_ylim(-0.03, 1.05)
+    axes.legend(fontsize=7)
+    figure.suptitle("Score against metric calls, SmolLM2-135M on 2 CPU cores")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     print(f"drawn: {path}")

@@ -65,9 +65,7 @@ def test_an_answer_that_only_meets_the_preference_is_not_kept() -> None:
     )
     found = turn("Start your answer with the word 'Sure!'")
     sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
-    kept = relabel(
-        [found], lambda body: reply(next(sampled)), sure, samples=4, keep=2, revisions=0
-    )
+    kept = relabel([found], lambda body: reply(next(sampled)), sure, samples=4, keep=2, revisions=0)
     # The first answer edited, then the one sampled answer that still says it.
     assert [item.answer for item in kept] == ["Sure! A pear.", "Sure! Pear, sweet."]
     assert not answers_the_question("Sure! Sure!", found, "Start your answer with 'Sure!'")

@@ -10,13 +10,15 @@ from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.replay import held_back
 from reef.inference.model import LocalModel
 from reef.learning.plans import LoadedPlan
-from reef.learning.recipe import load_recipe
+from reef.learning.recipe import Proposal, Recipe, StepContext, load_recipe
+from reef.learning.view import ExperienceView, Trajectory
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore, Record, Report
 from reef.store.experience import new_id
 from reef.store.learning import learning_status, queue_instruction
 from reef.store.scenarios import select_training_mode
 from reef.testing.processes import ServerProcess
+from reef.testing.scripted_user import eval_tasks
 
 
 def worker(
@@ -210,3 +212,49 @@ def test_good_answers_are_held_back_for_replay_only_where_a_gate_evaluates(
     view = learner.view("default")
     assert view.counts.held_back == 0 and view.counts.waiting == len(view.turns())
     learner.store.close()
+
+
+class Searching(Recipe):
+    """Answers its failing prompt under two trees and once as served, then proposes a rule: the
+    three answers a search scores before its candidate reaches the gate."""
+
+    name = "searching"
+
+    def ready(self, view: ExperienceView) -> bool:
+        return bool(view.turns())
+
+    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal:
+        assert context.generate is not None and context.generate_under is not None
+        body = {"messages": batch[0].turns[0].messages, "max_tokens": 1, "temperature": 0}
+        for tree in ({}, {"AGENTS.md": b"Be formal."}):
+            context.generate_under(tree, body)
+        context.generate(body)
+        consumed = [r for t in batch for r in t.record_ids]
+        return Proposal("harness", {"AGENTS.md": b"Be formal."}, self.name, consumed)
+
+
+def test_a_step_counts_its_metric_calls_the_search_s_and_the_gate_s(
+    tmp_path: Path, engine: LlamaCppEngine
+) -> None:
+    """The budget recipes are compared on: each answer the recipe asked the served model for,
+    and each answer of the gate's evaluation, in the step's status (`/reef/status`)."""
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals/default.jsonl").write_text(eval_tasks(["Hi", "Bye"], "."))
+    spent = {}
+    for policy in ("always", "no_regression"):
+        (tmp_path / "reef.yaml").write_text(
+            f"state_dir: {tmp_path}/.reef-{policy}\ngate:\n  policy: {policy}\n"
+            "  max_tokens: 1\nlearning:\n  recipe: harness_evolve\n"
+        )
+        config = load_config(tmp_path / "reef.yaml", env={})
+        store = ExperienceStore(config.experience_db)
+        plan = LoadedPlan("default", "auto", [Searching(Searching.Settings())])
+        learner = LearningWorker(config, store, LocalModel(engine), plans=[plan])
+        failing_call(store)
+        step = asyncio.run(learner.step("default"))
+        recipe = learning_status(store)["default"]["recipes"]["searching"]
+        assert recipe["last_step"]["metric_calls"] == recipe["metric_calls"] == step.metric_calls
+        spent[policy] = step.metric_calls
+        store.close()
+    # `always` evaluates nothing; `no_regression` answers both tasks under both trees.
+    assert spent == {"always": 3, "no_regression": 3 + 2 * 2}

@@ -70,14 +70,19 @@ def test_the_workers_bookkeeping_round_trips(store: ExperienceStore) -> None:
     learning.save_counts(store, "default", waiting=5, consumed=2, stale_skipped=1)  # an update
     made = candidate(store, [served(store, "a")])
     CandidateStore(store).move(made.id, ("proposed",), "proposed", metrics={"loss": [2.0, 1.5]})
-    for recipe, outcome in [("sft", "rejected"), ("harness_evolve", "released"), ("sft", "idle")]:
+    steps = [("sft", "rejected", 12), ("harness_evolve", "released", 5), ("sft", "idle", None)]
+    for recipe, outcome, calls in steps:
         step = {"scenario": "default", "recipe": recipe, "started_at": 1.0, "outcome": outcome}
-        learning.save_step(store, {**step, "candidate_id": made.id if outcome == "idle" else None})
+        candidate_id = made.id if outcome == "idle" else None
+        learning.save_step(store, {**step, "candidate_id": candidate_id, "metric_calls": calls})
     status = learning.learning_status(store)["default"]
     assert (status["waiting"], status["consumed"], status["stale_skipped"]) == (5, 2, 1)
     assert status["batches_built"] == 3
     assert status["last_step"]["outcome"] == "idle" and status["last_step"]["loss"] == [2.0, 1.5]
     assert status["recipes"]["sft"]["steps"] == 2
+    assert status["recipes"]["sft"]["metric_calls"] == 12  # a step that counted none adds 0
+    assert status["recipes"]["sft"]["last_step"]["metric_calls"] == 0
+    assert status["recipes"]["harness_evolve"]["last_step"]["metric_calls"] == 5
     assert status["recipes"]["harness_evolve"]["last_step"]["outcome"] == "released"
 
 

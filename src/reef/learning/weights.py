@@ -325,4 +325,3 @@ def distillation(
         **overrides,
     )
     return distill(base, examples, chosen, on_step, resume_from, teacher_model=teacher_model)
-

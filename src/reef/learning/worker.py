@@ -46,7 +46,7 @@ from reef.config import ReefConfig
 from reef.engines import served_model_path
 from reef.episodes.project import project_episodes
 from reef.episodes.runner import EpisodeError
-from reef.evaluation.runner import model_generate
+from reef.evaluation.runner import Generate, model_generate
 from reef.inference.binding import Binding, binding_for
 from reef.inference.model import Model, answer_text
 from reef.learning.plans import LoadedPlan, load_plans
@@ -84,6 +84,44 @@ class StepResult:
     # The step could not be judged (a recipe error, a gate that could not run or finish):
     # the learner pauses before trying again.
     retry_later: bool = False
+    metric_calls: int = 0  # answers the step asked for to score (`MetricCalls`)
+
+
+class MetricCalls:
+    """The answers one step asks the served model for, to score them: its recipe's search
+    (`generate`, `generate_under`) and its gate's evaluation. The budget recipes are compared
+    on, as GEPA counts its metric calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()  # a recipe may answer from several threads
+
+    def _one(self) -> None:
+        with self._lock:
+            self.calls += 1
+
+    def count_in(self, context: StepContext) -> None:
+        """Count every answer the recipe asks `context` for."""
+        for name in ("generate", "generate_under"):
+            answer = getattr(context, name)
+            if answer is not None:
+                setattr(context, name, self._counting(answer))
+
+    def _counting(self, answer: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._one()
+            return answer(*args, **kwargs)
+
+        return counted
+
+    def counting_gate(self, generate: Generate) -> Generate:
+        """`generate` for the gate, counted."""
+
+        async def counted(request: ChatRequest, binding: Binding) -> str:
+            self._one()
+            return await generate(request, binding)
+
+        return counted
 
 
 @dataclass
@@ -206,10 +244,13 @@ class LearningWorker:
         learner.idle_at = None
         started = time.time()
         fence = self._fence(scenario)  # bound to the lease's generation as the step begins
+        tally = MetricCalls()
         try:
             attributes = {"reef.scenario": scenario, "reef.recipe": recipe.name}
             with traced(self.workflow.tracing, "reef.learning.step", **attributes) as span:
-                result = await self._propose_and_gate(learner, view, instruction, fence, provenance)
+                result = await self._propose_and_gate(
+                    learner, view, instruction, tally, fence, provenance
+                )
                 set_on(
                     span,
                     **{"reef.outcome": result.outcome, "reef.candidate.id": result.candidate_id},
@@ -222,6 +263,7 @@ class LearningWorker:
             result = StepResult(scenario, "error", detail, retry_later=True)
             log.warning("learning step of %s on %s failed: %s", recipe.name, scenario, detail)
         result.recipe = recipe.name
+        result.metric_calls = tally.calls
         if automatic and result.outcome == "no proposal":
             learner.idle_at = seen
         await asyncio.to_thread(self._save_step, result, started, instruction)
@@ -262,6 +304,7 @@ class LearningWorker:
         learner: Learner,
         view: ExperienceView,
         instruction: str | None,
+        tally: MetricCalls,
         fence: Callable[[], None] | None = None,
         provenance: dict[str, Any] | None = None,
     ) -> StepResult:
@@ -272,6 +315,7 @@ class LearningWorker:
         batch = recipe.build_batch(view)
         context = await asyncio.to_thread(self._context, scenario, recipe, instruction)
         context.anchors = anchors(view, batch)
+        tally.count_in(context)
         proposal = await asyncio.to_thread(recipe.propose, batch, context)
         if proposal is None:
             return StepResult(scenario, "no proposal", "the recipe proposed nothing")
@@ -292,7 +336,7 @@ class LearningWorker:
         )
         generate = model_generate(self.model, self.workflow.eval_settings(scenario))
         gated = await self.workflow.gate(
-            candidate, generate, extra_tasks=proposal.eval_tasks, fence=fence
+            candidate, tally.counting_gate(generate), extra_tasks=proposal.eval_tasks, fence=fence
         )
         log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
         await asyncio.to_thread(self._track, recipe, candidate, gated)
@@ -551,6 +595,7 @@ class LearningWorker:
             "error": result.detail if result.outcome == "error" else None,
             "candidate_id": result.candidate_id,
             "instruction": instruction,
+            "metric_calls": result.metric_calls,
         }
         save_step(self.store, row)
 

@@ -94,7 +94,7 @@ def save_counts(
 
 def save_step(store: ExperienceStore, row: dict[str, Any]) -> None:
     """One learning step: scenario, recipe, started_at, finished_at, outcome, error,
-    candidate_id, instruction."""
+    candidate_id, instruction, metric_calls."""
     store.write(lambda db: db.insert("learning_steps", row)).result()
 
 
@@ -124,7 +124,8 @@ def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
 
 def learning_status(store: ExperienceStore) -> dict[str, Any]:
     """Per scenario: records waiting, consumed, stale skipped, batches built, the last step,
-    per recipe (`recipes`) its step count and last step, and the worker that learns on it now
+    per recipe (`recipes`) its step count, its metric calls in all and its last step (each
+    step's `metric_calls`: the answers it asked for to score), and the worker that learns on it now
     (`learner`: host, pid and a random part)."""
     status: dict[str, Any] = {}
     for row in store.query("SELECT * FROM learning_status"):
@@ -138,7 +139,11 @@ def learning_status(store: ExperienceStore) -> dict[str, Any]:
     for row in _last_steps(store, "scenario, recipe"):
         if row["recipe"]:
             recipes = status.setdefault(row["scenario"], {}).setdefault("recipes", {})
-            recipes[row["recipe"]] = {"steps": row["steps"], "last_step": _step(row)}
+            recipes[row["recipe"]] = {
+                "steps": row["steps"],
+                "metric_calls": row["spent"],
+                "last_step": _step(row),
+            }
     for name, lease in lease_holders(store).items():
         kind, _, scenario = name.partition(":")
         if kind == "learner":  # which worker learns on it, of all sharing the store
@@ -148,11 +153,12 @@ def learning_status(store: ExperienceStore) -> dict[str, Any]:
 
 def _last_steps(store: ExperienceStore, group: str) -> list[dict[str, Any]]:
     """The newest step of each `group` (scenario, or scenario and recipe), with its candidate's
-    metrics and the group's step count."""
+    metrics, the group's step count and its metric calls in all (`spent`)."""
     return store.query(
-        "SELECT s.*, c.metrics, n.steps FROM learning_steps s "
+        "SELECT s.*, c.metrics, n.steps, n.spent FROM learning_steps s "
         "LEFT JOIN candidates c ON c.id = s.candidate_id "
-        f"JOIN (SELECT MAX(seq) AS seq, COUNT(*) AS steps FROM learning_steps GROUP BY {group}) n "
+        "JOIN (SELECT MAX(seq) AS seq, COUNT(*) AS steps, "
+        f"COALESCE(SUM(metric_calls), 0) AS spent FROM learning_steps GROUP BY {group}) n "
         "ON n.seq = s.seq"
     )
 
@@ -165,6 +171,7 @@ def _step(row: dict[str, Any]) -> dict[str, Any]:
         "error": row["error"],
         "candidate_id": row["candidate_id"],
         "finished_at": row["finished_at"],
+        "metric_calls": row["metric_calls"] or 0,
         # A training recipe's loss per step, when its candidate recorded one.
         "loss": metrics.get("loss") if isinstance(metrics, dict) else None,
     }

@@ -308,6 +308,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE train_requests ADD COLUMN provenance TEXT;
         """,
     ),
+    (
+        "0021_learning_steps_metric_calls",
+        # The answers a step asked the served model for to score them (its recipe's search and
+        # its gate's evaluation): the budget recipes are compared on.
+        """
+        ALTER TABLE learning_steps ADD COLUMN metric_calls INTEGER;
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.
