@@ -165,11 +165,14 @@ SFT = {"recipe": "sft", "batch_size": 6, "steps": 30, "max_tokens": 48}
 HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_size": 3}
 # The weight recipes that learn without a scorer: from the hint in the teacher's context (sdft),
 # or from the scores alone (sao: one step per scored rollout).
-SDFT = {"recipe": "sdft", "batch_size": 6, "steps": 16}
+# A round asks 6 prompts, and a prompt whose answer already meets the preference carries no
+# feedback: the distillation recipes step on what a round's misses can fill (the base answers one
+# prompt in French already; with 6, sdft and sdpo waited for a turn that never came).
+SDFT = {"recipe": "sdft", "batch_size": 4, "steps": 16}
 SAO = {"recipe": "sao", "batch_size": 1, "max_staleness": 18}
 # From the model's own correct attempts: sdpo needs siblings, so its user samples each training
 # prompt ATTEMPTS times (temperature 1, a seed each) and scores every attempt.
-SDPO = {"recipe": "sdpo", "batch_size": 6, "steps": 8}
+SDPO = {"recipe": "sdpo", "batch_size": 3, "steps": 8}
 ATTEMPTS = {"sdpo": 4}
 # GEPA on the same budget of metric calls a harness_evolve step's gate spends on its own tasks.
 GEPA = {"recipe": "gepa", "batch_size": 6, "max_metric_calls": 48, "minibatch_size": 3}
@@ -392,7 +395,7 @@ def run(
                 decisions.append("no misses")  # nothing left to learn from
                 break
             outcomes = next_steps(server.url, before_round, len(RECIPES[recipe]), budget)
-            decisions.append("+".join(outcomes))
+            decisions.append("+".join(outcomes) or "no step")  # the recipe was never ready
             round_seconds.append(round(time.monotonic() - round_started))
             if metric_calls is not None:
                 spent = metric_calls_so_far(server.url)
