@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+
+import pytest
 
 from reef.config import load_config
 from reef.engines.llamacpp import LlamaCppEngine
@@ -22,11 +25,16 @@ from reef.testing.scripted_user import eval_tasks
 
 
 def worker(
-    tmp_path: Path, engine: LlamaCppEngine, reply: str, peer: ServerProcess, mode: str = "auto"
+    tmp_path: Path,
+    engine: LlamaCppEngine,
+    reply: str,
+    peer: ServerProcess,
+    mode: str = "auto",
+    batch_size: int = 1,
 ) -> LearningWorker:
     (tmp_path / "reef.yaml").write_text(
         f"state_dir: {tmp_path}/.reef\nlearning:\n  recipe: harness_evolve\n  mode: {mode}\n"
-        f"  proposer: llm\n  batch_size: 1\n  proposer_url: {peer.url}/v1\n"
+        f"  proposer: llm\n  batch_size: {batch_size}\n  proposer_url: {peer.url}/v1\n"
         f"  proposer_model: 'reply:{reply}'\n"
     )
     config = load_config(tmp_path / "reef.yaml", env={})
@@ -53,6 +61,21 @@ def scored_call(
 
 def failing_call(store: ExperienceStore) -> str:
     return scored_call(store, "Hi", "Yo", 0.0, "greet me formally")
+
+
+def test_records_that_do_not_yet_make_a_batch_say_so(
+    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    learner = worker(tmp_path, engine, "I would rather not.", peer, batch_size=2)
+    failing_call(learner.store)
+    with caplog.at_level(logging.INFO, logger="reef.learning"):
+        result = asyncio.run(learner.step("default"))
+        again = asyncio.run(learner.step("default"))
+    said = "1 record(s) waiting, not yet a batch harness_evolve can learn from (batch_size 2)"
+    assert (result.outcome, result.detail) == ("waiting", said)
+    assert again.detail == "no new experience"
+    assert [r.getMessage() for r in caplog.records] == [f"default: {said}"]  # said once
+    learner.store.close()
 
 
 def test_a_garbage_proposal_makes_no_candidate_and_says_why(

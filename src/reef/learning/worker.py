@@ -87,6 +87,16 @@ class StepResult:
     metric_calls: int = 0  # answers the step asked for to score (`MetricCalls`)
 
 
+def not_ready(recipe: Recipe, waiting: int) -> str:
+    """Why a recipe with records waiting does not step: they do not yet make a batch it can learn
+    from (sdft needs a demonstration or a hint on each turn, sdpo a correct sibling)."""
+    if not waiting:
+        return "0 record(s) waiting"
+    size = getattr(recipe.settings, "batch_size", None)
+    wanted = f" (batch_size {size})" if size is not None else ""
+    return f"{waiting} record(s) waiting, not yet a batch {recipe.name} can learn from{wanted}"
+
+
 class MetricCalls:
     """The answers one step asks the served model for, to score them: its recipe's search
     (`generate`, `generate_under`) and its gate's evaluation. The budget recipes are compared
@@ -239,7 +249,9 @@ class LearningWorker:
         view = await asyncio.to_thread(self.view, scenario, recipe)
         if automatic and not recipe.ready(view):
             learner.idle_at = seen
-            waiting = f"{view.counts.waiting} record(s) waiting"
+            waiting = not_ready(recipe, view.counts.waiting)
+            if view.counts.waiting:  # once per new experience: the fingerprint gates this branch
+                log.info("%s: %s", scenario, waiting)
             return StepResult(scenario, "waiting", waiting, recipe=recipe.name)
         learner.idle_at = None
         started = time.time()
