@@ -69,12 +69,16 @@ def test_records_that_do_not_yet_make_a_batch_say_so(
     learner = worker(tmp_path, engine, "I would rather not.", peer, batch_size=2)
     failing_call(learner.store)
     with caplog.at_level(logging.INFO, logger="reef.learning"):
-        result = asyncio.run(learner.step("default"))
+        filling = asyncio.run(learner.step("default"))
+        assert caplog.records == []  # a batch filling up is not worth a log line
+        scored_call(learner.store, "Hello", "Good day to you.", 1.0)  # nothing to learn from
+        stuck = asyncio.run(learner.step("default"))
         again = asyncio.run(learner.step("default"))
-    said = "1 record(s) waiting, not yet a batch harness_evolve can learn from (batch_size 2)"
-    assert (result.outcome, result.detail) == ("waiting", said)
+    said = "record(s) waiting, not yet a batch harness_evolve can learn from (batch_size 2)"
+    assert (filling.outcome, filling.detail) == ("waiting", f"1 {said}")
+    assert (stuck.outcome, stuck.detail) == ("waiting", f"2 {said}")
     assert again.detail == "no new experience"
-    assert [r.getMessage() for r in caplog.records] == [f"default: {said}"]  # said once
+    assert [r.getMessage() for r in caplog.records] == [f"default: 2 {said}"]  # said once
     learner.store.close()
 
 

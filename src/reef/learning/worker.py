@@ -250,7 +250,9 @@ class LearningWorker:
         if automatic and not recipe.ready(view):
             learner.idle_at = seen
             waiting = not_ready(recipe, view.counts.waiting)
-            if view.counts.waiting:  # once per new experience: the fingerprint gates this branch
+            if view.counts.waiting >= getattr(recipe.settings, "batch_size", 1):
+                # Enough records, yet no batch: worth saying, once per new experience (the
+                # fingerprint gates this branch). A batch still filling up is not.
                 log.info("%s: %s", scenario, waiting)
             return StepResult(scenario, "waiting", waiting, recipe=recipe.name)
         learner.idle_at = None
