@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.preferences [--preferences sure,short] [--recipes sft]
         [--policies no_regression,improve] [--rounds 3] [--budget 300] [--phrasings]
-        [--paths alone,reviser,teacher,demonstration]
+        [--paths alone,reviser,teacher,demonstration] [--metric-calls 120]
 
 For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
 SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
@@ -31,6 +31,12 @@ of the bench or of Reef reads them; the regular expressions only check answers.
 reviser, the scenario's teacher, or the user's demonstrations; the stronger model is
 `bench.taught`'s table (see there). The `told` column is the base's share of training prompts
 that meet the preference with the feedback beside the question.
+
+`--metric-calls N` gives each run a budget of metric calls (the answers its steps ask the served
+model for to score: the recipe's search and the gate's evaluation, as `/reef/status` counts them):
+rounds go on, up to `--rounds`, until the steps have spent N (a step is never cut, so the last
+may overshoot), and the held-out pass rate after each round is drawn against the calls spent
+(`<json stem>-calls.png`). The harness recipes (`HARNESS_RECIPES`) are compared this way.
 
 A pair (`sure+sign-off`) asks for two preferences at once: an answer meets it (held out) when it
 meets both, and the user's feedback on a miss names only what it misses; the recipes' scorer accepts
