@@ -36,7 +36,8 @@ that meet the preference with the feedback beside the question.
 model for to score: the recipe's search and the gate's evaluation, as `/reef/status` counts them):
 rounds go on, up to `--rounds`, until the steps have spent N (a step is never cut, so the last
 may overshoot), and the held-out pass rate after each round is drawn against the calls spent
-(`<json stem>-calls.png`). The harness recipes (`HARNESS_RECIPES`) are compared this way.
+(`<json stem>-calls.png`). The harness recipes (`harness_evolve`, `gepa`, `skills`,
+`meta_harness`) are compared this way.
 
 A pair (`sure+sign-off`) asks for two preferences at once: an answer meets it (held out) when it
 meets both, and the user's feedback on a miss names only what it misses; the recipes' scorer accepts
@@ -168,6 +169,9 @@ def phrased(preference: Preference, phrasing: str) -> Preference:
 
 
 SFT = {"recipe": "sft", "batch_size": 6, "steps": 30, "max_tokens": 48}
+# sft replaying more of what the model already does (its answers to other questions) beside the
+# preference's examples: does it forget less?
+SFT_REPLAY = {**SFT, "replay": 12}
 HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_size": 3}
 # The weight recipes that learn without a scorer: from the hint in the teacher's context (sdft),
 # or from the scores alone (sao: one step per scored rollout).
@@ -184,10 +188,9 @@ ATTEMPTS = {"sdpo": 4}
 GEPA = {"recipe": "gepa", "batch_size": 6, "max_metric_calls": 48, "minibatch_size": 3}
 META_HARNESS = {"recipe": "meta_harness", "batch_size": 6, "max_nodes": 6}
 SKILLS = {"recipe": "skills", "batch_size": 6}
-# The harness recipes, compared on one budget of metric calls (`--metric-calls`).
-HARNESS_RECIPES = ["harness_evolve", "gepa", "skills", "meta_harness"]
 RECIPES = {
     "sft": [SFT],
+    "sft_replay": [SFT_REPLAY],
     "harness_evolve": [HARNESS_EVOLVE],
     "both": [HARNESS_EVOLVE, SFT],
     "sdft": [SDFT],
