@@ -169,9 +169,9 @@ def phrased(preference: Preference, phrasing: str) -> Preference:
 
 
 SFT = {"recipe": "sft", "batch_size": 6, "steps": 30, "max_tokens": 48}
-# sft replaying more of what the model already does (its answers to other questions) beside the
-# preference's examples: does it forget less?
-SFT_REPLAY = {**SFT, "replay": 12}
+# sft replaying more of what the model already does (its answers to other questions, cut ones
+# too) beside the preference's examples: does it forget less?
+SFT_REPLAY = {**SFT, "replay": 12, "replay_cut_answers": True}
 HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_size": 3}
 # The weight recipes that learn without a scorer: from the hint in the teacher's context (sdft),
 # or from the scores alone (sao: one step per scored rollout).

@@ -1,6 +1,7 @@
 """sft replays what the agent already answers elsewhere beside what it learns: the current
-release's finished greedy answers to the scenario's other questions (the model is scripted:
-what is checked is which questions are asked and which answers become examples)."""
+release's finished greedy answers (cut ones too, when asked) to the scenario's other questions
+(the model is scripted: what is checked is which questions are asked and which answers become
+examples)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,16 @@ def test_replay_answers_other_questions_as_the_current_release_does() -> None:
     assert [e.completion_ids for e in examples] == [[7, 8, 2]] * 3
     assert [e.prompt_ids for e in examples] == [[1, 2], [1, 3], [1, 4]]
     assert SFT(SFTSettings(replay=0))._replayed(context, learned) == []
+
+
+def test_a_cut_answer_replays_as_served_when_asked_to() -> None:
+    def generate(body: dict) -> Completion:
+        choice = {"message": {"content": "Bees make honey and"}, "finish_reason": "length"}
+        return Completion(
+            response={"choices": [choice]}, model="scripted", token_ids=[7, 8], prompt_token_ids=[1]
+        )
+
+    context = StepContext("default", "base", {}, generate=generate)
+    assert SFT(SFTSettings(replay=2))._replayed(context, set()) == []
+    kept = SFT(SFTSettings(replay=2, replay_cut_answers=True))._replayed(context, set())
+    assert [e.completion_ids for e in kept] == [[7, 8]] * 2  # no end of turn added
