@@ -87,14 +87,17 @@ class StepResult:
     metric_calls: int = 0  # answers the step asked for to score (`MetricCalls`)
 
 
-def not_ready(recipe: Recipe, waiting: int) -> str:
-    """Why a recipe with records waiting does not step: they do not yet make a batch it can learn
-    from (sdft needs a demonstration or a hint on each turn, sdpo a correct sibling)."""
+def not_ready(recipe: Recipe, waiting: int) -> tuple[str, bool]:
+    """Why a recipe with records waiting does not step (they do not yet make a batch it can learn
+    from: sdft needs a demonstration or a hint on each turn, sdpo a correct sibling), and whether
+    that is worth a log line: enough records wait for a batch, yet none is one. A batch still
+    filling up is not."""
     if not waiting:
-        return "0 record(s) waiting"
+        return "0 record(s) waiting", False
     size = getattr(recipe.settings, "batch_size", None)
     wanted = f" (batch_size {size})" if size is not None else ""
-    return f"{waiting} record(s) waiting, not yet a batch {recipe.name} can learn from{wanted}"
+    why = f"{waiting} record(s) waiting, not yet a batch {recipe.name} can learn from{wanted}"
+    return why, waiting >= (size or 1)
 
 
 class MetricCalls:
@@ -249,10 +252,8 @@ class LearningWorker:
         view = await asyncio.to_thread(self.view, scenario, recipe)
         if automatic and not recipe.ready(view):
             learner.idle_at = seen
-            waiting = not_ready(recipe, view.counts.waiting)
-            if view.counts.waiting >= getattr(recipe.settings, "batch_size", 1):
-                # Enough records, yet no batch: worth saying, once per new experience (the
-                # fingerprint gates this branch). A batch still filling up is not.
+            waiting, stuck = not_ready(recipe, view.counts.waiting)
+            if stuck:  # said once per new experience: the fingerprint gates this branch
                 log.info("%s: %s", scenario, waiting)
             return StepResult(scenario, "waiting", waiting, recipe=recipe.name)
         learner.idle_at = None
