@@ -138,6 +138,9 @@ class LlamaCppConfig(_Section):
     # tokens repeated over 64 tokens and 3 times), as a stop sequence would (finish_reason
     # "stop"): small models can loop until the window is full. false: every answer runs on.
     stop_loops: bool = True
+    # Serve the copy `reef model prepare` made of the model in a faster weight format, when the
+    # state folder holds one for this very file (engines/llamacpp/prepare.py). false: the file.
+    prepared: bool = True
 
 
 class EngineConfig(_Section):

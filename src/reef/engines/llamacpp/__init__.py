@@ -6,8 +6,9 @@ loop, shapes completions), `loop` (the thread that owns the llama.cpp context: c
 batching), `slots` (the KV slots and prompt cache), `sampling` (each sequence's sampler and
 logprobs), `output` (one choice's text and stream deltas), `structured` (JSON schemas and forced
 tool calls as grammars), `repetition` (an answer that loops), `threads` (the thread count of
-each call), `weights` (loading the model with kernels that run here), `adapters` (LoRA adapters
-in the context), `embeddings`.
+each call), `weights` (loading the model with kernels that run here), `prepare` (a copy in a
+faster weight format, checked against the file), `adapters` (LoRA adapters in the context),
+`embeddings`.
 """
 
 from reef.engines.llamacpp.engine import (
