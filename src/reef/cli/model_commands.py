@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,12 @@ from rich.table import Table
 from reef.cli.output import console, fail
 from reef.config import ConfigError, ReefConfig, load_config
 from reef.engines import resolve_kind, served_model_path
+from reef.engines.llamacpp.prepare import (
+    AUTO_FORMATS,
+    DEFAULT_DECODE_FLOOR,
+    DEFAULT_MAX_DRIFT,
+    FORMATS,
+)
 from reef.errors import ReefError
 
 app = typer.Typer(
@@ -38,8 +45,8 @@ def prepare(
         list[str] | None,
         typer.Option(
             "--format",
-            help="A format to try (q8_0, bf16, f16, q4_0, q4_k_m, iq4_nl); repeat it for more. "
-            "Default: q8_0, bf16 and q4_0.",
+            help=f"A format to try ({', '.join(FORMATS)}); repeat it for more. "
+            f"Default: {', '.join(AUTO_FORMATS)}.",
         ),
     ] = None,
     max_drift: Annotated[
@@ -48,20 +55,19 @@ def prepare(
             help="The mean |difference| of the top token's log-probability, in nats, a copy may "
             "show against the file on the probe prompts.",
         ),
-    ] = 0.1,
+    ] = DEFAULT_MAX_DRIFT,
     decode_floor: Annotated[
         float,
         typer.Option(
             help="The share of the file's decode tokens/s a copy must reach (below 1: trade "
             "decode speed for prompt speed, as agents' long prompts gain).",
         ),
-    ] = 0.95,
+    ] = DEFAULT_DECODE_FLOOR,
     threads: Annotated[int | None, typer.Option(help="Threads (default: the config's).")] = None,
     config: ConfigOption = None,
 ) -> None:
     """Convert the served GGUF into faster formats, time them and compare their answers with the
     file's; keep the fastest that stays within the bounds for `reef serve` to load."""
-    from reef.engines.llamacpp.prepare import AUTO_FORMATS, FORMATS
     from reef.engines.llamacpp.prepare import prepare as run_prepare
 
     resolved, source = _source(config)
@@ -69,7 +75,7 @@ def prepare(
     unknown = [kind for kind in chosen if kind not in FORMATS]
     if unknown:
         fail(f"unknown format {unknown[0]!r}: choose among {', '.join(FORMATS)}", code=2)
-    n_threads = threads or resolved.engine.llamacpp.n_threads or _cores()
+    n_threads = threads or resolved.engine.llamacpp.n_threads or max(1, os.cpu_count() or 1)
     try:
         with console.status(f"preparing {source.name}") as status:
             kept, trials, source_speed = run_prepare(
@@ -119,9 +125,3 @@ def forget(config: ConfigOption = None) -> None:
     resolved, source = _source(config)
     removed = forget_copy(source, resolved.state_dir)
     console.print(f"removed {removed}" if removed else f"no prepared copy of {source.name}")
-
-
-def _cores() -> int:
-    import os
-
-    return max(1, os.cpu_count() or 1)
