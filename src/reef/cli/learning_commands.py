@@ -22,8 +22,9 @@ from rich.progress import (
 from rich.table import Table
 
 from reef.cli.client_commands import DEFAULT_URL, UrlOption, open_client
+from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import console, fail
-from reef.config import ConfigError, ReefConfig, load_config
+from reef.config import ReefConfig
 from reef.errors import ReefError
 from reef.inference.model import Model, open_model
 from reef.learning.plans import LoadedPlan, load_plans
@@ -35,14 +36,10 @@ from reef.templates import environment
 recipe_app = typer.Typer(
     help="Learning recipes: list the installed ones, scaffold a new one.", no_args_is_help=True
 )
-ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
 
 
 def _config(path: Path | None) -> ReefConfig:
-    try:
-        config = load_config(path)
-    except ConfigError as error:
-        fail(str(error), code=2)
+    config = project_config(path)
     if not config.learning_plans():
         fail(
             "no recipe configured: set learning.recipe in reef.yaml (e.g. harness_evolve), or "

@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import console, fail
-from reef.config import ConfigError, ReefConfig, load_config
+from reef.config import ReefConfig
 from reef.engines import resolve_kind, served_model_path
 from reef.engines.llamacpp.prepare import (
     AUTO_FORMATS,
@@ -24,14 +25,10 @@ app = typer.Typer(
     help="The served model's weights: a copy in a format faster on this machine.",
     no_args_is_help=True,
 )
-ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
 
 
 def _source(config: Path | None) -> tuple[ReefConfig, Path]:
-    try:
-        resolved = load_config(config)
-    except ConfigError as error:
-        fail(str(error), code=2)
+    resolved = project_config(config)
     kind, _ = resolve_kind(resolved.engine)
     source = served_model_path(resolved.engine) if kind == "llamacpp" else None
     if source is None or not source.is_file():

@@ -20,8 +20,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.syntax import Syntax
 from rich.table import Table
 
+from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, console, fail
-from reef.config import ConfigError, ReefConfig, load_config
+from reef.config import ReefConfig
 from reef.errors import ReefError
 from reef.evaluation.runner import model_generate
 from reef.evaluation.tasks import load_tasks, tasks_path
@@ -46,17 +47,13 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 CONFLICT_EXIT = 3
 
 
 @contextmanager
 def _workflow(config_path: Path | None) -> Iterator[ReleaseWorkflow]:
-    try:
-        config = load_config(config_path)
-    except ConfigError as error:
-        fail(str(error), code=2)
+    config = project_config(config_path)
     try:
         store = ExperienceStore(config.experience_store, config.store.synchronous)
     except ReefError as error:

@@ -9,8 +9,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import console, fail
-from reef.config import ConfigError, ReefConfig, load_config
+from reef.config import ReefConfig
 from reef.errors import ReefError
 from reef.store import ExperienceStore
 from reef.store.database import is_postgres
@@ -20,14 +21,6 @@ app = typer.Typer(
     help="The experience store: where it is, and moving it (SQLite <-> PostgreSQL).",
     no_args_is_help=True,
 )
-ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
-
-
-def _config(path: Path | None) -> ReefConfig:
-    try:
-        return load_config(path)
-    except ConfigError as error:
-        fail(str(error), code=2)
 
 
 def _open(location: Path | str, config: ReefConfig) -> ExperienceStore:
@@ -40,7 +33,7 @@ def _open(location: Path | str, config: ReefConfig) -> ExperienceStore:
 @app.command("info")
 def info(config: ConfigOption = None) -> None:
     """Where the experience store is, and how many rows each table holds."""
-    resolved = _config(config)
+    resolved = project_config(config)
     with _open(resolved.experience_store, resolved) as store:
         table = Table(title=f"{store.dialect}: {store.name}")
         table.add_column("table")
@@ -66,7 +59,7 @@ def migrate(
 
     Stop `reef serve` first: what it stores during the copy would not be copied. Then set
     `store.url` to the new store in reef.yaml (or REEF_STORE_URL)."""
-    resolved = _config(config)
+    resolved = project_config(config)
     target_location: Path | str = to if is_postgres(to) else Path(to).expanduser()
     with _open(resolved.experience_store, resolved) as source:
         totals = row_counts(source)

@@ -15,9 +15,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import console, fail
 from reef.client import DEFAULT_URL, env_token
-from reef.config import ConfigError, EpisodesConfig, load_config
+from reef.config import EpisodesConfig
 from reef.episodes.agents import AGENTS
 from reef.episodes.project import episode_settings
 from reef.episodes.runner import Episode, EpisodeError, EpisodeSettings, run_episode
@@ -27,8 +28,6 @@ from reef.inference.server_file import find_advertised
 
 app = typer.Typer(help="Task suites in Harbor's format, run as sandboxed agent episodes.")
 agent_app = typer.Typer(help="Reef's native agent.")
-
-ConfigOption = Annotated[Path | None, typer.Option("-c", "--config", help="Config file.")]
 
 
 @app.command("list")
@@ -138,10 +137,7 @@ def _suite(folder: Path) -> list[Task]:
 def _episodes_config(path: Path | None) -> tuple[EpisodesConfig, str | None]:
     """The config's `episodes:` block, and the running server's internal token (which signs
     episode tokens on a server without tokens) where this project has one."""
-    try:
-        config = load_config(path)
-    except ConfigError as error:
-        fail(str(error), code=2)
+    config = project_config(path)
     server = find_advertised(config.state_dir)
     return config.episodes, server.token if server else None
 
