@@ -47,11 +47,10 @@ def served_model_path(config: EngineConfig) -> Path | None:
     return None
 
 
-def _llamacpp_weights(config: EngineConfig, state_dir: Path | None) -> Path | None:
-    """The GGUF llama.cpp loads: the configured file, or the copy `reef model prepare` made of it
-    under `state_dir` (see engines/llamacpp/prepare.py)."""
-    source = served_model_path(config)
-    if source is None or not config.llamacpp.prepared or state_dir is None or not source.is_file():
+def _llamacpp_weights(source: Path, config: EngineConfig, state_dir: Path | None) -> Path:
+    """The GGUF llama.cpp loads for `source`: the file, or the copy `reef model prepare` made of
+    it under `state_dir` (see engines/llamacpp/prepare.py)."""
+    if not config.llamacpp.prepared or state_dir is None or not source.is_file():
         return source
     from reef.engines.llamacpp.prepare import prepared_copy
 
@@ -77,11 +76,12 @@ def build_engine(
     those it runs (server.max_queue); `state_dir`: where a child engine writes its log."""
     kind, _ = resolve_kind(config)
     if kind == "llamacpp":
-        from reef.engines.llamacpp import CacheTypes, LlamaCppEngine
+        from reef.engines.llamacpp import CacheTypes, LlamaCppEngine, embedded_model_path
 
         llama = config.llamacpp
+        source = Path(llama.model).expanduser() if llama.model else embedded_model_path()
         engine = LlamaCppEngine(
-            model_path=_llamacpp_weights(config, state_dir),
+            model_path=_llamacpp_weights(source, config, state_dir),
             n_ctx=llama.n_ctx,
             n_threads=llama.n_threads,
             n_batch=llama.n_batch,
@@ -94,8 +94,7 @@ def build_engine(
             adaptive_threads=llama.adaptive_threads,
             cache=CacheTypes(llama.cache_type_k, llama.cache_type_v),
         )
-        source = served_model_path(config)
-        if source is not None and engine.model_path != source:  # a prepared copy: same name
+        if engine.model_path != source:  # a prepared copy: clients keep the file's name
             engine.name_override = source.name.removesuffix(".gguf")
         return engine
     if kind == "upstream":

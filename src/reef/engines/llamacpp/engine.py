@@ -175,7 +175,8 @@ class LlamaCppEngine:
         self._adapters: Adapters | None = None
         self._loop: DecodeLoop | None = None
         self._embedder: LlamaEmbedder | None = None  # made on first use, on the loop thread
-        self.name_override: str | None = None  # a checkpoint's model: its release's name
+        # The name clients use: a checkpoint's release's, or the file a prepared copy stands for.
+        self.name_override: str | None = None
         # Checkpoint models, most recently used last, and those loading (on the event loop).
         self._checkpoints: OrderedDict[Path, LlamaCppEngine] = OrderedDict()
         self._checkpoint_loads: dict[Path, asyncio.Task[LlamaCppEngine]] = {}

@@ -69,6 +69,7 @@ PROBE_TOKENS = 48  # greedy tokens of each probe answer compared
 SPEED_PROMPT_TOKENS = 1024  # prompt tokens read when timing a format
 SPEED_DECODE_TOKENS = 128
 RECORD = "prepared.json"
+BATCH = 512  # tokens per llama_decode when reading probes back
 
 
 class PrepareError(ReefError):
@@ -157,6 +158,11 @@ def _save(prepared: Prepared, state_dir: Path) -> None:
     entries = json.loads(record.read_text()) if record.is_file() else []
     entries = [entry for entry in entries if entry.get("source") != prepared.source]
     entries.append(asdict(prepared))
+    _write_entries(record, entries)
+
+
+def _write_entries(record: Path, entries: list[dict[str, Any]]) -> None:
+    """Replace the record in one rename, so that a serve starting meanwhile reads all or none."""
     temporary = record.with_suffix(".tmp")
     temporary.write_text(json.dumps(entries, indent=2) + "\n")
     os.replace(temporary, record)
@@ -169,7 +175,7 @@ def forget(source: Path, state_dir: Path) -> Path | None:
     if record.is_file():
         name = str(source.resolve())
         kept = [entry for entry in json.loads(record.read_text()) if entry.get("source") != name]
-        record.write_text(json.dumps(kept, indent=2) + "\n")
+        _write_entries(record, kept)
     if found is None:
         return None
     Path(found.path).unlink(missing_ok=True)
@@ -203,6 +209,7 @@ class _Scorer:
     def __init__(self, path: Path, n_threads: int, n_ctx: int = 4096) -> None:
         import llama_cpp
         from llama_cpp import _logger
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         from reef.engines.llamacpp.weights import model_params
 
@@ -213,24 +220,23 @@ class _Scorer:
             raise PrepareError(f"llama.cpp could not load {path}")
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = 512
+        params.n_batch = params.n_ubatch = BATCH
         params.n_threads = params.n_threads_batch = n_threads
         self.context = llama_cpp.llama_init_from_model(self.model, params)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.eos = llama_cpp.llama_vocab_eos(self.vocab)
+        self.batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
+        template = self._metadata("tokenizer.chat_template")
+        self.formatter = Jinja2ChatFormatter(template=template, eos_token="", bos_token="")
 
     def close(self) -> None:
+        self._llama_cpp.llama_batch_free(self.batch)
         self._llama_cpp.llama_free(self.context)
         self._llama_cpp.llama_model_free(self.model)
 
     def chat_tokens(self, question: str) -> list[int]:
         """The prompt of a one-turn chat, as the model's own template writes it."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        template = self._metadata("tokenizer.chat_template")
-        formatter = Jinja2ChatFormatter(template=template, eos_token="", bos_token="")
-        text = formatter(messages=[{"role": "user", "content": question}]).prompt
+        text = self.formatter(messages=[{"role": "user", "content": question}]).prompt
         return self.tokenize(text)
 
     def tokenize(self, text: str) -> list[int]:
@@ -253,29 +259,22 @@ class _Scorer:
         the log-probabilities of every position, or of the last alone."""
         import numpy as np
 
-        llama_cpp = self._llama_cpp
+        llama_cpp, batch = self._llama_cpp, self.batch
         if start == 0:
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.context), True)
-        batch = llama_cpp.llama_batch_init(512, 0, 1)
         rows = []
-        try:
-            for offset in range(0, len(tokens), 512):
-                block = tokens[offset : offset + 512]
-                batch.n_tokens = len(block)
-                for i, token in enumerate(block):
-                    batch.token[i] = token
-                    batch.pos[i] = start + offset + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = want_all or offset + i == len(tokens) - 1
-                if llama_cpp.llama_decode(self.context, batch) != 0:
-                    raise PrepareError("llama_decode failed while reading a probe")
-                for i in range(len(block)):
-                    if want_all or offset + i == len(tokens) - 1:
-                        pointer = llama_cpp.llama_get_logits_ith(self.context, i)
-                        rows.append(np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy())
-        finally:
-            llama_cpp.llama_batch_free(batch)
+        for offset in range(0, len(tokens), BATCH):
+            block = tokens[offset : offset + BATCH]
+            wanted = [want_all or offset + i == len(tokens) - 1 for i in range(len(block))]
+            batch.n_tokens = len(block)
+            for i, token in enumerate(block):
+                batch.token[i], batch.pos[i] = token, start + offset + i
+                batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, wanted[i]
+            if llama_cpp.llama_decode(self.context, batch) != 0:
+                raise PrepareError("llama_decode failed while reading a probe")
+            for i in (i for i, want in enumerate(wanted) if want):
+                pointer = llama_cpp.llama_get_logits_ith(self.context, i)
+                rows.append(np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy())
         logits = np.stack(rows).astype(np.float64)
         top = logits.max(axis=1, keepdims=True)
         return logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
