@@ -26,16 +26,13 @@ from pydantic import Field
 
 from reef.sdk import (
     HARNESS,
-    EvalTask,
     PromptSearch,
     PromptSearchSettings,
     Proposal,
     ProposalRefused,
+    SearchTask,
     StepContext,
     Trajectory,
-    Turn,
-    failing_prompts,
-    hints,
 )
 
 from .search import Rollout, SearchResult, Tree, search
@@ -78,7 +75,7 @@ class GEPA(PromptSearch):
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         turns = self.scored_turns(batch)
-        tasks = self.tasks(turns, context)
+        tasks = self.search_tasks(turns, context)
         pareto = list(range(min(self.settings.pareto_size, len(tasks))))
         seed_tree = context.files_of(HARNESS)
         found = search(
@@ -86,7 +83,7 @@ class GEPA(PromptSearch):
             [COMPONENTS[name] for name in self.settings.components],
             pareto,
             list(range(len(tasks))),
-            lambda tree, chosen: self._evaluate(context, tree, tasks, turns, chosen),
+            lambda tree, chosen: self._evaluate(context, tree, tasks, chosen),
             lambda tree, path, rollouts: self._reflect(context, tree, path, rollouts),
             max_metric_calls=self.settings.max_metric_calls,
             minibatch_size=self.settings.minibatch_size,
@@ -102,7 +99,6 @@ class GEPA(PromptSearch):
                 f"no tree beat the current one on the {len(pareto)} Pareto task(s) "
                 f"({found.metric_calls} metric calls; {_tally(found)})"
             )
-        failures = [turn for turn in turns if self.failing(turn)]
         return Proposal(
             kind="harness",
             files=best.tree,
@@ -111,7 +107,7 @@ class GEPA(PromptSearch):
                 f"{found.pool[0].mean:.2f} -> {best.mean:.2f} in {found.metric_calls} calls)"
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=failing_prompts(failures, self.settings.scorer),
+            eval_tasks=self.gate_tasks(turns),
             metrics={
                 "metric_calls": found.metric_calls,
                 "pool": len(found.pool),
@@ -126,15 +122,13 @@ class GEPA(PromptSearch):
         self,
         context: StepContext,
         tree: Tree,
-        tasks: list[EvalTask],
-        turns: list[Turn],
+        tasks: list[SearchTask],
         chosen: list[int],
     ) -> list[Rollout]:
         rollouts = []
         for index in chosen:
             answer, scored = self.answer(context, tree, tasks[index])
-            said = "; ".join(hints(turns[index])) or "nothing"
-            rollouts.append(Rollout(index, turns[index].prompt, answer, scored, said))
+            rollouts.append(Rollout(index, tasks[index].prompt, answer, scored, tasks[index].said))
         return rollouts
 
     def _reflect(

@@ -27,16 +27,13 @@ from pydantic import Field
 
 from reef.sdk import (
     HARNESS,
-    EvalTask,
     PromptSearch,
     PromptSearchSettings,
     Proposal,
     ProposalRefused,
+    SearchTask,
     StepContext,
     Trajectory,
-    Turn,
-    failing_prompts,
-    hints,
 )
 
 RULE_PATH = "rules/meta_harness.md"
@@ -103,12 +100,12 @@ class MetaHarness(PromptSearch):
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         turns = self.scored_turns(batch)
-        tasks = self.tasks(turns, context)
+        tasks = self.search_tasks(turns, context)
         seed = self._node(context, context.files_of(HARNESS), tasks)
         retained, written = [seed], 0
         for _ in range(self.settings.max_nodes):
             shown = retained if self.settings.mode == "full_history" else [_best(retained)]
-            tree = self._write_tree(context, shown, turns)
+            tree = self._write_tree(context, shown, tasks)
             if tree is None:
                 continue
             written += 1
@@ -126,7 +123,6 @@ class MetaHarness(PromptSearch):
                 f"no tree beat the current one with confidence {self.settings.min_confidence} "
                 f"(best {best.mean:.2f} vs {seed.mean:.2f}, confidence {sure:.2f}, on {rests_on})"
             )
-        failures = [turn for turn in turns if self.failing(turn)]
         return Proposal(
             kind="harness",
             files=best.tree,
@@ -135,7 +131,7 @@ class MetaHarness(PromptSearch):
                 f"confidence {sure:.2f} on {rests_on}"
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=failing_prompts(failures, self.settings.scorer),
+            eval_tasks=self.gate_tasks(turns),
             metrics={
                 "nodes_written": written,
                 "retained": len(retained),
@@ -145,15 +141,15 @@ class MetaHarness(PromptSearch):
             },
         )
 
-    def _node(self, context: StepContext, tree: dict[str, bytes], tasks: list[EvalTask]) -> Node:
+    def _node(self, context: StepContext, tree: dict[str, bytes], tasks: list[SearchTask]) -> Node:
         answered = [self.answer(context, tree, task) for task in tasks]
         return Node(tree, [scored for _, scored in answered], [answer for answer, _ in answered])
 
     def _write_tree(
-        self, context: StepContext, shown: list[Node], turns: list[Turn]
+        self, context: StepContext, shown: list[Node], tasks: list[SearchTask]
     ) -> dict[str, bytes] | None:
         assert context.ask is not None
-        prompt = PROPOSER_PROMPT.format(history=self._history(shown, turns))
+        prompt = PROPOSER_PROMPT.format(history=self._history(shown, tasks))
         reply = context.ask(
             [{"role": "user", "content": prompt}], json_schema=TREE_SCHEMA, max_tokens=1400
         )
@@ -169,13 +165,13 @@ class MetaHarness(PromptSearch):
             tree[RULE_PATH] = (rules[:MAX_FILE_CHARS] + "\n").encode()
         return tree
 
-    def _history(self, shown: list[Node], turns: list[Turn]) -> str:
+    def _history(self, shown: list[Node], tasks: list[SearchTask]) -> str:
         """The designs as the proposer reads them, the best first, within `history_chars` (a
         small model's context holds about a thousand tokens): designs past it are left out."""
         ranked = sorted(enumerate(shown), key=lambda item: -item[1].mean)
         parts: list[str] = []
         for number, node in ranked:
-            described = _described(number, node, turns)
+            described = _described(number, node, tasks)
             if parts and sum(map(len, parts)) + len(described) > self.settings.history_chars:
                 break
             parts.append(described[: self.settings.history_chars])
@@ -186,7 +182,7 @@ def _best(nodes: list[Node]) -> Node:
     return max(nodes, key=lambda node: node.mean)  # the earliest of a tie: the seed first
 
 
-def _described(number: int, node: Node, turns: list[Turn], shown_answers: int = 2) -> str:
+def _described(number: int, node: Node, tasks: list[SearchTask], shown_answers: int = 2) -> str:
     """One node as the proposer reads it: its files, its scores, its worst answers."""
     files = "\n".join(
         f"  --- {path}\n  {data.decode(errors='replace')[:300]}"
@@ -195,8 +191,8 @@ def _described(number: int, node: Node, turns: list[Turn], shown_answers: int = 
     per_task = ", ".join(f"{s:g}" for s in node.scores)
     worst = sorted(range(len(node.scores)), key=lambda i: node.scores[i])[:shown_answers]
     answers = "\n".join(
-        f"  - request {turns[i].prompt[:120]!r} -> {node.answers[i][:120]!r} (score "
-        f"{node.scores[i]:g}; the user said: {'; '.join(hints(turns[i]))[:160] or 'nothing'})"
+        f"  - request {tasks[i].prompt[:120]!r} -> {node.answers[i][:120]!r} (score "
+        f"{node.scores[i]:g}; the user said: {tasks[i].said[:160]})"
         for i in worst
     )
     files = files or "  (no files: the model as it is)"

@@ -29,20 +29,17 @@ from pydantic import Field
 
 from reef.sdk import (
     HARNESS,
-    EvalTask,
     Mutation,
     PromptSearch,
     PromptSearchSettings,
     Proposal,
     ProposalRefused,
+    SearchTask,
     StepContext,
     Trajectory,
     TreeChangeRefused,
-    Turn,
     apply_mutation,
     check_mutation,
-    failing_prompts,
-    hints,
 )
 
 NO_SKILL = ""  # the bucket of the turns no skill concerns
@@ -201,10 +198,10 @@ def stems(text: str) -> set[str]:
     return found
 
 
-def group_of(turn: Turn, pool: dict[str, Skill]) -> str:
-    """The skill `turn` concerns: the one sharing the most words with its request (NO_SKILL
-    when none shares any)."""
-    asked = stems(turn.prompt)
+def group_of(request: str, pool: dict[str, Skill]) -> str:
+    """The skill `request` concerns: the one sharing the most words with it (NO_SKILL when
+    none shares any)."""
+    asked = stems(request)
     overlap = {name: len(skill.words() & asked) for name, skill in pool.items()}
     best = max(sorted(overlap), key=lambda name: overlap[name], default=NO_SKILL)
     return best if best and overlap[best] > 0 else NO_SKILL
@@ -249,10 +246,10 @@ class Skills(PromptSearch):
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         turns = self.scored_turns(batch)
-        tasks = self.tasks(turns, context)
+        tasks = self.search_tasks(turns, context)
         tree = context.files_of(HARNESS)
         day = self._day(context, tree, tasks)
-        night = self._night(context, tree, turns, day)
+        night = self._night(context, tree, tasks, day)
         acting = [d for d in night.decisions if d.decision != "skip"]
         if not acting:
             raise ProposalRefused(f"every group's decision was skip ({len(night.decisions)})")
@@ -270,7 +267,7 @@ class Skills(PromptSearch):
             files=grown,
             reason=f"skills: {said}; the day's tasks {before:.2f} -> {after:.2f}",
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=failing_prompts([t for t in turns if self.failing(t)], self.settings.scorer),
+            eval_tasks=self.gate_tasks(turns),
             metrics={
                 "decisions": [d.decision for d in night.decisions],
                 "pool_before": len(pool_of(tree)),
@@ -282,17 +279,21 @@ class Skills(PromptSearch):
         )
 
     def _day(
-        self, context: StepContext, tree: dict[str, bytes], tasks: list[EvalTask]
+        self, context: StepContext, tree: dict[str, bytes], tasks: list[SearchTask]
     ) -> list[float]:
         return [self.answer(context, tree, task)[1] for task in tasks]
 
     def _night(
-        self, context: StepContext, tree: dict[str, bytes], turns: list[Turn], day: list[float]
+        self,
+        context: StepContext,
+        tree: dict[str, bytes],
+        tasks: list[SearchTask],
+        day: list[float],
     ) -> Night:
         pool = pool_of(tree)
-        groups: dict[str, list[tuple[Turn, float]]] = {}
-        for turn, scored in zip(turns, day, strict=True):
-            groups.setdefault(group_of(turn, pool), []).append((turn, scored))
+        groups: dict[str, list[tuple[SearchTask, float]]] = {}
+        for task, scored in zip(tasks, day, strict=True):
+            groups.setdefault(group_of(task.prompt, pool), []).append((task, scored))
         night = Night()
         for group, members in sorted(groups.items()):
             decision = self._decide(context, pool, group, members)
@@ -305,7 +306,7 @@ class Skills(PromptSearch):
         context: StepContext,
         pool: dict[str, Skill],
         group: str,
-        members: list[tuple[Turn, float]],
+        members: list[tuple[SearchTask, float]],
     ) -> NightDecision | None:
         assert context.ask is not None
         catalog = ", ".join(f"{s.name} ({s.description})" for s in pool.values()) or "none yet"
@@ -316,9 +317,8 @@ class Skills(PromptSearch):
             else "No skill concerns these requests."
         )
         lines = "\n".join(
-            f"- {turn.prompt[:160]!r} -> score {scored:g}; the user said: "
-            f"{'; '.join(hints(turn))[:160] or 'nothing'}"
-            for turn, scored in members[: self.settings.turns_shown]
+            f"- {task.prompt[:160]!r} -> score {scored:g}; the user said: {task.said[:160]}"
+            for task, scored in members[: self.settings.turns_shown]
         )
         prompt = NIGHT_PROMPT.format(catalog=catalog, group=about, turns=lines)
         reply = context.ask(

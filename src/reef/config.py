@@ -667,10 +667,10 @@ def load_config(
 
 
 def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
-    """Make `state_dir`, `evals_dir` (given or default), episode gates' `tasks` and recipe files
-    (`recipe: path/file.py:Class`, in `learning` and each scenario's) relative to the config's
-    `folder`, so that `-c other/reef.yaml` from anywhere finds that project's state, evals, tasks
-    and recipes."""
+    """Make `state_dir`, `evals_dir` (given or default), episode gates' and search recipes'
+    `tasks` and recipe files (`recipe: path/file.py:Class`, in `learning` and each scenario's)
+    relative to the config's `folder`, so that `-c other/reef.yaml` from anywhere finds that
+    project's state, evals, tasks and recipes."""
     for key in ("state_dir", "evals_dir"):
         value = data.get(key, ReefConfig.model_fields[key].default)
         if isinstance(value, str | Path):
@@ -705,6 +705,10 @@ def _anchor_folders(data: dict[str, Any], folder: Path) -> None:
 
 
 def _anchor_recipe(section: dict[str, Any], folder: Path) -> None:
+    episodes = section.get("episodes")  # a search recipe's episode suite
+    if isinstance(episodes, dict) and isinstance(episodes.get("tasks"), str | Path):
+        given = Path(episodes["tasks"]).expanduser()
+        episodes["tasks"] = given if given.is_absolute() else folder / given
     recipe = section.get("recipe")
     if isinstance(recipe, str) and ":" in recipe:
         location, _, name = recipe.rpartition(":")

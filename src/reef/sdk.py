@@ -14,7 +14,8 @@ module only, so its names are the ones a recipe may rely on:
   `failing_prompts` (the prompts a recipe learned from failing, as a proposal's extra tasks),
   `Evaluated` (a candidate's scores, for recipes that search); `PromptSearch` and its
   `PromptSearchSettings`, the base of the recipes that score harness trees on a batch's scored
-  prompts (`gepa`, `meta_harness`), with `has_score`;
+  prompts or, with `EpisodeSearch`, on episodes (`gepa`, `meta_harness`, `skills`), its
+  `SearchTask`s, with `has_score`;
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
   words, or else the user's next message), `relabel` (an answer that meets the feedback and
   still answers the question), `with_hint`, `asking` (the proposer model as the model that
@@ -62,7 +63,13 @@ from reef.learning.hindsight import (
     relabel,
     with_hint,
 )
-from reef.learning.prompt_search import PromptSearch, PromptSearchSettings, has_score
+from reef.learning.prompt_search import (
+    EpisodeSearch,
+    PromptSearch,
+    PromptSearchSettings,
+    SearchTask,
+    has_score,
+)
 from reef.learning.recipe import (
     Evaluated,
     Proposal,
@@ -146,6 +153,7 @@ __all__ = [
     "Completion",
     "DistillExample",
     "DistillSettings",
+    "EpisodeSearch",
     "EvalTask",
     "Evaluated",
     "ExperienceView",
@@ -165,6 +173,7 @@ __all__ = [
     "SAOExample",
     "SAOSettings",
     "ScorerSpec",
+    "SearchTask",
     "StepContext",
     "TrainingExample",
     "Trajectory",

@@ -36,9 +36,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Ser
             yield project, server
 
 
-def learner_of(project: Path) -> LearningWorker:
+def learner_of(project: Path, recipe_name: str = "harness_evolve") -> LearningWorker:
+    """A learning worker on the project's config, its one recipe `recipe_name`."""
     config = load_config(project / "reef.yaml", env={"REEF_TOKEN": TOKEN})
-    recipe = load_recipe("harness_evolve", config.learning.recipe_settings())
+    recipe = load_recipe(recipe_name, config.learning.recipe_settings())
     store = ExperienceStore(config.experience_db)
     engine = build_engine(config.engine)
     return LearningWorker(

@@ -58,7 +58,8 @@ def run_tasks(
         str,
         typer.Option(
             help="The label its records are tagged with; candidate:ID serves the episodes "
-            "under that candidate while it is proposed or judged."
+            "under that candidate while it is proposed or judged; trial:DIGEST under a tree a "
+            "recipe's search wrote (not recorded)."
         ),
     ] = "current",
     seed: Annotated[int, typer.Option(help="The agent's seed.")] = 0,

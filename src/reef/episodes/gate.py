@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.episodes.project import episode_settings, project_server
-from reef.episodes.runner import Episode, run_paired
+from reef.episodes.runner import Episode, describe_step, run_paired
 from reef.episodes.tasks import Task, load_suite
 from reef.episodes.tokens import candidate_tree
 from reef.evaluation.runner import TaskResult
@@ -100,17 +100,10 @@ def _what_happened(episodes: list[Episode]) -> str:
     for episode in episodes:
         outcome = "pass" if episode.passed else (episode.limit and f"limit: {episode.limit}")
         outcome = outcome or (f"error: {episode.error}" if episode.error else "fail")
-        commands = "; ".join(_step(step) for step in episode.commands)[:400]
+        commands = "; ".join(describe_step(step) for step in episode.commands)[:400]
         test = " ".join(episode.test_output.split())[-200:]
         lines.append(
             f"{episode.id} reward={episode.reward} {outcome}, {len(episode.calls)} call(s) | "
             f"{commands} | test: {test}"
         )
     return "\n".join(lines)
-
-
-def _step(step: dict[str, object]) -> str:
-    """A step as a reviewer reads it: `tool {arguments}`, the final answer, or why it stopped."""
-    if step.get("tool"):
-        return f"{step['tool']} {step.get('arguments') or ''}".strip()
-    return str(step.get("answer") or step.get("stopped") or "")

@@ -48,16 +48,23 @@ def project_server(config: ReefConfig) -> ProjectServer:
 
 
 def project_episodes(
-    config: ReefConfig, scenario: str, tasks: str | Path, agent: str = "native", repeats: int = 1
+    config: ReefConfig,
+    scenario: str,
+    tasks: str | Path,
+    agent: str = "native",
+    repeats: int = 1,
+    tree: str = "current",
 ) -> list[Episode]:
-    """`agent` on each task of `tasks`, `repeats` times (seeds 0, 1, …), under what `scenario`
-    serves on the project's server."""
+    """`agent` on each task of `tasks`, `repeats` times (seeds 0, 1, …), on the project's
+    server under what `scenario` serves, or under `tree` (`trial:<digest>`: a tree a recipe
+    tries, `reef.episodes.tokens`)."""
     server, settings = project_server(config), episode_settings(config.episodes)
     return [
         run_episode(
             task,
             agent,
             server.url,
+            tree=tree,
             scenario=scenario,
             seed=repeat,
             token=server.token,

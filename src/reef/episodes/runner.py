@@ -321,6 +321,14 @@ def read_commands(trajectory: Path) -> list[dict[str, Any]]:
     return steps
 
 
+def describe_step(step: dict[str, object]) -> str:
+    """An agent's step as a reader reads it: `tool {arguments}`, its final answer, or why it
+    stopped."""
+    if step.get("tool"):
+        return f"{step['tool']} {step.get('arguments') or ''}".strip()
+    return str(step.get("answer") or step.get("stopped") or "")
+
+
 def episode_records(client: ReefClient, episode: Episode) -> list[dict[str, Any]]:
     """Every record of the episode (its calls are tagged with its id), oldest first."""
     records: list[dict[str, Any]] = []

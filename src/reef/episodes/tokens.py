@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 PREFIX = "reef-ep."
 # A grant whose tree is `candidate:<id>` has its calls served by that candidate (the gate's
-# episodes, reef.episodes.gate); any other tree is served by what the scenario serves.
+# episodes, reef.episodes.gate), one whose tree is `trial:<digest>` by a harness tree a recipe is
+# trying (reef.inference.trials); any other tree is served by what the scenario serves.
 CANDIDATE_TREE = "candidate:"
+TRIAL_TREE = "trial:"
 KEY_LABEL = b"reef episode token v1"
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -50,6 +52,16 @@ def candidate_tree(candidate_id: str) -> str:
 def candidate_of(tree: str) -> str | None:
     """The candidate a tree label names, or None for any other tree."""
     return tree.removeprefix(CANDIDATE_TREE) if tree.startswith(CANDIDATE_TREE) else None
+
+
+def trial_tree(digest: str) -> str:
+    """The tree label under which the server serves an episode's calls with a trial tree."""
+    return f"{TRIAL_TREE}{digest}"
+
+
+def trial_of(tree: str) -> str | None:
+    """The trial tree a tree label names, or None for any other tree."""
+    return tree.removeprefix(TRIAL_TREE) if tree.startswith(TRIAL_TREE) else None
 
 
 def is_episode_token(token: str) -> bool:

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
-import hashlib
 import logging
 import os
 import shutil
@@ -42,13 +40,16 @@ from typing import Any
 import httpx
 
 from reef.artifacts import keep_serving_parts
-from reef.config import ReefConfig
+from reef.config import EpisodeGateConfig, ReefConfig
 from reef.engines import served_model_path
+from reef.episodes.gate import EPISODE_TASK_PREFIX
 from reef.episodes.project import project_episodes
 from reef.episodes.runner import EpisodeError
-from reef.evaluation.runner import Generate, model_generate
-from reef.inference.binding import Binding, binding_for
+from reef.episodes.tokens import trial_tree
+from reef.evaluation.runner import Generate, TaskResult, model_generate
+from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
+from reef.inference.trials import trial_binding, trials_folder, write_trial
 from reef.learning.plans import LoadedPlan, load_plans
 from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, RecipeError, StepContext
 from reef.learning.trackers import track_candidate
@@ -102,8 +103,9 @@ def not_ready(recipe: Recipe, waiting: int) -> tuple[str, bool]:
 
 class MetricCalls:
     """The answers one step asks the served model for, to score them: its recipe's search
-    (`generate`, `generate_under`) and its gate's evaluation. The budget recipes are compared
-    on, as GEPA counts its metric calls."""
+    (`generate`, `generate_under`, or an episode under a tree it tries) and its gate's
+    evaluation (an answer, or an episode). The budget recipes are compared on, as GEPA counts
+    its metric calls."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -114,16 +116,47 @@ class MetricCalls:
             self.calls += 1
 
     def count_in(self, context: StepContext) -> None:
-        """Count every answer the recipe asks `context` for."""
+        """Count every answer the recipe asks `context` for, and every episode it runs under a
+        tree it tries (one metric call an episode: `run_episodes_under` runs one per task and
+        repeat)."""
         for name in ("generate", "generate_under"):
             answer = getattr(context, name)
             if answer is not None:
                 setattr(context, name, self._counting(answer))
+        if context.run_episodes_under is not None:
+            context.run_episodes_under = self._counting_episodes(context.run_episodes_under)
+
+    def _counting_episodes(
+        self, run: Callable[..., list[dict[str, Any]]]
+    ) -> Callable[..., list[dict[str, Any]]]:
+        def counted(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+            episodes = run(*args, **kwargs)
+            with self._lock:
+                self.calls += len(episodes)
+            return episodes
+
+        return counted
 
     def _counting(self, answer: Callable[..., Any]) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
             self._one()
             return answer(*args, **kwargs)
+
+        return counted
+
+    def counting_gate_episodes(
+        self, episodes: EpisodeGateConfig | None
+    ) -> Callable[[TaskResult], None] | None:
+        """The gate's `on_task`, counting an episode gate's episodes: `repeats` on each side of
+        each task it ran (its chat answers are counted by `counting_gate`)."""
+        if episodes is None:
+            return None
+        per_task = 2 * episodes.repeats
+
+        def counted(result: TaskResult) -> None:
+            if result.task_id.startswith(EPISODE_TASK_PREFIX):
+                with self._lock:
+                    self.calls += per_task
 
         return counted
 
@@ -196,8 +229,10 @@ class LearningWorker:
         # Scenario -> the generation of its lease this worker holds: a publish carries it, and
         # is refused (`confirm_lease`) once another worker took the lease since.
         self.generations: dict[str, int] = {}
-        # Harness trees recipes tried (`generate_under`), by content: their bindings.
+        # Harness trees recipes tried, by content: their bindings (`generate_under`), and every
+        # tree written under the state folder, the episodes' too (`run_episodes_under`).
         self._trials: dict[str, Binding] = {}
+        self._trial_trees: set[str] = set()
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -351,7 +386,11 @@ class LearningWorker:
         )
         generate = model_generate(self.model, self.workflow.eval_settings(scenario))
         gated = await self.workflow.gate(
-            candidate, tally.counting_gate(generate), extra_tasks=proposal.eval_tasks, fence=fence
+            candidate,
+            tally.counting_gate(generate),
+            on_task=tally.counting_gate_episodes(self.config.gate_for(scenario).episodes),
+            extra_tasks=proposal.eval_tasks,
+            fence=fence,
         )
         log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
         await asyncio.to_thread(self._track, recipe, candidate, gated)
@@ -382,9 +421,11 @@ class LearningWorker:
         candidates = self.workflow.candidates.list(scenario)
         rejected = [c for c in candidates if c.state == "rejected"][:5]
         serving = self.workflow.binding(head)
-        if len(self._trials) > MAX_TRIALS:  # trees tried in earlier steps: start afresh
+        gate_episodes = self.config.gate_for(scenario).episodes
+        if len(self._trial_trees) > MAX_TRIALS:  # trees tried in earlier steps: start afresh
             self._trials.clear()
-            shutil.rmtree(self.config.state_dir / "learning" / "trials", ignore_errors=True)
+            self._trial_trees.clear()
+            shutil.rmtree(trials_folder(self.config.state_dir), ignore_errors=True)
         return StepContext(
             scenario=scenario,
             release_id=head.release_id if head else "base",
@@ -396,6 +437,8 @@ class LearningWorker:
             generate=functools.partial(self.generate, binding=serving),
             generate_under=functools.partial(self.generate_under, serving=serving),
             run_episodes=functools.partial(self.run_episodes, scenario),
+            run_episodes_under=functools.partial(self.run_episodes_under, scenario),
+            episode_suite=gate_episodes.tasks if gate_episodes else None,
             model_path=served_model_path(self.config.engine),
             work_dir=self.config.state_dir / "learning" / recipe.name,
             progress=self.progress,
@@ -418,34 +461,42 @@ class LearningWorker:
         """A completion under a harness tree a recipe is trying, with the weights `serving`
         serves, not recorded (called from the recipe's thread). The tree is written once to a
         folder named by its content and read as a release's harness is."""
-        digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:16]
+        digest = self._trial(files)
         binding = self._trials.get(digest)
         if binding is None:
-            folder = self.config.state_dir / "learning" / "trials" / digest
-            if not folder.is_dir():
-                staging = folder.with_name(f".{digest}.{os.getpid()}.{threading.get_ident()}")
-                shutil.rmtree(staging, ignore_errors=True)
-                for path, data in files.items():
-                    (staging / path).parent.mkdir(parents=True, exist_ok=True)
-                    (staging / path).write_bytes(data)
-                staging.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(OSError):  # another thread wrote the same tree first
-                    staging.rename(folder)
-                shutil.rmtree(staging, ignore_errors=True)
-            tried = binding_for(f"trial-{digest}", "harness", folder, strict=True)
-            binding = dataclasses.replace(
-                tried, adapter=serving.adapter, checkpoint=serving.checkpoint
-            )
+            binding = trial_binding(self.config.state_dir, digest, serving)
             self._trials[digest] = binding
         return self.generate(body, binding)
+
+    def _trial(self, files: dict[str, bytes]) -> str:
+        digest = write_trial(self.config.state_dir, files)
+        self._trial_trees.add(digest)
+        return digest
 
     def run_episodes(
         self, scenario: str, tasks: str | Path, agent: str = "native", repeats: int = 1
     ) -> list[dict[str, Any]]:
         """Episodes a recipe asked for (called from its thread), against the server serving
         this state folder, under what `scenario` serves; one summary per episode."""
+        return self._episodes(scenario, tasks, agent, repeats, "current")
+
+    def run_episodes_under(
+        self,
+        scenario: str,
+        files: dict[str, bytes],
+        tasks: str | Path,
+        agent: str = "native",
+        repeats: int = 1,
+    ) -> list[dict[str, Any]]:
+        """The same under a harness tree a recipe's search is trying (its files), with the
+        weights that serve now: the server reads the tree from this state folder."""
+        return self._episodes(scenario, tasks, agent, repeats, trial_tree(self._trial(files)))
+
+    def _episodes(
+        self, scenario: str, tasks: str | Path, agent: str, repeats: int, tree: str
+    ) -> list[dict[str, Any]]:
         try:
-            episodes = project_episodes(self.config, scenario, tasks, agent, repeats)
+            episodes = project_episodes(self.config, scenario, tasks, agent, repeats, tree)
         except EpisodeError as error:
             raise RecipeError(str(error)) from None
         return [episode.summary() for episode in episodes]

@@ -18,7 +18,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reef.episodes.tokens import BadEpisodeToken, EpisodeGrant, is_episode_token, verify
+from reef.episodes.tokens import (
+    BadEpisodeToken,
+    EpisodeGrant,
+    is_episode_token,
+    trial_of,
+    verify,
+)
 from reef.errors import Forbidden, ReefError, Unauthorized
 
 OPEN_PATHS = frozenset({"/healthz"})
@@ -168,7 +174,9 @@ class BearerAuth:
 
 def granted_headers(headers: list[tuple[bytes, bytes]], grant: EpisodeGrant) -> list[Any]:
     """The call's headers with the grant's scenario, session and tags in place of any the
-    agent sent, so every call of the episode is recorded in its session, tagged."""
+    agent sent, so every call of the episode is recorded in its session, tagged. An episode
+    under a trial tree (a recipe's search scoring a tree it tries) is not recorded: like the
+    answers a search scores, it is not experience."""
     kept = [
         (name, value)
         for name, value in headers
@@ -182,6 +190,8 @@ def granted_headers(headers: list[tuple[bytes, bytes]], grant: EpisodeGrant) -> 
         b"x-reef-tag-tree": grant.tree,
         TREE_HEADER: grant.tree,
     }
+    if trial_of(grant.tree) is not None:
+        given[b"x-reef-capture"] = "false"
     return kept + [(name, value.encode("latin-1")) for name, value in given.items()]
 
 

@@ -10,10 +10,11 @@ from typing import Any, Protocol
 
 from reef.config import ReefConfig
 from reef.engines.base import Engine
-from reef.episodes.tokens import candidate_of
+from reef.episodes.tokens import candidate_of, trial_of
 from reef.errors import BadRequest, Forbidden, NotFound
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.inference.server_file import new_internal_token
+from reef.inference.trials import UnknownTrial, trial_binding
 from reef.releases.canary import Verdict
 from reef.releases.workflow import ReleaseWorkflow
 from reef.scenario import DEFAULT_SCENARIO, RuntimeScenarios, check_scenario
@@ -57,7 +58,8 @@ class ServerState:
     scenarios: RuntimeScenarios = field(default_factory=RuntimeScenarios)
     # Traces (OpenTelemetry), when on: `reef.tracing.Tracing`.
     tracing: Tracing | None = None
-    # Candidate id -> its binding, for the episodes a gate runs under it (`episode_binding`).
+    # Candidate id -> its binding, for the episodes a gate runs under it (`episode_binding`),
+    # and trial trees' bindings, for the episodes a recipe's search runs under them.
     episode_bindings: dict[str, Binding] = field(default_factory=dict)
 
     def recorded(self, scenario: str, record_id: str) -> None:
@@ -83,9 +85,12 @@ class ServerState:
         capture = headers.get("x-reef-capture", "true").strip().lower() not in ("false", "0", "no")
         binding = self.bindings.get(scenario, BASE_BINDING)
         route = None
-        judged = candidate_of(headers.get("x-reef-episode-tree", ""))
+        tree = headers.get("x-reef-episode-tree", "")
+        judged, trial = candidate_of(tree), trial_of(tree)
         if judged is not None:  # an episode of a gate, under the candidate it judges
             binding = self.episode_binding(scenario, judged)
+        elif trial is not None:  # an episode of a recipe's search, under the tree it tries
+            binding = self.trial_episode_binding(trial, binding)
         elif binding.routing is not None:
             arm = binding.routing.choose(headers, session)
             route, binding = (binding.routing.release_id, arm.name), arm.binding
@@ -114,6 +119,21 @@ class ServerState:
                 candidate.id, candidate.kind, candidate.folder
             )
         return self.episode_bindings[candidate_id]
+
+    def trial_episode_binding(self, digest: str, serving: Binding) -> Binding:
+        """What serves an episode's calls under a trial tree a recipe's search is scoring (the
+        tree is written under this state folder by the learning worker, `reef.inference.trials`)
+        with the weights the scenario serves now."""
+        key = f"trial:{digest}:{serving.release_id}"
+        if key not in self.episode_bindings:
+            try:
+                found = trial_binding(self.config.state_dir, digest, serving)
+            except UnknownTrial as error:
+                raise Forbidden(f"this episode's {error}", code="episode_trial") from None
+            if len(self.episode_bindings) >= 64:
+                self.episode_bindings.clear()
+            self.episode_bindings[key] = found
+        return self.episode_bindings[key]
 
     def max_tokens_for(self, scenario: str) -> int | None:
         """The most tokens an answer in `scenario` may have on this server's engine."""

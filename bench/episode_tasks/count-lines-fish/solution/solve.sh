@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < /app/fish.txt > /app/lines.txt

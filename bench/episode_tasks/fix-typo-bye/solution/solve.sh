@@ -1,0 +1,2 @@
+#!/bin/bash
+sed -i "s/goodbey/goodbye/" /app/bye.py

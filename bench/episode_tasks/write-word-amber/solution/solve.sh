@@ -1,0 +1,2 @@
+#!/bin/bash
+echo amber > /app/word.txt
