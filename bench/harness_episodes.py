@@ -1,7 +1,11 @@
-"""The four harness recipes on the episode suite, on one budget of metric calls (issue 39, b).
+"""The four harness recipes on one budget of metric calls: a preference and the episode suite.
 
     .venv/bin/python -m bench.harness_episodes [--recipes harness_evolve,gepa,skills,meta_harness]
-        [--metric-calls 24] [--rounds 2] [--budget 900]
+        [--metric-calls 60] [--rounds 3] [--budget 900] [--preference sure|none]
+
+(a) The preference (`--preference`, default `sure`), as `bench.preferences --metric-calls`
+runs it: a scripted user's feedback on chat answers, the held-out prompts' pass rate and the
+correctness tasks, each recipe in its own project. (b) The episode suite, below.
 
 For each recipe, in a fresh project made by `reef init`: `reef serve` on the embedded
 SmolLM2-135M, the episode gate on the shipped suite (`evals/tasks/`, four Harbor tasks, Reef's
@@ -38,7 +42,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.preferences import metric_calls_so_far, next_steps, steps_so_far
+from bench.preferences import PREFERENCES, metric_calls_so_far, next_steps, steps_so_far
+from bench.preferences import run as run_preference
 from bench.results import OUT
 from reef.artifacts import files_of
 from reef.config import ReefConfig, load_config
@@ -63,10 +68,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "episodes": {},
         "pareto_size": 4,
         "minibatch_size": 2,
-        "max_metric_calls": 12,
+        "max_metric_calls": 24,
     },
     "skills": {"batch_size": 4, "episodes": {}},
-    "meta_harness": {"batch_size": 4, "episodes": {}, "max_nodes": 2},
+    "meta_harness": {"batch_size": 4, "episodes": {}, "max_nodes": 4},
 }
 console = Console(width=140)
 
@@ -113,7 +118,6 @@ def run(recipe: str, rounds: int, budget: float, metric_calls: int) -> dict[str,
     config = load_config(make_project(folder, recipe))
     started = time.monotonic()
     decisions: list[str] = []
-    reasons: list[str] = []
     with reef_serve(folder, free_port()).start() as server:
         before, before_tasks = held_out_rate(config)
         knew = correct(server.url)
@@ -126,7 +130,6 @@ def run(recipe: str, rounds: int, budget: float, metric_calls: int) -> dict[str,
             with console.status(f"{recipe}: round {number + 1}, the worker's step"):
                 outcomes = next_steps(server.url, previous, 1, budget)
             decisions.append("+".join(outcomes) or "no step")
-            reasons.append(last_reason(server.url, recipe))
             spent = metric_calls_so_far(server.url)
             curve.append((spent, held_out_rate(config)[0]))
             console.print(f"{recipe}: round {number + 1}: {decisions[-1]}, {spent} metric calls")
@@ -136,6 +139,9 @@ def run(recipe: str, rounds: int, budget: float, metric_calls: int) -> dict[str,
         knows = correct(server.url)
         release = httpx.get(f"{server.url}/reef/status").json()["serving"].get("default", "base")
         spent = metric_calls_so_far(server.url)
+        listed = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
+    proposed = [f"{c['id']}: {c['reason']}"[:400] for c in reversed(listed)]
+    reasons = step_reasons(folder)
     return {
         "recipe": recipe,
         "before": before,
@@ -149,43 +155,80 @@ def run(recipe: str, rounds: int, budget: float, metric_calls: int) -> dict[str,
         "release": release,
         "decisions": decisions,
         "reasons": reasons,
+        "proposed": proposed,
         "metric_calls": spent,
         "curve": curve,
         "seconds": round(time.monotonic() - started),
     }
 
 
-def last_reason(url: str, recipe: str) -> str:
-    """Why the recipe's last step ended as it did: its candidate's gate decision, or what the
-    step said (a refusal's reason)."""
-    status = httpx.get(f"{url}/reef/status").json()["learning"]["scenarios"].get("default", {})
-    step = status.get("recipes", {}).get(recipe, {}).get("last_step") or {}
-    if step.get("candidate_id"):
-        listed = httpx.get(f"{url}/reef/scenarios/default/candidates").json()["data"]
-        found = next((c for c in listed if c["id"] == step["candidate_id"]), {})
-        return f"{found.get('state')}: {found.get('reason')}; {found.get('decision')}"[:400]
-    return f"{step.get('outcome')}: {step.get('error') or ''}"[:400]
+def step_reasons(folder: Path) -> list[str]:
+    """Why each step ended as it did, from the server's log: its recipe's refusal, or its
+    candidate's gate decision."""
+    said = ("proposed nothing: ", "default: candidate ")
+    lines = [
+        line.split(" INFO ", 1)[-1]
+        for log in sorted(folder.glob("reef-*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if any(part in line for part in said)
+    ]
+    return [line[:400] for line in lines]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", default=",".join(RECIPES))
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of traffic, at most")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of traffic, at most")
     parser.add_argument("--budget", type=float, default=900, help="seconds a step may take")
-    parser.add_argument("--metric-calls", type=int, default=24, help="the budget of each run")
+    parser.add_argument("--metric-calls", type=int, default=60, help="the budget of each run")
+    parser.add_argument(
+        "--preference",
+        default="sure",
+        help=f"(a): one of {[p.name for p in PREFERENCES]}, or none to run (b) alone",
+    )
     args = parser.parse_args()
-    rows = [
-        run(recipe, args.rounds, args.budget, args.metric_calls)
-        for recipe in args.recipes.split(",")
-    ]
-    show(rows)
+    recipes = args.recipes.split(",")
+    preference = next((p for p in PREFERENCES if p.name == args.preference), None)
+    if preference is None and args.preference != "none":
+        parser.error(f"--preference: unknown {args.preference!r}")
+    on_preference = [
+        run_preference(
+            preference, recipe, "no_regression", args.rounds, args.budget, "alone", None,
+            args.metric_calls,
+        )
+        for recipe in (recipes if preference else [])
+    ]  # fmt: skip
+    on_episodes = [run(recipe, args.rounds, args.budget, args.metric_calls) for recipe in recipes]
+    if on_preference:
+        show_preference(on_preference)
+    show(on_episodes)
     OUT.mkdir(exist_ok=True)
-    (OUT / "harness-episodes.json").write_text(json.dumps(rows, indent=2))
-    draw(rows, ROOT / "docs" / "harness_episodes_calls.png", args.metric_calls)
+    figures = {"preference": on_preference, "episodes": on_episodes}
+    (OUT / "harness-episodes.json").write_text(json.dumps(figures, indent=2))
+    drawn = ROOT / "docs" / "harness_episodes_calls.png"
+    draw(on_preference, on_episodes, drawn, args.metric_calls)
+
+
+def show_preference(rows: list[dict[str, Any]]) -> None:
+    table = Table(title=f"(a) Harness recipes on the preference {rows[0]['preference']!r}")
+    columns = ("recipe", "held-out", "correctness", "metric calls", "steps", "release", "run, s")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["recipe"],
+            f"{row['before']:.2f} -> {row['after']:.2f}",
+            f"{row['correct_before']} -> {row['correct_after']}",
+            str(row["metric_calls"]),
+            ", ".join(row["decisions"]),
+            row["release"],
+            str(row["seconds"]),
+        )
+    console.print(table)
 
 
 def show(rows: list[dict[str, Any]]) -> None:
-    table = Table(title="Harness recipes on the episode suite, SmolLM2-135M, native agent")
+    table = Table(title="(b) Harness recipes on the episode suite, SmolLM2-135M, native agent")
     columns = ("recipe", "held-out", "correctness", "metric calls", "steps", "release", "run, s")
     for column in columns:
         table.add_column(column)
@@ -201,27 +244,35 @@ def show(rows: list[dict[str, Any]]) -> None:
         )
     console.print(table)
     for row in rows:
-        for reason in row["reasons"]:
+        for reason in [*row["proposed"], *row["reasons"]]:
             console.print(f"[bold]{row['recipe']}[/]: {reason}", soft_wrap=True)
 
 
-def draw(rows: list[dict[str, Any]], path: Path, budget: int) -> None:
-    """The held-out pass rate against the metric calls spent, one line per recipe."""
+def draw(
+    on_preference: list[dict[str, Any]], on_episodes: list[dict[str, Any]], path: Path, budget: int
+) -> None:
+    """Held-out pass rate against the metric calls spent, one line per recipe, a panel each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for row in rows:
-        calls, rates = zip(*row["curve"], strict=True)
-        axes.plot(calls, rates, marker="o", label=row["recipe"])
-    axes.axvline(budget, color="grey", linestyle=":", linewidth=0.8, label="budget")
-    axes.set_xlabel("metric calls (episodes and answers scored by the steps: search and gate)")
-    axes.set_ylabel("held-out tasks passed")
-    axes.set_ylim(-0.03, 1.05)
-    axes.legend(fontsize=7)
-    figure.suptitle("Harness recipes on agent episodes, SmolLM2-135M on 2 CPU cores")
+    panels = [("(b) the episode suite: held-out tasks passed", on_episodes)]
+    if on_preference:
+        name = on_preference[0]["preference"]
+        panels.insert(0, (f"(a) the preference {name!r}: held-out prompts", on_preference))
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for axis, (title, rows) in zip(axes[0], panels, strict=True):
+        for row in rows:
+            calls, rates = zip(*row["curve"], strict=True)
+            axis.plot(calls, rates, marker="o", label=row["recipe"])
+        axis.axvline(budget, color="grey", linestyle=":", linewidth=0.8, label="budget")
+        axis.set_title(title, fontsize=9)
+        axis.set_xlabel("metric calls (answers and episodes scored: search and gate)")
+        axis.set_ylabel("pass rate, held out")
+        axis.set_ylim(-0.03, 1.05)
+        axis.legend(fontsize=7)
+    figure.suptitle("The harness recipes on one budget, SmolLM2-135M on 2 CPU cores")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     print(f"drawn: {path}")

@@ -35,6 +35,15 @@ def test_hints_are_feedback_texts_and_hint_objects_not_demonstrations() -> None:
     assert demonstrations(found) == ["Apple."]
 
 
+def test_a_failed_episode_s_test_output_is_a_hint_and_a_passed_one_is_not() -> None:
+    report = {"episode": "ep-1", "task": "count-lines", "tree": "current", "agent": "native"}
+    failed = {**report, "passed": False, "test_output": "FAIL:\n  count.txt holds count\n"}
+    passed = {**report, "passed": True, "test_output": "PASS"}
+    assert hints(turn(failed)) == ["The task's test failed and said: FAIL: count.txt holds count"]
+    assert hints(turn(passed)) == []
+    assert hints(turn({"passed": False, "test_output": "FAIL"})) == []  # not an episode's report
+
+
 def test_the_hint_follows_the_last_user_message_and_nothing_else_changes() -> None:
     original = turn("x").messages
     hinted = with_hint(original, "Use one word.")

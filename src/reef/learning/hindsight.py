@@ -86,15 +86,28 @@ class Relabelled:
 # -- what the user said ---------------------------------------------------------------------------
 
 
+# How much of a failed episode's test output a hint carries (its end: where tests say why).
+TEST_OUTPUT_IN_HINT = 300
+
+
 def hints(turn: Turn) -> list[str]:
-    """The feedback texts that say what was wanted: strings, or `{"hint": ...}` objects."""
+    """The feedback texts that say what was wanted: strings, `{"hint": ...}` or `{"text": ...}`
+    objects, and what a failed episode's test said (the report `reef.episodes` writes)."""
     found = []
     for feedback in turn.feedback:
         if isinstance(feedback, dict):
-            feedback = feedback.get("hint") or feedback.get("text")
+            feedback = feedback.get("hint") or feedback.get("text") or test_verdict(feedback)
         if isinstance(feedback, str) and feedback.strip():
             found.append(feedback.strip())
     return found
+
+
+def test_verdict(feedback: dict[str, Any]) -> str | None:
+    """A failed episode's report as a hint: the test's output is the feedback a task gives."""
+    if "episode" not in feedback or feedback.get("passed") or not feedback.get("test_output"):
+        return None
+    said = " ".join(str(feedback["test_output"]).split())[-TEST_OUTPUT_IN_HINT:]
+    return f"The task's test failed and said: {said}"
 
 
 def demonstrations(turn: Turn) -> list[str]:
