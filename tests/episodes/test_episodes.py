@@ -28,6 +28,8 @@ from reef.testing.threaded import chat_upstream
 from tests.conftest import TOKEN
 
 SUITE = Path(__file__).resolve().parents[2] / "evals" / "tasks"
+# The held-out tasks of bench.harness_episodes: the same kinds on other files and words.
+HELD_OUT_SUITE = SUITE.parents[1] / "bench" / "episode_tasks"
 ADMIN_TOKEN = "admin-token-77c1"
 UPSTREAM_KEY = "upstream-key-5d9e"
 SECRETS = (TOKEN, ADMIN_TOKEN, UPSTREAM_KEY)
@@ -170,14 +172,15 @@ def test_an_episode_token_serves_its_scenario_s_inference_and_nothing_else(
 
 
 @pytest.mark.slow
-def test_the_oracle_passes_the_shipped_suite_from_the_command_line(
-    reef: ServerProcess, tmp_path: Path
+@pytest.mark.parametrize("suite", [SUITE, HELD_OUT_SUITE], ids=["shipped", "bench-held-out"])
+def test_the_oracle_passes_each_suite_from_the_command_line(
+    reef: ServerProcess, tmp_path: Path, suite: Path
 ) -> None:
     env = {**os.environ, "REEF_TOKEN": TOKEN, "REEF_URL": reef.url, "TMPDIR": str(tmp_path)}
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, "-m", "reef", "tasks", "run", str(SUITE), "--agent", "oracle", "--json"],
+        [sys.executable, "-m", "reef", "tasks", "run", str(suite), "--agent", "oracle", "--json"],
         cwd=reef.cwd,
         env=env,
         capture_output=True,
@@ -186,12 +189,8 @@ def test_the_oracle_passes_the_shipped_suite_from_the_command_line(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     episodes = json.loads(done.stdout)
-    assert [e["task"] for e in episodes if e["passed"]] == [
-        "add-numbers",
-        "count-lines",
-        "fix-typo",
-        "write-word",
-    ]
+    assert [e["task"] for e in episodes if e["passed"]] == [t.name for t in load_suite(suite)]
+    assert len(episodes) == 4
 
 
 def test_paired_episodes_run_interleaved_on_the_same_seed(

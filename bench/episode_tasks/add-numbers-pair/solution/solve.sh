@@ -1,2 +1,0 @@
-#!/bin/bash
-echo $(( $(sed -n 1p /app/pair.txt) + $(sed -n 2p /app/pair.txt) )) > /app/total.txt
