@@ -31,11 +31,12 @@ def worker(
     peer: ServerProcess,
     mode: str = "auto",
     batch_size: int = 1,
+    replay: int = 8,
 ) -> LearningWorker:
     (tmp_path / "reef.yaml").write_text(
         f"state_dir: {tmp_path}/.reef\nlearning:\n  recipe: harness_evolve\n  mode: {mode}\n"
         f"  proposer: llm\n  batch_size: {batch_size}\n  proposer_url: {peer.url}/v1\n"
-        f"  proposer_model: 'reply:{reply}'\n"
+        f"  proposer_model: 'reply:{reply}'\ngate:\n  replay: {replay}\n"
     )
     config = load_config(tmp_path / "reef.yaml", env={})
     store = ExperienceStore(config.experience_db)
@@ -66,7 +67,9 @@ def failing_call(store: ExperienceStore) -> str:
 def test_records_that_do_not_yet_make_a_batch_say_so(
     tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    learner = worker(tmp_path, engine, "I would rather not.", peer, batch_size=2)
+    # Without the gate's replay: a good answer could be held back for it (one in four, by its
+    # id), and the count of waiting records would depend on the id drawn.
+    learner = worker(tmp_path, engine, "I would rather not.", peer, batch_size=2, replay=0)
     failing_call(learner.store)
     with caplog.at_level(logging.INFO, logger="reef.learning"):
         filling = asyncio.run(learner.step("default"))

@@ -106,9 +106,9 @@ class StepContext:
     # calls become records and its test's result a report on them, as any traffic's. Answers
     # one summary per episode (task, reward, passed, limit, calls, report_id, ...).
     run_episodes: Callable[..., list[dict[str, Any]]] | None = None
-    # The same under a harness tree the recipe is trying: run_episodes_under(files, tasks,
-    # agent="native", repeats=1). Search recipes with `episodes` set score their trees
-    # through it: what the agent does under the tree, not one chat answer.
+    # The same under a harness tree the recipe is trying, with the weights that serve now, not
+    # recorded: run_episodes_under(files, tasks, agent="native", repeats=1). Search recipes
+    # with `episodes` set score their trees through it: what the agent does, not one answer.
     run_episodes_under: Callable[..., list[dict[str, Any]]] | None = None
     # The suite of the scenario's episode gate (`gate.episodes.tasks`), if it has one.
     episode_suite: Path | None = None

@@ -489,7 +489,8 @@ class LearningWorker:
         repeats: int = 1,
     ) -> list[dict[str, Any]]:
         """The same under a harness tree a recipe's search is trying (its files), with the
-        weights that serve now: the server reads the tree from this state folder."""
+        weights that serve now, not recorded: the server reads the tree from this state folder
+        (`reef.inference.trials`)."""
         return self._episodes(scenario, tasks, agent, repeats, trial_tree(self._trial(files)))
 
     def _episodes(
