@@ -15,6 +15,9 @@ Where ours differs from the paper: the pool lives for one step (the next step st
 the released tree and new traffic); the Pareto and feedback tasks are the batch's own prompts
 (`pareto_size` of them, the rest feedback only; the paper splits a training set); the metric is
 the scenario's scorer, and the feedback text the user's report on the prompt beside the score.
+
+With `episodes` set, the tasks are a suite of Harbor tasks instead and every tree is scored by
+the agent's episodes under it, their traces the feedback (`reef.learning.prompt_search`).
 """
 
 from __future__ import annotations

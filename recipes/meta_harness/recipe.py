@@ -12,7 +12,8 @@ The best node is proposed only when the evidence says it beats the current tree:
 per-task differences against the seed give a one-sided confidence (a normal approximation to the
 mean difference over its standard error), and below `min_confidence` the step decides nothing,
 saying on how many tasks the decision would have rested. The gate then judges the candidate on
-the scenario's own tasks.
+the scenario's own tasks. With `episodes` set, the tasks are a suite of Harbor tasks and every
+node is scored by the agent's episodes under it (`reef.learning.prompt_search`).
 """
 
 from __future__ import annotations

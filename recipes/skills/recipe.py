@@ -15,7 +15,8 @@ decisions apply as one composite change of the tree, or not at all: one that bre
 name that is taken or not a skill name, a merge into a skill that is not there, a pool past
 `max_skills`) refuses the whole night. The next day, the same tasks against the new pool, is
 scored in the step, and the gate judges the candidate on the scenario's tasks and the day's
-failing ones."""
+failing ones. With `episodes` set, the day is a suite of Harbor tasks run by the agent under
+the pool (`reef.learning.prompt_search`)."""
 
 from __future__ import annotations
 
