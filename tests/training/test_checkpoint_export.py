@@ -77,8 +77,12 @@ def test_merging_into_the_real_q4_model_keeps_every_other_tensor_and_the_chat_te
     (merged,) = llama_cpp_last_logits(tmp_path / "merged.gguf", prompt, [None])
     (restored,) = llama_cpp_last_logits(tmp_path / "restored.gguf", prompt, [None])
     format_noise = np.abs(restored - plain).mean()
-    assert np.abs(adapted - plain).mean() > 5 * format_noise  # the adapter really moves them
-    assert np.abs(merged - adapted).mean() < 1.5 * format_noise
+    moved = np.abs(adapted - plain).mean()
+    assert moved > 5 * format_noise  # the adapter really moves them
+    # Within a fraction of the adapter's own effect: how far F16 weights land from llama.cpp's
+    # Q4 kernels with the adapter beside them depends on the CPU's kernels (under 1.5x the format's
+    # noise on one machine, 2.4x on another), the adapter's effect does not (0.22 of it there).
+    assert np.abs(merged - adapted).mean() < 0.5 * moved
     assert correlation(merged, adapted) > 0.995
 
 
