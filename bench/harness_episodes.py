@@ -200,8 +200,9 @@ def main() -> None:
     ]  # fmt: skip
     on_episodes = [run(recipe, args.rounds, args.budget, args.metric_calls) for recipe in recipes]
     if on_preference:
-        show_preference(on_preference)
-    show(on_episodes)
+        show(on_preference, f"(a) Harness recipes on the preference {args.preference!r}")
+    show(on_episodes, "(b) Harness recipes on the episode suite, SmolLM2-135M, native agent")
+    show_reasons(on_episodes)
     OUT.mkdir(exist_ok=True)
     figures = {"preference": on_preference, "episodes": on_episodes}
     (OUT / "harness-episodes.json").write_text(json.dumps(figures, indent=2))
@@ -209,8 +210,8 @@ def main() -> None:
     draw(on_preference, on_episodes, drawn, args.metric_calls)
 
 
-def show_preference(rows: list[dict[str, Any]]) -> None:
-    table = Table(title=f"(a) Harness recipes on the preference {rows[0]['preference']!r}")
+def show(rows: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=title)
     columns = ("recipe", "held-out", "correctness", "metric calls", "steps", "release", "run, s")
     for column in columns:
         table.add_column(column)
@@ -227,22 +228,8 @@ def show_preference(rows: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
-def show(rows: list[dict[str, Any]]) -> None:
-    table = Table(title="(b) Harness recipes on the episode suite, SmolLM2-135M, native agent")
-    columns = ("recipe", "held-out", "correctness", "metric calls", "steps", "release", "run, s")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(
-            row["recipe"],
-            f"{row['before']:.2f} -> {row['after']:.2f}",
-            f"{row['correct_before']} -> {row['correct_after']}",
-            str(row["metric_calls"]),
-            ", ".join(row["decisions"]),
-            row["release"],
-            str(row["seconds"]),
-        )
-    console.print(table)
+def show_reasons(rows: list[dict[str, Any]]) -> None:
+    """Why each step ended as it did: the candidates' reasons and the steps' decisions."""
     for row in rows:
         for reason in [*row["proposed"], *row["reasons"]]:
             console.print(f"[bold]{row['recipe']}[/]: {reason}", soft_wrap=True)
