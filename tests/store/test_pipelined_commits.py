@@ -72,3 +72,34 @@ def test_a_failing_record_in_a_pipelined_group_fails_alone(store: ExperienceStor
         "duplicate" in str(failed[0].exception()).lower()
         or "unique" in str(failed[0].exception()).lower()
     )
+
+
+def test_a_pipelined_group_keeps_its_records_in_order_with_their_tags(
+    store: ExperienceStore,
+) -> None:
+    """Each table's rows of a group go in one statement: the records still number in the order
+    they were submitted, and each keeps its own tags."""
+    futures = in_one_group(store, [record(n) for n in range(GROUP)])
+    ids = [future.result() for future in futures]
+    stored = store.list_records(limit=GROUP)
+    assert [r["id"] for r in stored] == ids
+    assert [r["metadata"]["tags"] for r in stored] == [{"n": str(n)} for n in range(GROUP)]
+
+
+def test_a_record_that_cannot_be_built_fails_alone_and_the_rest_still_pipeline(
+    store: ExperienceStore,
+) -> None:
+    def broken() -> Record:
+        raise ValueError("this response cannot be encoded")
+
+    pipelined_before = store._writer.stats.pipelined
+    holding, release = threading.Event(), threading.Event()
+    first = store.write(lambda db: (holding.set(), release.wait(30)))
+    assert holding.wait(30)
+    futures = [store.add_record(record(0)), store.add_record(broken), store.add_record(record(2))]
+    release.set()
+    first.result(30)
+    assert isinstance(futures[1].exception(30), ValueError)
+    assert all(store.get_record(futures[i].result(30)) is not None for i in (0, 2))
+    expected = 1 if store.dialect == "postgresql" else 0
+    assert store._writer.stats.pipelined == pipelined_before + expected

@@ -29,7 +29,7 @@ from reef.store.backends import connect
 from reef.store.database import Database, StoreUnavailable, is_postgres
 from reef.store.migrations import apply_migrations
 from reef.store.sqlite import is_locked
-from reef.store.writer import GroupCommitWriter, WriterStats
+from reef.store.writer import GroupCommitWriter, Inserts, WriterStats
 from reef.urls import without_password
 
 T = TypeVar("T")
@@ -156,15 +156,6 @@ class Record:
             "arm": self.arm,
             "failed_arm": self.failed_arm,
         }
-
-
-RECORD_COLUMNS = tuple(
-    Record(scenario="", request={}, response={}, engine="", release_id="").to_row()
-)
-_INSERT_RECORD = (
-    f"INSERT INTO records ({', '.join(RECORD_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + column for column in RECORD_COLUMNS)})"
-)
 
 
 @dataclass
@@ -323,7 +314,7 @@ class ExperienceStore:
         writer thread, or on the caller's when `alone`); the future resolves to its id once it
         is committed. `alone`: the caller has no concurrent writes to share a commit with, so an
         idle writer lets it commit on its own thread."""
-        return self._writer.submit(_inserting(record), here=alone, ordered=True, blind=True)
+        return self._writer.submit_inserts(_inserting(record), here=alone, ordered=True)
 
     async def add_record_async(
         self, record: Record | Callable[[], Record], alone: bool = False
@@ -470,17 +461,18 @@ def _record_filter(
     return where, params
 
 
-def _inserting(record: Record | Callable[[], Record]) -> Callable[[Database], str]:
-    def insert(db: Database) -> str:
-        built = record if isinstance(record, Record) else record()
-        db.execute(_INSERT_RECORD, built.to_row())
-        db.insert_all(
-            "record_tags",
-            ({"record_id": built.id, "name": k, "value": v} for k, v in built.tags.items()),
-        )
-        return built.id
+def _inserting(record: Record | Callable[[], Record]) -> Callable[[], Inserts]:
+    """What storing `record` inserts: its row, then its tags'; the job answers its id."""
 
-    return insert
+    def rows() -> Inserts:
+        built = record if isinstance(record, Record) else record()
+        tags = [
+            ("record_tags", {"record_id": built.id, "name": k, "value": v})
+            for k, v in built.tags.items()
+        ]
+        return Inserts([("records", built.to_row()), *tags], value=built.id)
+
+    return rows
 
 
 def _insert_report(db: Database, report: Report) -> tuple[dict[str, Any], bool]:

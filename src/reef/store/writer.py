@@ -11,11 +11,12 @@ another process holds the database's write lock, the job goes to the writer thre
 (Only SQLite offers that: on PostgreSQL a commit is a round trip, never made on a caller's thread.)
 
 On PostgreSQL every statement is a round trip, three per job with its savepoint and three more
-per group, so a group of record inserts (jobs that read no result back), one record or many, goes
-first in one pipeline, without savepoints: begin, inserts and commit sent together, one round
-trip and one fsync for the group. If any of
-them fails, that transaction is rolled back whole and the group runs again the usual way, each
-job in its savepoint, so a failing job still fails alone.
+per group, so a group of jobs that only insert rows (records and their tags: `Inserts`), one
+job or many, goes first in one pipeline, without savepoints, and each table's rows of the whole
+group in one prepared statement (`Database.insert_many`): begin, the inserts and commit sent
+together, one round trip and one fsync for the group. If anything in it fails, that
+transaction is rolled back whole and the group runs again the usual way, each job in its
+savepoint, so a failing job still fails alone.
 
 Once the writer is stopped, a job submitted fails at once (`StoreClosed`): nobody would ever
 commit it, and its caller must not wait for it.
@@ -23,6 +24,7 @@ commit it, and its caller must not wait for it.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -45,12 +47,26 @@ class StoreClosed(ReefError):
 
 
 @dataclass
+class Inserts:
+    """What a job that only inserts rows writes, table by table in the order given, and what
+    its caller gets back once they are committed."""
+
+    rows: list[tuple[str, dict[str, Any]]]
+    value: Any = None
+
+    def apply(self, db: Database) -> Any:
+        for table, row in self.rows:
+            db.insert(table, row)
+        return self.value
+
+
+@dataclass
 class _Job:
     work: Callable[[Database], Any]
     # It inserts records: its transaction must commit in `seq` order (`Database.begin_write`).
     ordered: bool = False
-    # It reads no result back (no rowcount, no row): it may run in a pipeline.
-    blind: bool = False
+    # It only inserts rows, built by this (on the thread that commits): see `submit_inserts`.
+    inserts: Callable[[], Inserts] | None = None
     future: Future[Any] = field(default_factory=Future)
 
 
@@ -113,7 +129,7 @@ class WriterStats:
         self.commit_seconds = Buckets(COMMIT_SECONDS_BUCKETS)
         self.group_size = Buckets(GROUP_SIZE_BUCKETS)
         self.unavailable = 0  # commits that failed: the store could not be written
-        self.pipelined = 0  # groups committed in one pipeline (PostgreSQL's record inserts)
+        self.pipelined = 0  # groups committed in one pipeline (PostgreSQL's row inserts)
 
 
 class GroupCommitWriter(threading.Thread):
@@ -133,11 +149,7 @@ class GroupCommitWriter(threading.Thread):
         self.stats = WriterStats()
 
     def submit(
-        self,
-        work: Callable[[Database], T],
-        here: bool = False,
-        ordered: bool = False,
-        blind: bool = False,
+        self, work: Callable[[Database], T], here: bool = False, ordered: bool = False
     ) -> Future[T]:
         """Queue `work`; the future resolves once the commit holding it is done, or at once
         with `StoreClosed` once the writer is stopped.
@@ -146,9 +158,20 @@ class GroupCommitWriter(threading.Thread):
         queued, no group is running and no other process holds the database's write lock (the
         future is then already resolved); else queue it. `ordered`: it inserts records, so its
         transaction commits in `seq` order with every other process's
-        (`Database.begin_write`). `blind`: it reads no result back from the database (record
-        inserts), so it may be sent in a pipeline."""
-        job = _Job(work, ordered, blind)
+        (`Database.begin_write`)."""
+        return self._submitted(_Job(work, ordered), here)
+
+    def submit_inserts(
+        self, build: Callable[[], Inserts], here: bool = False, ordered: bool = False
+    ) -> Future[Any]:
+        """`submit` for a job that only inserts rows, which `build` makes (where the job is
+        committed: on the writer thread, or on the caller's when `here`). The future resolves
+        to their `value`. Such jobs may share one pipeline and one INSERT per table (see the
+        module's docstring)."""
+        once = functools.cache(build)  # built once, if the group runs again in savepoints
+        return self._submitted(_Job(lambda db: once().apply(db), ordered, once), here)
+
+    def _submitted(self, job: _Job, here: bool) -> Future[Any]:
         if here and self._ran_here(job):
             return job.future
         self._enqueue(job)
@@ -233,9 +256,11 @@ class GroupCommitWriter(threading.Thread):
         live = [job for job in group if job.future.set_running_or_notify_cancel()]
         if not live:
             return
-        pipelinable = self._db.pipelines and all(job.blind for job in live)
-        if pipelinable and self._committed_in_one_pipeline(live):
-            return
+        pipelinable = self._db.pipelines and all(job.inserts is not None for job in live)
+        if pipelinable:
+            live = self._built(live)
+            if not live or self._committed_in_one_pipeline(live):
+                return
         try:
             self._db.begin_write(ordered=any(job.ordered for job in live))
         except BaseException as error:
@@ -245,15 +270,31 @@ class GroupCommitWriter(threading.Thread):
             return
         self._finish(live)
 
+    def _built(self, live: list[_Job]) -> list[_Job]:
+        """The insert jobs of `live` whose rows could be built; a job whose `build` raised
+        fails alone, with that error."""
+        built = []
+        for job in live:
+            try:
+                job.inserts()  # type: ignore[misc]
+            except Exception as error:
+                job.future.set_exception(error)
+            else:
+                built.append(job)
+        return built
+
     def _committed_in_one_pipeline(self, live: list[_Job]) -> bool:
-        """Run `live` as one transaction in one pipeline, without savepoints; whether it
-        committed. False (everything rolled back) when anything failed: the caller runs them
-        again, each in its savepoint, and the one that fails fails alone."""
+        """Insert the rows of `live` as one transaction in one pipeline, without savepoints,
+        one `insert_many` per table and set of columns; whether it committed. False (everything
+        rolled back) when anything failed: the caller runs them again, each in its savepoint,
+        and the one that fails fails alone."""
+        inserts = [job.inserts() for job in live]  # type: ignore[misc]
         started = time.perf_counter()
         try:
             with self._db.pipelined():
                 self._db.begin_write(ordered=any(job.ordered for job in live))
-                values = [job.work(self._db) for job in live]
+                for (table, _), rows in _by_table(inserts).items():
+                    self._db.insert_many(table, rows)
                 self._db.commit()
         except Exception:
             self._roll_back()
@@ -261,8 +302,8 @@ class GroupCommitWriter(threading.Thread):
         self.stats.commit_seconds.observe(time.perf_counter() - started)
         self.stats.group_size.observe(len(live))
         self.stats.pipelined += 1
-        for job, value in zip(live, values, strict=True):
-            job.future.set_result(value)
+        for job, done in zip(live, inserts, strict=True):
+            job.future.set_result(done.value)
         return True
 
     def _finish(self, live: list[_Job]) -> None:
@@ -304,3 +345,13 @@ class GroupCommitWriter(threading.Thread):
             return None, error
         self._db.execute("RELEASE job")
         return value, None
+
+
+def _by_table(inserts: list[Inserts]) -> dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]]:
+    """Every job's rows, gathered by table and columns, each table where it first appears (a
+    record before its tags) and its rows in the jobs' order (records in `seq` order)."""
+    gathered: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+    for done in inserts:
+        for table, row in done.rows:
+            gathered.setdefault((table, tuple(row)), []).append(row)
+    return gathered
