@@ -22,7 +22,7 @@ from reef.training import (
 )
 from reef.training import adapter as adapter_module
 from reef.training.adapter import new_lora
-from reef.training.loss import batch_loss, make_batch
+from reef.training.loss import batch_loss, example_losses, make_batch, weighted_loss
 from tests.support.training import base, one_thread
 
 __all__ = ["base", "one_thread"]  # shared fixtures, used by name
@@ -155,3 +155,25 @@ def test_unsloth_is_not_chosen_without_cuda(monkeypatch: pytest.MonkeyPatch) -> 
     # With CUDA (pretended) and the package, Unsloth is chosen.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert choose_backend() == "unsloth"
+
+
+def test_the_loss_on_kept_logits_is_the_loss_on_every_position(
+    base: Base, examples: list[TrainingExample]
+) -> None:
+    """`batch_loss` runs the output layer only from the first completion position on; the loss
+    and its gradients are those of the logits at every position."""
+    model = new_lora(base, LoraSettings(rank=4))
+    padded = [*examples, TrainingExample(examples[0].prompt_ids[-3:], [5, 6, 7, 8, 9, 10])]
+    batch = make_batch(padded, max_length=64, pad_id=0).to(base.model.device)
+    assert batch.completion_mask[:, 1].sum() == 0  # some prompt positions are skipped
+    kept = batch_loss(model, batch)
+    kept.backward()
+    kept_grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    model.zero_grad()
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    every = weighted_loss(example_losses(logits, batch), batch.weights)
+    every.backward()
+    every_grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert kept.item() == pytest.approx(every.item(), rel=1e-5)
+    for mine, theirs in zip(kept_grads, every_grads, strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-6)

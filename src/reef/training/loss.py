@@ -70,14 +70,15 @@ def make_batch(examples: list[TrainingExample], max_length: int, pad_id: int = 0
     return Batch(input_ids, attention_mask, completion_mask, weights)
 
 
-def example_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+def example_losses(logits: torch.Tensor, batch: Batch, start: int = 0) -> torch.Tensor:
     """Each example's mean cross-entropy over its completion tokens, shape (examples,).
 
-    The logits at position t predict the token at t + 1.
+    The logits at position t predict the token at t + 1; `logits[:, i]` are those of position
+    `start + i` (all positions from 0, or those `completion_logits` kept).
     """
-    predicted = logits[:, :-1, :].float()
-    targets = batch.input_ids[:, 1:]
-    mask = batch.completion_mask[:, 1:]
+    predicted = logits[:, : batch.input_ids.shape[1] - 1 - start, :].float()
+    targets = batch.input_ids[:, start + 1 :]
+    mask = batch.completion_mask[:, start + 1 :]
     token_losses = F.cross_entropy(
         predicted.reshape(-1, predicted.shape[-1]), targets.reshape(-1), reduction="none"
     ).view(targets.shape)
@@ -88,7 +89,21 @@ def weighted_loss(losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (losses * weights).mean()
 
 
+def completion_logits(model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
+    """The logits of the positions from the first that predicts a completion token (of any
+    example) to the next-to-last, and that first position: the output layer, a product with
+    the whole vocabulary and its softmax at every position, runs only where a loss is taken,
+    not over the prompts (a tenth to a sixth of a 135M model's training step)."""
+    scored = batch.completion_mask.sum(dim=0).nonzero()
+    start = max(int(scored[0]) - 1, 0) if len(scored) else 0
+    keep = torch.arange(start, batch.input_ids.shape[1] - 1, device=batch.input_ids.device)
+    outputs = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+    )
+    return outputs.logits, start
+
+
 def batch_loss(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
     """The training loss of `batch` under `model` (gradients flow)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return weighted_loss(example_losses(logits, batch), batch.weights)
+    logits, start = completion_logits(model, batch)
+    return weighted_loss(example_losses(logits, batch, start), batch.weights)
