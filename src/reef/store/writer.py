@@ -166,7 +166,7 @@ class GroupCommitWriter(threading.Thread):
     ) -> Future[Any]:
         """`submit` for a job that only inserts rows, which `build` makes (where the job is
         committed: on the writer thread, or on the caller's when `here`). The future resolves
-        to their `value`. Such jobs may share one pipeline and one INSERT per table (see the
+        to their `value`. Such jobs may share one pipeline and one statement per table (see the
         module's docstring)."""
         once = functools.cache(build)  # built once, if the group runs again in savepoints
         return self._submitted(_Job(lambda db: once().apply(db), ordered, once), here)
