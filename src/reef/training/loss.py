@@ -91,14 +91,16 @@ def weighted_loss(losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 def completion_logits(model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
     """The logits of the positions from the first that predicts a completion token (of any
-    example) to the next-to-last, and that first position: the output layer, a product with
-    the whole vocabulary and its softmax at every position, runs only where a loss is taken,
-    not over the prompts (a tenth to a sixth of a 135M model's training step)."""
+    example) to the last, and that first position: the output layer, a product with the whole
+    vocabulary and its softmax at every position, runs only where a loss is taken, not over the
+    prompts (a tenth to a sixth of a 135M model's training step). The count of positions kept
+    is an int, as transformers and Unsloth both read `logits_to_keep`: the last ones."""
     scored = batch.completion_mask.sum(dim=0).nonzero()
     start = max(int(scored[0]) - 1, 0) if len(scored) else 0
-    keep = torch.arange(start, batch.input_ids.shape[1] - 1, device=batch.input_ids.device)
     outputs = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        logits_to_keep=batch.input_ids.shape[1] - start,
     )
     return outputs.logits, start
 
