@@ -47,10 +47,10 @@ from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
 from reef.engines.llamacpp.slots import BLOCK
 from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
-from reef.engines.llamacpp.threads import ThreadChoice
 from reef.engines.llamacpp.weights import Repack, load_model
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 from reef.protocol import ChatRequest, ChunkFactory, Completion, StreamItem
+from reef.threads import ThreadChoice
 
 __all__ = [
     "CacheTypes",

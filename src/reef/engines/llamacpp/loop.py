@@ -50,8 +50,8 @@ from reef.engines.llamacpp.repetition import Repetition
 from reef.engines.llamacpp.sampling import SequenceSampler, logits_row, logprob_of
 from reef.engines.llamacpp.slots import BLOCK, Slot, SlotTable
 from reef.engines.llamacpp.structured import OutputConstraint
-from reef.engines.llamacpp.threads import ThreadChoice
 from reef.errors import EngineUnavailable
+from reef.threads import ThreadChoice
 
 log = logging.getLogger(__name__)
 

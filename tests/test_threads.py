@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from reef.engines.llamacpp.threads import FIRST_RETRY, LAST_RETRY, ThreadChoice, thread_counts
+from reef.threads import FIRST_RETRY, LAST_RETRY, ThreadChoice, thread_counts
 
 
 def run(choice: ThreadChoice, calls: int, seconds: dict[int, float], kind: object = 1) -> list[int]:
@@ -51,3 +51,10 @@ def test_each_kind_of_call_is_timed_on_its_own() -> None:
     steps = run(choice, 100, {2: 0.010, 1: 0.016}, kind=1)  # one sequence: two threads win
     blocks = run(choice, 100, {2: 0.030, 1: 0.020}, kind="prompt block")  # here one does
     assert steps.count(2) > 95 and blocks.count(1) > 95
+
+
+def test_with_a_margin_more_threads_must_be_that_much_faster() -> None:
+    within = run(ThreadChoice(2, margin=0.15), 100, {2: 0.100, 1: 0.110})  # 10% faster
+    assert within[2:].count(1) >= 95  # one thread: the other core goes back to whoever wants it
+    beyond = run(ThreadChoice(2, margin=0.15), 100, {2: 0.060, 1: 0.100})  # 40% faster
+    assert beyond[2:].count(2) >= 95

@@ -1,21 +1,28 @@
-"""How many CPU threads each llama_decode runs with: the count that is fastest right now.
+"""How many CPU threads a repeated piece of work runs with: the count that is fastest right now.
+
+Two callers: each llama_decode of the llama.cpp engine, and each step of a training run.
 
 llama.cpp splits every matrix product over its threads, which meet at a barrier after each
-operation, hundreds of times a token. On a quiet machine two threads on two cores decode about
-1.6x faster than one. But when another process holds a core (a build, a browser, a test run),
+operation, hundreds of times a token (torch's OpenMP threads do the same in each operation of a
+step). On a quiet machine two threads on two cores decode about 1.6x faster than one. But when
+another process holds a core (a build, a browser, a test run, the server beside a training run),
 the thread that lost its core makes the other wait at every barrier, and two threads decode
 slower than one would: on a 2-core machine with one core busy, a fifth of the quiet speed with
 two threads, more than half with one.
 
-So the decode loop times its calls: `ThreadChoice` keeps, for each kind of call (a prompt block,
-or a decode step of b sequences), the duration under each thread count it may use (the
-configured count, halved down to one: a moving average for the count in use, the latest
+So the caller times its calls: `ThreadChoice` keeps, for each kind of call (a prompt block, a
+decode step of b sequences, a training step), the duration under each thread count it may use
+(the configured count, halved down to one: a moving average for the count in use, the latest
 measurement for the others), and gives every call the count that is fastest for its kind. The
 other counts are measured again now and then: after 16 calls of the kind, then, each time one is
 confirmed slower, after twice as many, up to 1024 (about ten seconds of decoding); when one
 turns out faster, it is chosen and the intervals start again. On a quiet machine that costs a
 slower call in a thousand; a busy one moves to fewer threads within a few calls, and back within
 seconds of the core coming free.
+
+With a `margin`, more threads must be that much faster to be chosen (0.15: 15% faster): a
+training run beside a server gives the server its core back when a second thread buys the run
+little.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ def thread_counts(most: int) -> list[int]:
 
 
 class ThreadChoice:
-    def __init__(self, most: int, adaptive: bool = True) -> None:
+    def __init__(self, most: int, adaptive: bool = True, margin: float = 0.0) -> None:
         self.counts = thread_counts(most) if adaptive else [most]
+        self.margin = margin
         self._seconds: dict[tuple[Hashable, int], float] = {}  # (kind, count) -> average
         self._measured_at: dict[tuple[Hashable, int], int] = {}  # (kind, count) -> call number
         self._retry: dict[tuple[Hashable, int], int] = {}  # (kind, count) -> calls between
@@ -78,4 +86,7 @@ class ThreadChoice:
         return all((kind, count) in self._seconds for count in self.counts)
 
     def _fastest(self, kind: Hashable) -> int:
-        return min(self.counts, key=lambda count: self._seconds[(kind, count)])
+        """The fewest threads within `margin` of the quickest count's time."""
+        seconds = {count: self._seconds[(kind, count)] for count in self.counts}
+        best = min(seconds.values())
+        return min(count for count, took in seconds.items() if took <= best * (1 + self.margin))
