@@ -172,6 +172,8 @@ SFT = {"recipe": "sft", "batch_size": 6, "steps": 30, "max_tokens": 48}
 # sft replaying more of what the model already does (its answers to other questions, cut ones
 # too) beside the preference's examples: does it forget less?
 SFT_REPLAY = {**SFT, "replay": 12, "replay_cut_answers": True}
+# sft on one torch thread, as it trained before `threads: auto` (the baseline of that change).
+SFT_ONE_THREAD = {**SFT, "threads": 1}
 HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_size": 3}
 # The weight recipes that learn without a scorer: from the hint in the teacher's context (sdft),
 # or from the scores alone (sao: one step per scored rollout).
@@ -191,6 +193,7 @@ SKILLS = {"recipe": "skills", "batch_size": 6}
 RECIPES = {
     "sft": [SFT],
     "sft_replay": [SFT_REPLAY],
+    "sft_one_thread": [SFT_ONE_THREAD],
     "harness_evolve": [HARNESS_EVOLVE],
     "both": [HARNESS_EVOLVE, SFT],
     "sdft": [SDFT],

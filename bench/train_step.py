@@ -1,12 +1,14 @@
 """One LoRA training step on the embedded model: Reef's trainer against plain peft, same settings.
 
-    .venv/bin/python -m bench.train_step [--steps 3] [--threads 1]
+    .venv/bin/python -m bench.train_step [--steps 3] [--threads 1|2|auto]
 
 Both train a rank-8 LoRA on q/k/v/o of SmolLM2-135M (dequantised from the served GGUF, cached),
 with AdamW at the same learning rate, on the same batch of 4 examples of 128 tokens (64 prompt,
 64 completion), for the same number of steps, after one warm-up step each. The baseline is a
 plain peft loop (`get_peft_model`, labels with the prompt masked, `loss.backward()`). Printed:
 seconds per step, completion tokens per second, peak memory, and Reef's ratio to the baseline.
+With `--threads auto` the baseline runs on every CPU and Reef's trainer chooses each step's
+count (`LoraSettings.threads`), as the recipes do by default.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from peft import LoraConfig, get_peft_model
 
 from reef.engines.llamacpp import embedded_model_path
 from reef.training import LoraSettings, TrainingExample, load_base, train_lora
+from reef.training.adapter import available_cpus
 
 PROMPT, COMPLETION, BATCH = 64, 64, 4
 
@@ -33,8 +36,10 @@ def examples(vocab: int) -> list[TrainingExample]:
     return [TrainingExample(row[:PROMPT].tolist(), row[PROMPT:].tolist()) for row in ids]
 
 
-def reef_seconds_per_step(base, batch, steps: int) -> float:  # type: ignore[no-untyped-def]
-    settings = LoraSettings(steps=steps + 1, batch_size=BATCH, max_length=PROMPT + COMPLETION)
+def reef_seconds_per_step(base, batch, steps: int, threads) -> float:  # type: ignore[no-untyped-def]
+    settings = LoraSettings(
+        steps=steps + 1, batch_size=BATCH, max_length=PROMPT + COMPLETION, threads=threads
+    )
     times: list[float] = []
     last = [time.perf_counter()]
 
@@ -74,16 +79,17 @@ def peft_seconds_per_step(base, batch, steps: int) -> float:  # type: ignore[no-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", default="1", help="a count, or auto")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    threads = "auto" if args.threads == "auto" else int(args.threads)
+    torch.set_num_threads(available_cpus() if threads == "auto" else threads)
     cache = Path(tempfile.gettempdir()) / "reef-bench-base"
     started = time.perf_counter()
     base = load_base(embedded_model_path(), cache)
     print(f"base loaded in {time.perf_counter() - started:.1f} s (cached in {cache})")
     batch = examples(base.model.config.vocab_size)
     baseline = peft_seconds_per_step(base, batch, args.steps)
-    reef = reef_seconds_per_step(base, batch, args.steps)
+    reef = reef_seconds_per_step(base, batch, args.steps, threads)
     tokens = BATCH * COMPLETION
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{'':22}{'s/step':>8}{'tokens/s':>10}")

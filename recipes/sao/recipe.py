@@ -218,12 +218,9 @@ class SAORecipe(Recipe):
     def _train(
         self, examples: list[Any], context: StepContext, resume_from: Any, found: dict[str, Any]
     ) -> Any:
-        import torch
-
         from reef.sdk import SAOSettings as UpdateSettings
         from reef.sdk import train_sao
 
-        torch.set_num_threads(self.settings.threads)
         base = self._base.get(context)
         own = self.settings.model_dump()
         shared = {

@@ -326,11 +326,8 @@ class SFT(Recipe):
         import dataclasses
         import tempfile
 
-        import torch
-
         from reef.sdk import LoraSettings, train_lora
 
-        torch.set_num_threads(self.settings.threads)
         trained = None
         if examples:
             settings = LoraSettings(
@@ -343,6 +340,7 @@ class SFT(Recipe):
                 seed=self.settings.seed,
                 max_length=training_length(self.settings, base),
                 processes=self.settings.processes,
+                threads=self.settings.threads,
             )
             on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
             supervised = [*examples, *replayed]

@@ -101,6 +101,7 @@ def test_settings_have_the_documented_defaults_and_refuse_unknown_keys() -> None
         "seed": 0,
         "weight_decay": 0.0,
         "processes": 1,
+        "threads": None,
     }
     with pytest.raises(ValueError, match="extra"):
         LoraSettings.model_validate({"rank": 4, "lr": 1e-3})

@@ -30,7 +30,7 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -65,9 +65,10 @@ class LoraRecipeSettings(RecipeSettings):
     # Tokens per training example, the prompt cut from the left past it (an agent's prompt runs
     # to thousands of tokens); none: the model's context length.
     max_length: int | None = Field(None, ge=2)
-    # Torch threads for training. One keeps a step fast on a CPU the server also uses: with two
-    # cores shared, torch's threads spin-wait on each other and a step runs about 5x slower.
-    threads: int = Field(1, ge=1)
+    # Torch threads for training: "auto" times each step and uses the count that is fastest
+    # lately (all the CPUs on a quiet machine, one beside a busy server: `StepThreads`); a
+    # count fixes it.
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     # Training processes, data parallel (`torch.distributed`, gloo on a CPU): the same update as
     # one process, each computing a share of every batch (docs/training.md). Under torchrun, the
     # launcher's WORLD_SIZE.
@@ -283,11 +284,8 @@ def policy_update(
 ) -> TrainedAdapter:
     """`reef.training.train_policy` with every policy setting the recipe's settings share by name
     (rank, learning_rate, clip_low, kl_beta…), except the recipe's own batch_size."""
-    import torch
-
     from reef.training import PolicySettings, train_policy
 
-    torch.set_num_threads(getattr(settings, "threads", 1))
     own = type(settings).model_fields
     shared = {
         name: getattr(settings, name)
@@ -337,12 +335,9 @@ def distillation(
     """`reef.training.distill` with every distillation setting the recipe's settings share by
     name (rank, divergence, teacher_update_rate…), the recipe's `train_batch_size` as the batch
     and the model's context as the length, `overrides` on top."""
-    import torch
-
     from reef.training import DistillSettings
     from reef.training.distill import distill
 
-    torch.set_num_threads(getattr(settings, "threads", 1))
     chosen = DistillSettings.shared_with(
         settings,
         batch_size=getattr(settings, "train_batch_size", 4),

@@ -1,5 +1,6 @@
 """The pieces every LoRA trainer shares: its settings, a LoRA on a copy of the base (new or
-resumed), the AdamW loop, the seeded batch order and what a run returns.
+resumed), the AdamW loop, each step's thread count, the seeded batch order and what a run
+returns.
 
 `lora.py` (supervised), `policy.py` (policy gradient) and `distributed.py` (their data-parallel
 ranks) are built from them. The base is never modified: a LoRA wraps a copy of it, so one loaded
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import random
 import resource
 import sys
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -26,10 +28,12 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from pydantic import BaseModel, ConfigDict, Field
 
 from reef.errors import BadRequest
+from reef.threads import ThreadChoice
 from reef.training.base import Base
 
 __all__ = [
     "LoraSettings",
+    "StepThreads",
     "TrainedAdapter",
     "batches",
     "choose_backend",
@@ -65,6 +69,63 @@ class LoraSettings(BaseModel):
     # Processes to train on, data-parallel on the CPU with gloo (`distributed.py`): the same
     # update as one process. 1: this process alone (on the GPU, through Unsloth where installed).
     processes: int = Field(1, ge=1)
+    # Torch threads for each step: None leaves torch as the caller set it; a count fixes it;
+    # "auto" gives each step the count timed fastest lately, up to this process's CPUs
+    # (`StepThreads`). A data-parallel rank keeps its share of the CPUs.
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
+
+
+# More threads must make a step this much faster to be used: on a CPU shared with the server, a
+# second thread that buys the step little costs the server's decoding a tenth of its speed.
+STEP_THREADS_MARGIN = 0.15
+STEP = "training step"  # the one kind of call a run's ThreadChoice times
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container narrows)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class StepThreads:
+    """Torch's thread count for each step of one run, as `LoraSettings.threads` says, put back
+    as it was when the run ends.
+
+    With "auto", two threads on two quiet cores make a step about 1.6x faster than one; beside a
+    server that is decoding, they make it no faster and slow the server (`docs/training.md`).
+    So each step is timed and `ThreadChoice` picks the count (the first step, which warms up,
+    is not counted)."""
+
+    def __init__(self, threads: int | Literal["auto"] | None, alone: bool = True) -> None:
+        self._before = torch.get_num_threads()
+        self._choice: ThreadChoice | None = None
+        # A data-parallel rank (not alone) keeps the share it was spawned with.
+        if alone and threads == "auto":
+            self._choice = ThreadChoice(available_cpus(), margin=STEP_THREADS_MARGIN)
+        elif alone and isinstance(threads, int):
+            torch.set_num_threads(threads)
+        self._count = self._before
+        self._started = 0.0
+        self._steps = 0
+        self.used: list[int] = []  # each step's thread count
+
+    def before_step(self) -> None:
+        if self._choice is not None:
+            self._count = self._choice.threads_for(STEP)
+            torch.set_num_threads(self._count)
+        else:
+            self._count = torch.get_num_threads()
+        self.used.append(self._count)
+        self._started = time.perf_counter()
+
+    def after_step(self) -> None:
+        self._steps += 1
+        if self._choice is not None and self._steps > 1:
+            self._choice.took(STEP, self._count, time.perf_counter() - self._started)
+
+    def finish(self) -> None:
+        torch.set_num_threads(self._before)
 
 
 @dataclass
@@ -128,18 +189,24 @@ def optimise(
         trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay
     )
     losses: list[float] = []
+    threads = StepThreads(settings.threads, alone=synchronise is None)
     model.train()
     started = time.perf_counter()
-    for step in range(1, settings.steps + 1):
-        loss = next_loss()
-        loss.backward()
-        if synchronise is not None:
-            loss = synchronise(trainable, loss)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1])
+    try:
+        for step in range(1, settings.steps + 1):
+            threads.before_step()
+            loss = next_loss()
+            loss.backward()
+            if synchronise is not None:
+                loss = synchronise(trainable, loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            threads.after_step()
+            losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(step, losses[-1])
+    finally:
+        threads.finish()
     seconds = time.perf_counter() - started
     model.eval()
     return TrainedAdapter(
