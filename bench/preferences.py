@@ -174,7 +174,7 @@ SFT = {"recipe": "sft", "batch_size": 6, "steps": 30, "max_tokens": 48}
 SFT_REPLAY = {**SFT, "replay": 12, "replay_cut_answers": True}
 # sft on one torch thread, as it trained before `threads: auto` (the baseline of that change).
 SFT_ONE_THREAD = {**SFT, "threads": 1}
-# Fewer, larger steps: 12 at 2.5x the learning rate, the same step size times steps.
+# Fewer, larger steps: 12 at 2.5x the learning rate (steps x rate as in sft's 30).
 SFT_FEW_STEPS = {**SFT, "steps": 12, "learning_rate": 1.25e-3}
 HARNESS_EVOLVE = {"recipe": "harness_evolve", "proposer": "hindsight", "batch_size": 3}
 # The weight recipes that learn without a scorer: from the hint in the teacher's context (sdft),

@@ -24,8 +24,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from reef.engines.llamacpp import embedded_model_path
+from reef.threads import available_cpus
 from reef.training import LoraSettings, TrainingExample, load_base, train_lora
-from reef.training.adapter import available_cpus
 
 PROMPT, COMPLETION, BATCH = 64, 64, 4
 

@@ -27,11 +27,19 @@ little.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable
 
 FIRST_RETRY = 16  # calls of a kind before a count not chosen is measured again
 LAST_RETRY = 1024  # the longest such interval, reached by doubling
 SMOOTHING = 0.3  # weight of the newest duration in the chosen count's moving average
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container or `taskset` narrows)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def thread_counts(most: int) -> list[int]:

@@ -23,11 +23,11 @@ def scripted_steps(
     """`steps` steps, each taking what `seconds` says for the count it was given."""
     now = [0.0]
     monkeypatch.setattr(adapter_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    for _ in range(steps):
-        threads.before_step()
-        now[0] += seconds[torch.get_num_threads()]
-        threads.after_step()
-    threads.finish()
+    with threads:
+        for _ in range(steps):
+            threads.before_step()
+            now[0] += seconds[torch.get_num_threads()]
+            threads.after_step()
     return threads.used
 
 

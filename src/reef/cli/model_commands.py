@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +19,7 @@ from reef.engines.llamacpp.prepare import (
     FORMATS,
 )
 from reef.errors import ReefError
+from reef.threads import available_cpus
 
 app = typer.Typer(
     help="The served model's weights: a copy in a format faster on this machine.",
@@ -72,7 +72,7 @@ def prepare(
     unknown = [kind for kind in chosen if kind not in FORMATS]
     if unknown:
         fail(f"unknown format {unknown[0]!r}: choose among {', '.join(FORMATS)}", code=2)
-    n_threads = threads or resolved.engine.llamacpp.n_threads or max(1, os.cpu_count() or 1)
+    n_threads = threads or resolved.engine.llamacpp.n_threads or available_cpus()
     try:
         with console.status(f"preparing {source.name}") as status:
             kept, trials, source_speed = run_prepare(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 import random
 import resource
 import sys
@@ -28,7 +27,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from pydantic import BaseModel, ConfigDict, Field
 
 from reef.errors import BadRequest
-from reef.threads import ThreadChoice
+from reef.threads import ThreadChoice, available_cpus
 from reef.training.base import Base
 
 __all__ = [
@@ -81,16 +80,9 @@ STEP_THREADS_MARGIN = 0.15
 STEP = "training step"  # the one kind of call a run's ThreadChoice times
 
 
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity, which a container narrows)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 class StepThreads:
-    """Torch's thread count for each step of one run, as `LoraSettings.threads` says, put back
-    as it was when the run ends.
+    """Torch's thread count for each step of one run, as `LoraSettings.threads` says; used as a
+    context manager around the run, which puts torch's count back as it was.
 
     With "auto", two threads on two quiet cores make a step about 1.6x faster than one; beside a
     server that is decoding, they make it no faster and slow the server (`docs/training.md`).
@@ -107,8 +99,13 @@ class StepThreads:
             torch.set_num_threads(threads)
         self._count = self._before
         self._started = 0.0
-        self._steps = 0
         self.used: list[int] = []  # each step's thread count
+
+    def __enter__(self) -> StepThreads:
+        return self
+
+    def __exit__(self, *_exception: object) -> None:
+        torch.set_num_threads(self._before)
 
     def before_step(self) -> None:
         if self._choice is not None:
@@ -120,12 +117,8 @@ class StepThreads:
         self._started = time.perf_counter()
 
     def after_step(self) -> None:
-        self._steps += 1
-        if self._choice is not None and self._steps > 1:
+        if self._choice is not None and len(self.used) > 1:  # the first step warms up
             self._choice.took(STEP, self._count, time.perf_counter() - self._started)
-
-    def finish(self) -> None:
-        torch.set_num_threads(self._before)
 
 
 @dataclass
@@ -189,10 +182,9 @@ def optimise(
         trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay
     )
     losses: list[float] = []
-    threads = StepThreads(settings.threads, alone=synchronise is None)
     model.train()
     started = time.perf_counter()
-    try:
+    with StepThreads(settings.threads, alone=synchronise is None) as threads:
         for step in range(1, settings.steps + 1):
             threads.before_step()
             loss = next_loss()
@@ -205,8 +197,6 @@ def optimise(
             losses.append(float(loss.detach()))
             if on_step is not None:
                 on_step(step, losses[-1])
-    finally:
-        threads.finish()
     seconds = time.perf_counter() - started
     model.eval()
     return TrainedAdapter(

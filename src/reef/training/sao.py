@@ -180,30 +180,29 @@ def train_sao(
     clip_fractions: list[float] = []
     grad_norms: list[float] = []
     started = time.perf_counter()
-    threads = StepThreads(settings.threads)
     model.train()
-    for step in range(1, settings.steps + 1):
-        threads.before_step()
-        new = token_logprobs(model, batch.batch)
-        loss, clipped = sao_loss(
-            new,
-            batch.behaviour,
-            batch.advantages,
-            batch.mask,
-            settings.eps_clip,
-            settings.eps_clip_high,
-        )
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(trainable, settings.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        threads.after_step()
-        losses.append(float(loss.detach()))
-        clip_fractions.append(float(clipped))
-        grad_norms.append(float(norm))
-        if on_step is not None:
-            on_step(step, losses[-1])
-    threads.finish()
+    with StepThreads(settings.threads) as threads:
+        for step in range(1, settings.steps + 1):
+            threads.before_step()
+            new = token_logprobs(model, batch.batch)
+            loss, clipped = sao_loss(
+                new,
+                batch.behaviour,
+                batch.advantages,
+                batch.mask,
+                settings.eps_clip,
+                settings.eps_clip_high,
+            )
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(trainable, settings.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            threads.after_step()
+            losses.append(float(loss.detach()))
+            clip_fractions.append(float(clipped))
+            grad_norms.append(float(norm))
+            if on_step is not None:
+                on_step(step, losses[-1])
     model.eval()
     if head is not None and returns is not None and critic_path is not None:
         _train_critic(head, hidden, returns, batch.mask, settings, metrics)

@@ -5,10 +5,10 @@ Its parts, one job each: `engine` (the Engine: checks and tokenizes requests, ha
 loop, shapes completions), `loop` (the thread that owns the llama.cpp context: continuous
 batching), `slots` (the KV slots and prompt cache), `sampling` (each sequence's sampler and
 logprobs), `output` (one choice's text and stream deltas), `structured` (JSON schemas and forced
-tool calls as grammars), `repetition` (an answer that loops), `weights` (loading the model
-with kernels that run here), `prepare` (a copy in a
-faster weight format, checked against the file), `adapters` (LoRA adapters in the context),
-`embeddings`. Each llama.cpp call's thread count is chosen by `reef.threads`.
+tool calls as grammars), `repetition` (an answer that loops), `weights` (loading the model with
+kernels that run here), `prepare` (a copy in a faster weight format, checked against the file),
+`adapters` (LoRA adapters in the context), `embeddings`. Each llama.cpp call's thread count is
+chosen by `reef.threads`.
 """
 
 from reef.engines.llamacpp.engine import (

@@ -30,7 +30,6 @@ import contextlib
 import importlib.resources
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -50,7 +49,7 @@ from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
 from reef.engines.llamacpp.weights import Repack, load_model
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
 from reef.protocol import ChatRequest, ChunkFactory, Completion, StreamItem
-from reef.threads import ThreadChoice
+from reef.threads import ThreadChoice, available_cpus
 
 __all__ = [
     "CacheTypes",
@@ -154,7 +153,7 @@ class LlamaCppEngine:
         if not self.model_path.is_file():
             raise EngineUnavailable(f"model file {self.model_path} does not exist")
         self.n_ctx = n_ctx  # each slot's context window: one request's prompt and completion
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.n_threads = n_threads or available_cpus()
         self.n_batch = n_batch  # prompt tokens evaluated per loop turn, in blocks
         self.default_max_tokens = default_max_tokens
         self.max_tokens_cap = max_tokens_cap
