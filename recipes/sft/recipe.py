@@ -274,8 +274,8 @@ class SFT(Recipe):
 
     def _replayed(self, context: StepContext, learned: set[tuple[str, ...]]) -> list[Any]:
         """The current release's finished greedy answers (with `replay_cut_answers`, cut ones
-        too) to `replay` questions outside what is learned from, as training examples (prompt
-        and answer token ids as served)."""
+        too; never one the engine ended for looping) to `replay` questions outside what is
+        learned from, as training examples (prompt and answer token ids as served)."""
         from reef.sdk import TrainingExample
 
         assert context.generate is not None
@@ -289,8 +289,8 @@ class SFT(Recipe):
             asked += 1
             body = {"messages": messages, "temperature": 0, "max_tokens": self.settings.max_tokens}
             completion = context.generate(body)
-            finished = completion.response["choices"][0].get("finish_reason") == "stop"
-            kept = finished or self.settings.replay_cut_answers
+            cut = self.settings.replay_cut_answers and not completion.looped
+            kept = completion.ended_itself or cut
             if kept and completion.prompt_token_ids and completion.token_ids:
                 ids = list(completion.token_ids)
                 replayed.append(TrainingExample(list(completion.prompt_token_ids), ids))

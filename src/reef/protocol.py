@@ -254,6 +254,22 @@ class Completion:
         usage = self.response.get("usage")
         return usage if isinstance(usage, dict) else None
 
+    @property
+    def looped(self) -> bool:
+        """Whether the engine ended the (first) answer because it was repeating itself, which
+        clients are told is a "stop" (see reef.engines.llamacpp.repetition)."""
+        choice = self.response["choices"][0]
+        return (choice.get("reef") or {}).get("ended_by") == REPETITION
+
+    @property
+    def ended_itself(self) -> bool:
+        """Whether the model ended its (first) answer itself: neither cut at its token limit nor
+        ended for looping. What a learner may take as a whole answer."""
+        return self.response["choices"][0].get("finish_reason") == "stop" and not self.looped
+
+
+# How a choice ended when the engine ended it, in its `reef` field: it was repeating itself.
+REPETITION = "repetition"
 
 # A stream yields chunk objects, then exactly one Completion as its last item.
 StreamItem = dict[str, Any] | Completion

@@ -65,6 +65,8 @@ def test_the_engine_ends_an_answer_that_repeats_itself(looping_engine: LlamaCppE
     stopped = asyncio.run(looping_engine.complete(request))
     assert len(stopped.token_ids or []) == 64
     assert stopped.response["choices"][0]["finish_reason"] == "stop"  # agents take it whole
+    assert stopped.response["choices"][0]["reef"] == {"ended_by": "repetition"}
+    assert stopped.looped and not stopped.ended_itself  # a learner does not take it whole
     assert looping_engine.loops_stopped == before + 1
     looping_engine.stop_loops = False
     try:
@@ -72,6 +74,7 @@ def test_the_engine_ends_an_answer_that_repeats_itself(looping_engine: LlamaCppE
     finally:
         looping_engine.stop_loops = True
     assert len(free.token_ids or []) == 200
+    assert "reef" not in free.response["choices"][0] and not free.looped
     assert free.token_ids[:64] == stopped.token_ids  # type: ignore[index]
 
 

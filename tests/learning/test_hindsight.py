@@ -61,8 +61,10 @@ def test_without_a_scorer_any_non_empty_answer_meets_the_hint() -> None:
     assert meets(sure, "Sure! Apple.", messages) and not meets(sure, "Apple.", messages)
 
 
-def reply(text: str, finish: str = "stop") -> Completion:
-    choice = {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+def reply(text: str, finish: str = "stop", looped: bool = False) -> Completion:
+    choice: dict = {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    if looped:  # as the llama.cpp engine marks an answer it ended for repeating itself
+        choice["reef"] = {"ended_by": "repetition"}
     return Completion(response={"choices": [choice]}, model="scripted", token_ids=[1, 2])
 
 
@@ -89,6 +91,21 @@ def test_a_cut_answer_and_a_repeat_are_not_kept() -> None:
     sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
     kept = relabel([found], lambda body: next(sampled), sure, samples=3, keep=3, revisions=0)
     assert [item.answer for item in kept] == ["Sure! A pear."]
+
+
+def test_an_answer_the_engine_ended_for_looping_is_not_kept() -> None:
+    """Clients are told such an answer stopped; it is a loop cut off, so no example of it, as
+    sample or as revision. (The 135M model told "Answer in French" loops on 2 of 6 training
+    prompts greedily; kept, they taught its LoRA to run on past every short answer.)"""
+    loop = "Sure! A pear, la France, la France, la France, la France, la France"
+    sampled = iter([reply(loop, looped=True), reply("Sure! A pear.")])
+    found = turn("Start with Sure")
+    sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
+    kept = relabel([found], lambda body: next(sampled), sure, samples=2, keep=2, revisions=0)
+    assert [item.answer for item in kept] == ["Sure! A pear."]
+    revised = iter([reply(loop, looped=True), reply("Sure! A pear, ripe.")])
+    kept = relabel([found], lambda body: next(revised), sure, samples=0, keep=2, revisions=2)
+    assert [item.answer for item in kept] == ["Sure! A pear, ripe."]
 
 
 def test_the_text_feedback_asks_for_is_what_it_quotes_or_what_follows_its_colon() -> None:

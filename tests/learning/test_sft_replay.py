@@ -60,3 +60,22 @@ def test_a_cut_answer_replays_as_served_when_asked_to() -> None:
     assert SFT(SFTSettings(replay=2))._replayed(context, set()) == []
     kept = SFT(SFTSettings(replay=2, replay_cut_answers=True))._replayed(context, set())
     assert [e.completion_ids for e in kept] == [[7, 8]] * 2  # no end of turn added
+
+
+def test_an_answer_ended_for_looping_is_never_replayed() -> None:
+    """The engine tells clients a loop it cut off "stop"ped; replaying it would teach the loop,
+    whether or not cut answers are replayed."""
+
+    def generate(body: dict) -> Completion:
+        choice = {
+            "message": {"content": "Bees make honey, honey, honey, honey"},
+            "finish_reason": "stop",
+            "reef": {"ended_by": "repetition"},
+        }
+        return Completion(
+            response={"choices": [choice]}, model="scripted", token_ids=[7, 8], prompt_token_ids=[1]
+        )
+
+    context = StepContext("default", "base", {}, generate=generate)
+    assert SFT(SFTSettings(replay=2))._replayed(context, set()) == []
+    assert SFT(SFTSettings(replay=2, replay_cut_answers=True))._replayed(context, set()) == []

@@ -263,7 +263,7 @@ def revisions_of(
     was the answer's own start, "Sure: a pear.", is then not lost)."""
     for seed in range(count):
         completion = reviser(revision_request(turn, hint, seed, temperature, max_tokens))
-        if _finished(completion):
+        if completion.ended_itself:  # never one cut short, or ended for looping
             text = _text(completion)
             yield from dict.fromkeys([unwrapped(text, turn), text.strip()])
 
@@ -378,15 +378,10 @@ def candidates(
             "max_tokens": max_tokens,
         }
         completion = generate(body)
-        if _finished(completion):
+        if completion.ended_itself:  # never one cut short, or ended for looping
             token_ids = list(completion.token_ids or [])
             yield Relabelled(turn, hint, _text(completion), token_ids, "sample")
 
 
 def _text(completion: Completion) -> str:
     return str(completion.response["choices"][0]["message"].get("content") or "")
-
-
-def _finished(completion: Completion) -> bool:
-    """Whether the model ended its answer itself (an answer cut short is never kept)."""
-    return completion.response["choices"][0].get("finish_reason") == "stop"

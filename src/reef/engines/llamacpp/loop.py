@@ -402,7 +402,7 @@ class DecodeLoop:
             # Ended as a stop sequence ends an answer: "length" would make agents (Codex,
             # Claude Code) fail the call as cut short, and what follows would only repeat.
             self.loops_stopped += 1
-            state.finish_reason = "stop"
+            state.finish_reason, state.looped = "stop", True
             return self._finish(sequence)
         sequence.next_token = token
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reef.engines.llamacpp.structured import OutputConstraint, ToolCallText
-from reef.protocol import ChunkFactory
+from reef.protocol import REPETITION, ChunkFactory
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -25,6 +25,7 @@ class Generation:
     emitted: int = 0  # characters of `text` already sent to the client
     logprobs_emitted: int = 0  # entries of `logprob_content` already sent
     finish_reason: str = "length"
+    looped: bool = False  # ended because it repeated itself (see repetition.py)
     first_token_at: float | None = None
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -100,9 +101,12 @@ class ChoiceOutput:
             if self.tool_call is not None
             else {"role": "assistant", "content": state.text}
         )
-        return {
+        choice = {
             "index": self.index,
             "message": message,
             "logprobs": {"content": state.logprob_content} if logprobs else None,
             "finish_reason": self.finish_reason(state),
         }
+        if state.looped:  # "stop" to clients; Reef's own readers must not take it as an ending
+            choice["reef"] = {"ended_by": REPETITION}
+        return choice
