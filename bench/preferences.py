@@ -30,7 +30,8 @@ of the bench or of Reef reads them; the regular expressions only check answers.
 `--paths` says how the preference reaches the learner (`PATHS`): the recipe alone, a stronger
 reviser, the scenario's teacher, or the user's demonstrations; the stronger model is
 `bench.taught`'s table (see there). The `told` column is the base's share of training prompts
-that meet the preference with the feedback beside the question.
+that meet the preference with the feedback beside the question; `--told` prints it beside the
+share that also still answers the question, by hindsight's own check (the JSON keeps both).
 
 `--metric-calls N` gives each run a budget of metric calls (the answers its steps ask the served
 model for to score: the recipe's search and the gate's evaluation, as `/reef/status` counts them):
@@ -61,7 +62,8 @@ import httpx
 
 from bench.results import OUT
 from bench.taught import TAUGHT, Table, taught_model
-from reef.learning.hindsight import with_hint
+from reef.learning.hindsight import answers_the_question, with_hint
+from reef.learning.view import Turn
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import (
     EVALS,
@@ -269,19 +271,36 @@ def held_out_rate(url: str, preference: Preference) -> float:
     return pass_rate(url, HELD_OUT, preference.pattern, max_tokens=TOKENS, capture=False)
 
 
-def told_rate(url: str, preference: Preference) -> float:
+def told_rates(url: str, preference: Preference) -> tuple[float, float]:
     """Whether the model follows the preference when told: the share of training prompts whose
     greedy answer meets it with the feedback beside the question, as the learner's hint puts it
-    (`with_hint`); not recorded."""
-    hits = 0
+    (`with_hint`), and the share that also still answers the question, as hindsight checks it
+    (`answers_the_question`, against the base's own answer without the feedback); not
+    recorded."""
+    meets_it = answering = 0
     for prompt in TRAINING:
-        messages = with_hint([{"role": "user", "content": prompt}], preference.feedback)
-        body = {"messages": messages, "max_tokens": TOKENS, "temperature": 0}
-        headers = {"x-reef-capture": "false"}
-        response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
-        response.raise_for_status()
-        hits += meets(response, preference.pattern)
-    return hits / len(TRAINING)
+        question = [{"role": "user", "content": prompt}]
+        first = _greedy(url, question)
+        told = _greedy(url, with_hint(question, preference.feedback))
+        meets_it += meets(told, preference.pattern)
+        turn = Turn("told", question, told_message(first), "base")
+        text = told_message(told)["content"]
+        answering += meets(told, preference.pattern) and answers_the_question(
+            text, turn, preference.feedback
+        )
+    return meets_it / len(TRAINING), answering / len(TRAINING)
+
+
+def _greedy(url: str, messages: list[dict]) -> httpx.Response:
+    body = {"messages": messages, "max_tokens": TOKENS, "temperature": 0}
+    headers = {"x-reef-capture": "false"}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=600)
+    response.raise_for_status()
+    return response
+
+
+def told_message(response: httpx.Response) -> dict:
+    return response.json()["choices"][0]["message"]
 
 
 def metric_calls_so_far(url: str) -> int:
@@ -397,7 +416,7 @@ def run(
     decisions = []
     with reef_serve(folder, free_port()).start() as server:
         before, knew = held_out_rate(server.url, preference), correct(server.url, TOKENS)
-        told = told_rate(server.url, preference)
+        told, told_answering = told_rates(server.url, preference)
         started = time.monotonic()
         round_seconds = []
         curve = [(0, before)]
@@ -433,6 +452,7 @@ def run(
         "policy": policy,
         "path": path,
         "told": told,
+        "told_answering": told_answering,
         "before": before,
         "after": after,
         "correct_before": len(knew),
@@ -525,7 +545,8 @@ def survey_told(chosen: list[Preference]) -> None:
     (folder / "reef.yaml").write_text("engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n")
     with reef_serve(folder, free_port()).start() as server:
         for preference in chosen:
-            print(f"{preference.name:24} told {told_rate(server.url, preference):.2f}", flush=True)
+            told, answering = told_rates(server.url, preference)
+            print(f"{preference.name:24} told {told:.2f}, still answering {answering:.2f}")
 
 
 def show(row: dict) -> None:
