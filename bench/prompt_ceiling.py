@@ -45,11 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import OUT
-from reef.engines.llamacpp import embedded_model_path
-from reef.engines.llamacpp.prepare import FORMATS, convert
+from bench.weight_formats import N_THREADS, PROMPTS, format_copies
+from reef.engines.llamacpp.prepare import FORMATS
 
-N_THREADS = 2
-PROMPTS = (2000, 4600)
 SHORT = 256  # tokens: a prompt whose attention is small next to its weights' work
 
 
@@ -136,13 +134,7 @@ def main() -> None:
     parser.add_argument("--formats", nargs="+", default=["q8_0", "q4_0", "bf16"], choices=FORMATS)
     parser.add_argument("--rounds", type=int, default=2)
     options = parser.parse_args()
-    source = embedded_model_path()
-    paths = {"q4_1": source}
-    for kind in options.formats:
-        out = OUT / f"{source.stem.removesuffix('.Q4_1')}.{kind}.gguf"
-        if not out.is_file():
-            print(f"writing {out.name}: {convert(source, kind, out, N_THREADS):.1f} s", flush=True)
-        paths[kind] = out
+    paths = format_copies(options.formats, "q4_1")
     results: dict[str, dict[str, Any]] = {}
     context = multiprocessing.get_context("spawn")
     for name, path in paths.items():

@@ -62,6 +62,19 @@ def measure(path: Path, source: Path, rounds: int) -> dict[str, Any]:
     return figures
 
 
+def format_copies(kinds: list[str], shipped: str) -> dict[str, Path]:
+    """The embedded model as the wheel ships it (named `shipped`), then a copy in each format of
+    `kinds`, written by `reef model prepare`'s conversion into bench/out/ unless already there."""
+    source = embedded_model_path()
+    paths = {shipped: source}
+    for kind in kinds:
+        out = OUT / f"{source.stem.removesuffix('.Q4_1')}.{kind}.gguf"
+        if not out.is_file():
+            print(f"writing {out.name}: {convert(source, kind, out, N_THREADS):.1f} s", flush=True)
+        paths[kind] = out
+    return paths
+
+
 def _rate(figures: dict[str, Any], base: dict[str, Any], key: str) -> str:
     return f"{figures[key]:.0f} {figures[key] / base[key]:.2f}x"
 
@@ -72,12 +85,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     options = parser.parse_args()
     source = embedded_model_path()
-    paths = {"q4_1 (shipped)": source}
-    for kind in options.formats:
-        out = OUT / f"{source.stem.removesuffix('.Q4_1')}.{kind}.gguf"
-        if not out.is_file():
-            print(f"writing {out.name}: {convert(source, kind, out, N_THREADS):.1f} s", flush=True)
-        paths[kind] = out
+    paths = format_copies(options.formats, "q4_1 (shipped)")
     results: dict[str, Any] = {}
     context = multiprocessing.get_context("spawn")
     for name, path in paths.items():
