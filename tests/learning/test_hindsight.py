@@ -95,9 +95,10 @@ def test_a_cut_answer_and_a_repeat_are_not_kept() -> None:
 
 def test_an_answer_the_engine_ended_for_looping_is_not_kept() -> None:
     """Clients are told such an answer stopped; it is a loop cut off, so no example of it, as
-    sample or as revision. (The 135M model told "Answer in French" loops on 2 of 6 training
-    prompts greedily; kept, they taught its LoRA to run on past every short answer.)"""
-    loop = "Sure! A pear, la France, la France, la France, la France, la France"
+    sample or as revision (the 135M model told "Answer in French" loops on 2 of 6 training
+    prompts greedily). This loop meets the scorer and the content check: only its mark stops it."""
+    loop = "Sure! A pear, a pear, a pear, a pear, a pear, a pear, a pear, a pear"
+    assert answers_the_question(loop, turn("Start with Sure"), "Start with Sure")
     sampled = iter([reply(loop, looped=True), reply("Sure! A pear.")])
     found = turn("Start with Sure")
     sure = ScorerSpec(type="regex", pattern=r"^\W*Sure")
