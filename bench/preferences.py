@@ -285,6 +285,7 @@ def told_rates(url: str, preference: Preference) -> tuple[float, float]:
         meets_it += meets(told, preference.pattern)
         turn = Turn("told", question, told_message(first), "base")
         text = told_message(told)["content"]
+        # (At TOKENS the engine never ends an answer for looping: it needs 64 repeated tokens.)
         answering += meets(told, preference.pattern) and answers_the_question(
             text, turn, preference.feedback
         )
@@ -546,7 +547,9 @@ def survey_told(chosen: list[Preference]) -> None:
     with reef_serve(folder, free_port()).start() as server:
         for preference in chosen:
             told, answering = told_rates(server.url, preference)
-            print(f"{preference.name:24} told {told:.2f}, still answering {answering:.2f}")
+            print(
+                f"{preference.name:24} told {told:.2f}, still answering {answering:.2f}", flush=True
+            )
 
 
 def show(row: dict) -> None:

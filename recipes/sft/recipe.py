@@ -289,8 +289,8 @@ class SFT(Recipe):
             asked += 1
             body = {"messages": messages, "temperature": 0, "max_tokens": self.settings.max_tokens}
             completion = context.generate(body)
-            cut = self.settings.replay_cut_answers and not completion.looped
-            kept = completion.ended_itself or cut
+            cut_allowed = self.settings.replay_cut_answers and not completion.looped
+            kept = completion.ended_itself or cut_allowed
             if kept and completion.prompt_token_ids and completion.token_ids:
                 ids = list(completion.token_ids)
                 replayed.append(TrainingExample(list(completion.prompt_token_ids), ids))

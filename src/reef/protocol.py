@@ -227,6 +227,10 @@ def _check_logit_bias(key: str, bias: Any) -> None:
         )
 
 
+# How a choice ended when the engine ended it, in its `reef` field: it was repeating itself.
+REPETITION = "repetition"
+
+
 @dataclass
 class Completion:
     """What an engine produced for one request: the OpenAI response plus what training needs."""
@@ -258,18 +262,21 @@ class Completion:
     def looped(self) -> bool:
         """Whether the engine ended the (first) answer because it was repeating itself, which
         clients are told is a "stop" (see reef.engines.llamacpp.repetition)."""
-        choice = self.response["choices"][0]
-        return (choice.get("reef") or {}).get("ended_by") == REPETITION
+        mark = self._first_choice().get("reef")
+        return isinstance(mark, dict) and mark.get("ended_by") == REPETITION
 
     @property
     def ended_itself(self) -> bool:
-        """Whether the model ended its (first) answer itself: neither cut at its token limit nor
-        ended for looping. What a learner may take as a whole answer."""
-        return self.response["choices"][0].get("finish_reason") == "stop" and not self.looped
+        """Whether the (first) answer finished with `finish_reason` "stop" and was not ended by
+        the engine for looping: what a learner may take as a whole answer. (A tool call ends
+        "tool_calls", an answer cut at its limit "length".)"""
+        return self._first_choice().get("finish_reason") == "stop" and not self.looped
 
+    def _first_choice(self) -> dict[str, Any]:
+        choices = self.response.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        return first if isinstance(first, dict) else {}
 
-# How a choice ended when the engine ended it, in its `reef` field: it was repeating itself.
-REPETITION = "repetition"
 
 # A stream yields chunk objects, then exactly one Completion as its last item.
 StreamItem = dict[str, Any] | Completion

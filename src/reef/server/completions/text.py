@@ -103,12 +103,15 @@ def text_completion(response: dict[str, Any], prompt: str, echo: bool) -> dict[s
 def _text_choice(choice: dict[str, Any], prefix: str) -> dict[str, Any]:
     message = choice.get("message") or {}
     chat_logprobs = (choice.get("logprobs") or {}).get("content")
-    return {
+    text_choice = {
         "index": choice.get("index", 0),
         "text": prefix + (message.get("content") or ""),
         "logprobs": _legacy_logprobs(chat_logprobs, len(prefix)) if chat_logprobs else None,
         "finish_reason": choice.get("finish_reason"),
     }
+    if "reef" in choice:  # why the engine ended it (reef.protocol.REPETITION), kept on record
+        text_choice["reef"] = choice["reef"]
+    return text_choice
 
 
 def _legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
