@@ -16,19 +16,21 @@ bench/out/) and each of llama.cpp's two attention paths:
 - `flash`: flash attention's tiled kernel (it runs only on f16 K and V), 512-token blocks;
 
 it times, at 2 threads in a process of its own and straight through llama.cpp's C API (the
-engine's scheduling adds nothing to a lone prompt):
+model loaded as the engine loads it):
 
-- `prompt`: tokens/s on the N-token prompt, and the ratio against Q4_1 on the `reef` path, which is
-  Reef today (the baseline, measured in the same run);
-- `weights`: the seconds the context-independent work would take for N tokens, extrapolated from
-  the same setting's rate on a 256-token prompt (its attention is small there, so this
-  overstates the weights, never understates the attention);
+- `prompt`: tokens/s on the N-token prompt, and the ratio against Q4_1 on the `reef` path (the
+  baseline, measured in the same run);
+- `weights`: the seconds of the work that does not grow with the context (the weights' matrix
+  products, and each block's attention within itself), N times the per-token cost fitted to the
+  same setting's times on prompts of 512 and 1,024 tokens (a cost per token plus one that grows
+  with the context, as causal attention does);
 - `attention`: the rest, the prompt's seconds less its weights'.
 
-Under each table, two ceilings against Reef's time on the N-token prompt: the best parts
+Under each table, two ceilings against the baseline's time on the N-token prompt: the best parts
 together (the fastest weights measured beside the least attention measured, which no single
 setting here has), and weights that cost nothing (the least attention alone), the ratio no
-weight format could beat.
+weight format could beat. Beside them, each format's prompt tokens/s through Reef's engine itself
+(`reef model prepare`'s `speed`: its blocks, slots and thread choice), which is Reef today.
 Written to bench/out/prompt_ceiling.json.
 """
 
@@ -46,9 +48,11 @@ from typing import Any
 
 from bench.results import OUT
 from bench.weight_formats import N_THREADS, PROMPTS, format_copies
-from reef.engines.llamacpp.prepare import FORMATS
+from reef.engines.llamacpp.engine import _GGML_TYPE
+from reef.engines.llamacpp.prepare import FORMATS, speed
+from reef.engines.llamacpp.weights import model_params
 
-SHORT = 256  # tokens: a prompt whose attention is small next to its weights' work
+SHORT = (512, 1024)  # tokens: two prompts, in whole blocks of every path, to fit the per-token cost
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,6 @@ PATHS = (
     AttentionPath("reef", 64, False, "q8_0", "f16"),
     AttentionPath("flash", 512, True, "f16", "f16"),
 )
-_GGML_TYPE = {"f16": 1, "q8_0": 8}
 
 
 def prompt_seconds(path: Path, attention: AttentionPath, tokens: int, rounds: int) -> float:
@@ -73,9 +76,7 @@ def prompt_seconds(path: Path, attention: AttentionPath, tokens: int, rounds: in
     from llama_cpp import _logger
 
     _logger.set_verbose(False)
-    model = llama_cpp.llama_model_load_from_file(
-        str(path).encode(), llama_cpp.llama_model_default_params()
-    )
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params())
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = tokens + 256
     params.n_batch = params.n_ubatch = attention.block
@@ -115,7 +116,11 @@ def prompt_seconds(path: Path, attention: AttentionPath, tokens: int, rounds: in
 
 def measure(path: Path, attention: AttentionPath, rounds: int) -> dict[str, Any]:
     """One format on one attention path: each prompt's seconds, split into weights and attention."""
-    per_token = prompt_seconds(path, attention, SHORT, rounds + 2) / SHORT
+    short, longer = SHORT
+    first, second = (prompt_seconds(path, attention, n, rounds + 1) for n in SHORT)
+    # seconds = per_token * n + growth * n^2: the cost per token, and the one the context adds.
+    growth = max(0.0, (second / longer - first / short) / (longer - short))
+    per_token = first / short - growth * short
     figures: dict[str, Any] = {"weights_s_per_token": per_token}
     for tokens in PROMPTS:
         seconds = prompt_seconds(path, attention, tokens, rounds)
@@ -136,6 +141,7 @@ def main() -> None:
     options = parser.parse_args()
     paths = format_copies(options.formats, "q4_1")
     results: dict[str, dict[str, Any]] = {}
+    engine: dict[str, dict[str, float]] = {}  # prompt tokens/s through Reef's engine
     context = multiprocessing.get_context("spawn")
     for name, path in paths.items():
         for attention in PATHS:
@@ -143,16 +149,21 @@ def main() -> None:
                 figures = pool.submit(measure, path, attention, options.rounds).result()
             results[f"{name} {attention.name}"] = figures
             print(f"measured {name} on the {attention.name} path", flush=True)
-    report(results)
+        engine[name] = {
+            str(tokens): speed(path, N_THREADS, options.rounds, tokens).prompt_tokens_per_s
+            for tokens in PROMPTS
+        }
+        print(f"measured {name} through Reef's engine", flush=True)
+    report(results, engine)
     OUT.mkdir(parents=True, exist_ok=True)
-    payload = {"paths": [asdict(p) for p in PATHS], "results": results}
+    payload = {"paths": [asdict(p) for p in PATHS], "results": results, "engine": engine}
     (OUT / "prompt_ceiling.json").write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def report(results: dict[str, dict[str, Any]]) -> None:
+def report(results: dict[str, dict[str, Any]], engine: dict[str, dict[str, float]]) -> None:
     base = results["q4_1 reef"]
-    print(f"\nprompt reading, {N_THREADS} threads; ratios against q4_1 on Reef's path in this run")
-    print("(Reef today); weights and attention: seconds of the prompt's time, split as above")
+    print(f"\nprompt reading, {N_THREADS} threads; ratios against q4_1 on Reef's path in this run;")
+    print("weights and attention: seconds of the prompt's time, split as above")
     header = "  {:<12} {:>7}  {:>13} {:>8} {:>10}"
     for tokens in PROMPTS:
         key = str(tokens)
@@ -181,6 +192,9 @@ def report(results: dict[str, dict[str, Any]]) -> None:
             f" {fastest + least:.1f}s = {today / (fastest + least):.2f}x"
         )
         print(f"  weights that cost nothing: {today:.1f}s / {least:.1f}s = {today / least:.2f}x")
+        served = engine["q4_1"][key]
+        rates = ", ".join(f"{n} {e[key]:.0f} ({e[key] / served:.2f}x)" for n, e in engine.items())
+        print(f"  through Reef's engine, tokens/s (against its q4_1, Reef today): {rates}")
 
 
 if __name__ == "__main__":
