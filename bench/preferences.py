@@ -282,13 +282,12 @@ def told_rates(url: str, preference: Preference) -> tuple[float, float]:
         question = [{"role": "user", "content": prompt}]
         first = _greedy(url, question)
         told = _greedy(url, with_hint(question, preference.feedback))
-        meets_it += meets(told, preference.pattern)
+        hit = meets(told, preference.pattern)
         turn = Turn("told", question, told_message(first), "base")
-        text = told_message(told)["content"]
         # (At TOKENS the engine never ends an answer for looping: it needs 64 repeated tokens.)
-        answering += meets(told, preference.pattern) and answers_the_question(
-            text, turn, preference.feedback
-        )
+        still = answers_the_question(told_message(told)["content"], turn, preference.feedback)
+        meets_it += hit
+        answering += hit and still
     return meets_it / len(TRAINING), answering / len(TRAINING)
 
 
