@@ -31,7 +31,10 @@ of the bench or of Reef reads them; the regular expressions only check answers.
 reviser, the scenario's teacher, or the user's demonstrations; the stronger model is
 `bench.taught`'s table (see there). The `told` column is the base's share of training prompts
 that meet the preference with the feedback beside the question; `--told` prints it beside the
-share that also still answers the question, by hindsight's own check (the JSON keeps both).
+share that also still answers the question, by hindsight's own check (the JSON keeps both). That
+check compares words, so it refuses an answer in another language than the question's, right or
+not, unless it repeats the question's own words or numbers: for a language preference the second
+share says little, and the answers must be read.
 
 `--metric-calls N` gives each run a budget of metric calls (the answers its steps ask the served
 model for to score: the recipe's search and the gate's evaluation, as `/reef/status` counts them):
