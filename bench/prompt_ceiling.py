@@ -120,7 +120,7 @@ def measure(path: Path, attention: AttentionPath, rounds: int) -> dict[str, Any]
     first, second = (prompt_seconds(path, attention, n, rounds + 1) for n in SHORT)
     # seconds = per_token * n + growth * n^2: the cost per token, and the one the context adds.
     growth = max(0.0, (second / longer - first / short) / (longer - short))
-    per_token = first / short - growth * short
+    per_token = max(0.0, first / short - growth * short)
     figures: dict[str, Any] = {"weights_s_per_token": per_token}
     for tokens in PROMPTS:
         seconds = prompt_seconds(path, attention, tokens, rounds)
