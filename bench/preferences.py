@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.preferences [--preferences sure,short] [--recipes sft]
         [--policies no_regression,improve] [--rounds 3] [--budget 300] [--phrasings]
-        [--paths alone,reviser,teacher,demonstration] [--metric-calls 120]
+        [--paths alone,reviser,judged,teacher,demonstration] [--metric-calls 120]
 
 For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
 SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
@@ -28,11 +28,12 @@ the row that did not move. The phrasings are written here for people, not for a 
 of the bench or of Reef reads them; the regular expressions only check answers.
 
 `--paths` says how the preference reaches the learner (`PATHS`): the recipe alone, a stronger
-reviser, the scenario's teacher, or the user's demonstrations; the stronger model is
-`bench.taught`'s table (see there). The `told` column is the base's share of training prompts
-that meet the preference with the feedback beside the question; `--told` prints it beside the
-share that also still answers the question, by hindsight's own check (the JSON keeps both). That
-check compares words, so it refuses an answer in another language than the question's, right or
+reviser (judging by words whether its rewrites still answer, or, `judged`, judging that itself:
+`content_check: proposer`), the scenario's teacher, or the user's demonstrations; the stronger
+model is `bench.taught`'s table (see there). The `told` column is the base's share of training
+prompts that meet the preference with the feedback beside the question; `--told` prints it
+beside the share that also still answers the question, by hindsight's check by words (the JSON
+keeps both). That check refuses an answer in another language than the question's, right or
 not, unless it repeats the question's own words or numbers: for a language preference the second
 share says little, and the answers must be read.
 
@@ -217,11 +218,16 @@ TOKENS = 32  # max_tokens of every answer measured, and of the gate's
 
 
 # How a preference reaches the learner (`--paths`): the recipe alone, from the feedback; a
-# stronger reviser (`reviser: proposer`, the proposer being the taught model); the scenario's
+# stronger reviser (`reviser: proposer`, the proposer being the taught model), which with
+# `judged` also judges whether a rewrite still answers (`content_check: proposer`); the scenario's
 # `teacher:` (the taught model answers the calls whose answer misses, and the report on such a
 # call carries its answer as a demonstration); or the user's own answer, a demonstration in the
 # report. The taught model is `bench.taught`'s table (the only model here is the 135M one).
-PATHS = ["alone", "reviser", "teacher", "demonstration"]
+PATHS = ["alone", "reviser", "judged", "teacher", "demonstration"]
+REVISED = {
+    "reviser": {"reviser": "proposer"},
+    "judged": {"reviser": "proposer", "content_check": "proposer"},
+}
 
 
 def project(
@@ -257,16 +263,17 @@ def learning(
     preference: Preference, recipe: str, path: str = "alone", taught_url: str | None = None
 ) -> dict:
     """The `learning` section: the recipe(s), each accepting answers by the preference; on the
-    `reviser` path, `sft` revises with the proposer, the taught model."""
+    `reviser` path, `sft` revises with the proposer, the taught model; on the `judged` path, the
+    proposer also judges whether a rewrite still answers."""
     scorer = {"type": "regex", "pattern": preference.progress}
     recipes = [
         {**settings, "scorer": scorer} if settings["recipe"] in SCORED else settings
         for settings in RECIPES[recipe]
     ]
-    if path == "reviser":
-        recipes = [{**r, "reviser": "proposer"} if r["recipe"] == "sft" else r for r in recipes]
+    if path in REVISED:
+        recipes = [{**r, **REVISED[path]} if r["recipe"] == "sft" else r for r in recipes]
     chosen = {"recipes": recipes} if len(recipes) > 1 else recipes[0]
-    proposer = {"proposer_url": taught_url, "proposer_model": "taught"} if path == "reviser" else {}
+    proposer = {"proposer_url": taught_url, "proposer_model": "taught"} if path in REVISED else {}
     return {"interval_s": 0.5, **proposer, **chosen}
 
 

@@ -9,10 +9,17 @@ here, as a capable model that understood the user would. It never reads the feed
 which training prompt a request is about and answers it the preferred way. So the bench measures
 Reef's path (recording, relabelling, training, the gate), not a teacher's understanding. Where a
 GPU is lent, a larger instruct model served by vLLM takes its place.
+
+Asked hindsight's content question (`CONTENT_PROMPT`: does this answer answer the question, in
+whatever language?), it judges by its tables, as a model that reads both languages would: yes
+when most of the answer's content words are in the question or in one of its answers to that
+question, in any preference's table (so "Le ciel est bleu." answers "What colour is the sky?",
+and "La fer de la fer." answers nothing).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from reef.evaluation.content import grounded
+from reef.learning.hindsight import CONTENT_PROMPT
 from reef.protocol import message_text
 from reef.testing.threaded import chat_upstream
 
@@ -69,6 +78,29 @@ class Table:
         return next((answer for prompt, answer in table.items() if prompt in text), None)
 
 
+# hindsight's content question, its two fields read back.
+_CONTENT_QUESTION = re.compile(
+    re.escape(CONTENT_PROMPT)
+    .replace(re.escape("{question}"), "(?P<question>.*)")
+    .replace(re.escape("{answer}"), "(?P<answer>.*)"),
+    re.DOTALL,
+)
+
+
+def judged(text: str) -> str | None:
+    """The stand-in's reply to hindsight's content question in `text`, or None for any other
+    request: "Yes." when most of the answer's content words are in the question or in one of
+    the tables' answers to it (any preference, so any language the tables speak)."""
+    asked = _CONTENT_QUESTION.fullmatch(text)
+    if asked is None:
+        return None
+    question, answer = asked.group("question"), asked.group("answer")
+    known = [question] + [
+        by_prompt[question] for by_prompt in TAUGHT.values() if question in by_prompt
+    ]
+    return "Yes." if grounded(answer, known) >= 0.5 else "No."
+
+
 @contextmanager
 def taught_model(table: Table) -> Iterator[str]:
     """The stand-in, served on loopback; yields its base URL (ending in /v1)."""
@@ -76,7 +108,7 @@ def taught_model(table: Table) -> Iterator[str]:
     async def completions(request: Request) -> Response:
         body = await request.json()
         said = "\n".join(message_text(m.get("content")) for m in body.get("messages", []))
-        answer = table.answer(said) if table.answering else None
+        answer = (judged(said) or table.answer(said)) if table.answering else None
         if answer is None:
             return JSONResponse({"error": {"message": "not a training prompt"}}, status_code=503)
         return JSONResponse(completion(answer))

@@ -69,6 +69,7 @@ class HindsightProposer:
         samples: int = 4,
         revisions: int = 2,
         reviser: Generate | None = None,  # the model that rewrites (default: `generate`)
+        content_judge: Generate | None = None,  # says whether a rewrite answers (none: words)
     ) -> None:
         self.generate = generate
         self.scorer = scorer
@@ -76,6 +77,7 @@ class HindsightProposer:
         self.samples = samples
         self.revisions = revisions
         self.reviser = reviser
+        self.content_judge = content_judge
 
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
         shown_by_user = [(t.prompt, text.strip()) for t in failures for text in demonstrations(t)]
@@ -90,6 +92,7 @@ class HindsightProposer:
             keep=1,
             revisions=self.revisions,
             reviser=self.reviser,
+            content_judge=self.content_judge,
         )
         found = shown_by_user + [(item.turn.prompt, item.answer.strip()) for item in answers]
         if not found:

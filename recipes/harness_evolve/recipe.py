@@ -27,6 +27,7 @@ from reef.sdk import (
     Trajectory,
     Turn,
     asking,
+    content_judge,
     failing_prompts,
     files_of,
 )
@@ -49,6 +50,9 @@ class HarnessEvolveSettings(RecipeSettings):
     # the proposer model (learning.proposer_*: a stronger one, where configured).
     hindsight_revisions: int = Field(2, ge=0, le=16)
     reviser: Literal["served", "proposer"] = "served"
+    # Whether a hindsight answer still answers the question: by its words (within one language),
+    # or as the proposer model judges it (in any language: for a preference such as French).
+    content_check: Literal["words", "proposer"] = "words"
     # Scores the failing prompts as extra gate tasks, and hindsight answers; without it only
     # evals/<scenario>.jsonl runs and the served model judges hindsight answers.
     scorer: ScorerSpec | None = None
@@ -100,6 +104,7 @@ class HarnessEvolve(Recipe):
                 self.settings.hindsight_samples,
                 self.settings.hindsight_revisions,
                 asking(ask) if ask is not None else None,
+                content_judge(self.settings.content_check, context.ask),
             )
             proposal = proposer.propose(failures, context)
         else:

@@ -68,6 +68,7 @@ from reef.sdk import (
     Trajectory,
     Turn,
     asking,
+    content_judge,
     demonstrations,
     distill_example,
     distillation,
@@ -107,6 +108,9 @@ class SFTSettings(LoraRecipeSettings):
     # the proposer model (learning.proposer_*: a stronger one, where configured).
     hindsight_revisions: int = Field(2, ge=0, le=16)
     reviser: Literal["served", "proposer"] = "served"
+    # Whether a hindsight answer still answers the question: by its words (within one language),
+    # or as the proposer model judges it (in any language: for a preference such as French).
+    content_check: Literal["words", "proposer"] = "words"
     max_tokens: int = Field(128, ge=8)  # for hindsight and replayed answers
     train_batch_size: int = Field(4, ge=1)  # examples per LoRA step (see LoraRecipeSettings)
     # Other questions whose current answers are trained on beside the new examples, so the
@@ -267,6 +271,7 @@ class SFT(Recipe):
             max_tokens=self.settings.max_tokens,
             revisions=self.settings.hindsight_revisions,
             reviser=asking(ask) if ask is not None else None,
+            content_judge=content_judge(self.settings.content_check, context.ask),
         ):
             pairs.append((item.turn, item.completion_token_ids or item.answer))
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))

@@ -19,7 +19,8 @@ module only, so its names are the ones a recipe may rely on:
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
   words, or else the user's next message), `relabel` (an answer that meets the feedback and
   still answers the question), `with_hint`, `asking` (the proposer model as the model that
-  revises);
+  revises), `content_judge` (the model that says whether a rewrite still answers, for a
+  recipe's `content_check`);
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
   `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
@@ -57,6 +58,7 @@ from reef.learning.hindsight import (
     Generate,
     Relabelled,
     asking,
+    content_judge,
     demonstrations,
     feedback_of,
     hints,
@@ -184,6 +186,7 @@ __all__ = [
     "asking",
     "check_mutation",
     "completion_logprobs",
+    "content_judge",
     "current_adapter",
     "demonstrations",
     "distill",

@@ -25,6 +25,7 @@ from reef.recipes.harness_evolve.mutations import Mutation
 from reef.recipes.harness_evolve.proposers import HindsightProposer
 from reef.recipes.openclaw_rl.judge import Judgement
 from reef.recipes.openclaw_rl.recipe import OpenClawRL, OpenClawRLSettings
+from tests.support.scripted import ask_of
 
 QUESTION, FIRST_ANSWER = "Name a fruit.", "A pear."
 # One preference, as users write it; the scripted model understands each of them.
@@ -250,13 +251,9 @@ def test_the_proposer_model_revises_when_the_settings_choose_it() -> None:
     model, which never follows feedback here, is only sampled."""
     served, proposer = Model(revise=lambda answer: answer), Model()
 
-    def ask(messages: list[dict], json_schema: dict | None = None, max_tokens: int = 400) -> str:
-        completion = proposer({"messages": messages, "max_tokens": max_tokens})
-        return str(completion.response["choices"][0]["message"]["content"])
-
     settings = {"proposer": "hindsight", "reviser": "proposer", "scorer": SURE.model_dump()}
     recipe = load_recipe("harness_evolve", settings)
-    context = StepContext("default", "base", {}, ask=ask, generate=served)
+    context = StepContext("default", "base", {}, ask=ask_of(proposer), generate=served)
     proposal = recipe.propose([Trajectory("t1", [reported(PHRASINGS["plain"])])], context)
     assert proposal is not None
     assert (

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from reef.protocol import Completion
 
 
@@ -10,3 +13,19 @@ def said(text: str) -> Completion:
     message = {"role": "assistant", "content": text}
     choice = {"index": 0, "message": message, "finish_reason": "stop"}
     return Completion({"id": "c", "object": "chat.completion", "choices": [choice]}, "scripted")
+
+
+def ask_of(model: Callable[[dict[str, Any]], Completion]) -> Callable[..., str]:
+    """A `StepContext.ask` (the proposer model) over a scripted `model`: the request it builds
+    from the arguments, and the text of the model's answer."""
+
+    def ask(
+        messages: list[dict],
+        json_schema: dict | None = None,
+        max_tokens: int = 400,
+        temperature: float = 0.7,
+    ) -> str:
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+        return str(model(body).response["choices"][0]["message"]["content"])
+
+    return ask

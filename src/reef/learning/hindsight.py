@@ -20,13 +20,16 @@ the same path (`relabel`). Candidates, in order:
 A candidate is kept when it still answers the question: beyond the feedback's own words, it says
 something, and mostly what the question or the first answer said (`answers_the_question`, with
 `evaluation.content.grounded`): "Sure!" alone meets "start with Sure" and says nothing, "Sure!
-Paris." keeps the answer. And when it meets the feedback: the recipe's scorer accepts it, or,
-without a scorer, the reviser as judge says it does what the feedback asks (`follows`, a yes/no
-question; a model that small says yes too easily, which the content check bounds). Kept answers
-are the training signal: a LoRA learns to give them without the hint (`sft`, and `openclaw_rl` as
-answers with a positive advantage), or a harness shows them as worked examples (`harness_evolve`).
-No preference is coded here. (A correction whose whole content is in the feedback, "No: 9", is
-better given as a demonstration.)
+Paris." keeps the answer. Words hold only within one language ("Le ciel est bleu." shares none
+with "What colour is the sky?"), so where a recipe gives a `content_judge`, a model that reads
+both languages such as the proposer, that model says whether the answer answers the question
+instead (`keeps`, `CONTENT_PROMPT`). And when it meets the feedback: the recipe's scorer accepts
+it, or, without a scorer, the reviser as judge says it does what the feedback asks (`follows`, a
+yes/no question; a model that small says yes too easily, which the content check bounds). Kept
+answers are the training signal: a LoRA learns to give them without the hint (`sft`, and
+`openclaw_rl` as answers with a positive advantage), or a harness shows them as worked examples
+(`harness_evolve`). No preference is coded here. (A correction whose whole content is in the
+feedback, "No: 9", is better given as a demonstration.)
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any, Literal
 from reef.evaluation.content import content_words, grounded
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.learning.recipe import RecipeError
 from reef.learning.view import Turn
 from reef.protocol import Completion, message_text
 
@@ -69,6 +73,14 @@ A new answer:
 
 Does the new answer do what the feedback asks? Reply with yes or no."""
 JUDGE_TOKENS = 4  # "yes" or "no", and room for a full stop
+CONTENT_PROMPT = """A user asked:
+{question}
+
+An answer:
+{answer}
+
+Does this answer the user's question, in whatever language or words it is written? Reply with \
+yes or no."""
 
 
 @dataclass
@@ -159,6 +171,19 @@ def answers_the_question(answer: str, turn: Turn, hint: str) -> bool:
     return grounded(own, [turn.prompt, turn.answer_text]) >= GROUNDED
 
 
+def says_more_than(answer: str, hint: str) -> bool:
+    """Whether `answer` has content words beyond the feedback's own: "Sure!" under "start with
+    Sure" says nothing more."""
+    return bool(content_words(answer) - content_words(hint))
+
+
+def judged_answering(judge: Generate, answer: str, turn: Turn) -> bool:
+    """Whether the `judge` model says `answer` answers the turn's question, in any language:
+    its reply to `CONTENT_PROMPT` starts with yes."""
+    prompt = CONTENT_PROMPT.format(question=turn.prompt, answer=answer)
+    return _says_yes(judge, prompt)
+
+
 def meets(scorer: ScorerSpec | None, answer: str, messages: list[dict[str, Any]]) -> bool:
     """Whether `scorer` accepts `answer` (any non-empty answer, without a scorer)."""
     if scorer is None:
@@ -171,6 +196,11 @@ def follows(judge: Generate, answer: str, turn: Turn, hint: str) -> bool:
     """Whether the `judge` model says `answer` does what the feedback `hint` asks: its greedy
     reply to `JUDGE_PROMPT` starts with yes."""
     prompt = JUDGE_PROMPT.format(question=turn.prompt, feedback=hint, answer=answer)
+    return _says_yes(judge, prompt)
+
+
+def _says_yes(judge: Generate, prompt: str) -> bool:
+    """Whether the `judge` model's greedy reply to `prompt` starts with yes."""
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "temperature": 0.0,
@@ -188,6 +218,29 @@ def accepted(
     if scorer is not None:
         return meets(scorer, answer, turn.messages)
     return bool(answer.strip()) and follows(judge, answer, turn, hint)
+
+
+def keeps(
+    answer: str,
+    turn: Turn,
+    hint: str,
+    scorer: ScorerSpec | None,
+    reviser: Generate,
+    content_judge: Generate | None = None,
+) -> bool:
+    """Whether `relabel` keeps `answer`: it still answers the question and meets the feedback.
+    Whether it answers is judged by words (`answers_the_question`) or, with a `content_judge`,
+    by that model (it says more than the feedback, and the judge says it answers: the check
+    that holds in another language than the question's). Cheap checks first, models last."""
+    if content_judge is None:
+        return answers_the_question(answer, turn, hint) and accepted(
+            scorer, reviser, answer, turn, hint
+        )
+    return (
+        says_more_than(answer, hint)
+        and accepted(scorer, reviser, answer, turn, hint)
+        and judged_answering(content_judge, answer, turn)
+    )
 
 
 # -- revisions ------------------------------------------------------------------------------------
@@ -239,15 +292,33 @@ def _unwrapped_once(text: str, turn: Turn) -> str:
 def asking(ask: Callable[..., str]) -> Generate:
     """A `Generate` over a recipe's `ask` (`StepContext.ask`: the proposer model, which
     `learning.proposer_url` may make a stronger one than the served model), to revise and judge
-    with. It samples as the proposer does (no seed; the worker's temperature), and its reply
-    counts as finished: `ask` does not say whether it was cut short."""
+    with. It samples at the request's temperature (a judge's question and the first revision
+    greedily) with no seed, and its reply counts as finished: `ask` does not say whether it was
+    cut short."""
 
     def generate(body: dict[str, Any]) -> Completion:
-        text = ask(body["messages"], max_tokens=body.get("max_tokens", 400))
+        text = ask(
+            body["messages"],
+            max_tokens=body.get("max_tokens", 400),
+            temperature=body.get("temperature", 0.7),
+        )
         choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
         return Completion(response={"choices": [choice]}, model="proposer")
 
     return generate
+
+
+def content_judge(
+    check: Literal["words", "proposer"], ask: Callable[..., str] | None
+) -> Generate | None:
+    """The model that judges whether a hindsight answer still answers, for a recipe's
+    `content_check` setting: none for "words" (`answers_the_question`), the proposer model
+    (`ask`) for "proposer"."""
+    if check == "words":
+        return None
+    if ask is None:
+        raise RecipeError("content_check: proposer needs the proposer model, and none was given")
+    return asking(ask)
 
 
 def revisions_of(
@@ -325,12 +396,14 @@ def relabel(
     max_tokens: int = 128,
     revisions: int = 2,
     reviser: Generate | None = None,
+    content_judge: Generate | None = None,
 ) -> list[Relabelled]:
     """Up to `keep` distinct answers per turn with feedback (`feedback_of`: its reports' words,
     else the user's next message) that still answer the question and meet the feedback: edits
     of the first answer (with a scorer), then `revisions` rewrites by `reviser` (default: the
     `generate` model), then `samples` answers of `generate` under the hint; each asked only
-    while fewer than `keep` are kept. Without a scorer, the reviser judges (`follows`)."""
+    while fewer than `keep` are kept. Without a scorer, the reviser judges (`follows`). Whether
+    a candidate still answers is judged by words, or by `content_judge` when given (`keeps`)."""
     reviser = reviser or generate
     kept: list[Relabelled] = []
     for turn in turns:
@@ -342,9 +415,7 @@ def relabel(
             for candidate in found:
                 if candidate.answer in answers or candidate.answer == turn.answer_text.strip():
                     continue  # a repeat, or the very answer the feedback found wanting
-                if not answers_the_question(candidate.answer, turn, hint):
-                    continue
-                if not accepted(scorer, reviser, candidate.answer, turn, hint):
+                if not keeps(candidate.answer, turn, hint, scorer, reviser, content_judge):
                     continue
                 answers.add(candidate.answer)
                 kept.append(candidate)

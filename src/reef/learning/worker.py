@@ -507,12 +507,18 @@ class LearningWorker:
         messages: list[dict[str, str]],
         json_schema: dict[str, Any] | None = None,
         max_tokens: int = 400,
+        temperature: float = 0.7,
     ) -> str:
         """The proposer model's reply (called from the recipe's thread). With `json_schema`, the
         reply is constrained to JSON of that schema (a grammar on llama.cpp), so even a small
         model answers with something a recipe can parse, if `max_tokens` leaves it room to
-        close: a reply cut short is not JSON."""
-        body: dict[str, Any] = {"messages": messages, "temperature": 0.7, "max_tokens": max_tokens}
+        close: a reply cut short is not JSON. `temperature` 0 asks for its greedy reply (a
+        judge's yes or no)."""
+        body: dict[str, Any] = {
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+        }
         if json_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
