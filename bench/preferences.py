@@ -17,8 +17,10 @@ expression, that the recipe uses to accept answers and the gate to compare), eac
 score of 1; the worker steps; the round ends when each recipe has stepped (its gate decided, or
 it proposed nothing). Measurements are never
 recorded (they are not traffic to learn from). The table gives, under what serves at the end:
-the held-out pass rate and the correctness tasks passed, beside the base's; `improve` (the mean
-alone) is the old default, kept as the baseline policy that forgot.
+the held-out pass rate; of the five held-out prompts whose right answer a pattern can check, in
+English or French (`RIGHT`), the share whose answer meets the preference and is right ("Four."
+to "What is 5+5?" is short, and wrong); and the correctness tasks passed; each beside the
+base's. `improve` (the mean alone) is the old default, kept as the baseline policy that forgot.
 
 With `--phrasings`, each preference is said in each of the ways a person would say it
 (`PHRASINGS`: quoted, as the feedback above does; in plain words; as a complaint; as a
@@ -68,16 +70,17 @@ from bench.results import OUT
 from bench.taught import TAUGHT, Table, taught_model
 from reef.learning.hindsight import answers_the_question, with_hint
 from reef.learning.view import Turn
+from reef.protocol import response_text
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import (
     EVALS,
     HELD_OUT,
     TRAINING,
+    ask,
     correct,
     correctness_tasks,
     eval_tasks,
     meets,
-    pass_rate,
 )
 
 
@@ -277,8 +280,28 @@ def learning(
     return {"interval_s": 0.5, **proposer, **chosen}
 
 
-def held_out_rate(url: str, preference: Preference) -> float:
-    return pass_rate(url, HELD_OUT, preference.pattern, max_tokens=TOKENS, capture=False)
+# The held-out prompts whose right answer a pattern can check, in English or in French (a number
+# as digits or as a word). The others ("Name a bird.") take any answer of their kind.
+RIGHT = {
+    "What is 5+5?": r"(?i)\b(10|ten|dix)\b",
+    "What is the capital of Italy?": r"(?i)\brome\b",
+    "What is the tallest mountain?": r"(?i)\beverest\b",
+    "What is 10 minus 3?": r"(?i)\b(7|seven|sept)\b",
+    "What language is spoken in Brazil?": r"(?i)\b(portuguese|portugais)\b",
+}
+
+
+def held_out_rates(url: str, preference: Preference) -> tuple[float, float, dict[str, str]]:
+    """The held-out pass rate for the preference; the share of the prompts in `RIGHT` whose
+    answer meets the preference and is right ("Four." to "What is 5+5?" meets "short" and is
+    wrong); and the answers, by prompt, to read."""
+    answers = {
+        prompt: response_text(ask(url, prompt, TOKENS, capture=False).json()).strip()
+        for prompt in HELD_OUT
+    }
+    meeting = {prompt for prompt, text in answers.items() if re.search(preference.pattern, text)}
+    right = [p for p in RIGHT if p in meeting and re.search(RIGHT[p], answers[p])]
+    return len(meeting) / len(HELD_OUT), len(right) / len(RIGHT), answers
 
 
 def told_rates(url: str, preference: Preference) -> tuple[float, float]:
@@ -425,7 +448,8 @@ def run(
     project(folder, preference, recipe, policy, path, taught_url)
     decisions = []
     with reef_serve(folder, free_port()).start() as server:
-        before, knew = held_out_rate(server.url, preference), correct(server.url, TOKENS)
+        before, right_before, _ = held_out_rates(server.url, preference)
+        knew = correct(server.url, TOKENS)
         told, told_answering = told_rates(server.url, preference)
         started = time.monotonic()
         round_seconds = []
@@ -443,7 +467,7 @@ def run(
             round_seconds.append(round(time.monotonic() - round_started))
             if metric_calls is not None:
                 spent = metric_calls_so_far(server.url)
-                curve.append((spent, held_out_rate(server.url, preference)))
+                curve.append((spent, held_out_rates(server.url, preference)[0]))
                 if spent >= metric_calls:
                     break
             if not outcomes or time.monotonic() - started > rounds * budget:
@@ -452,7 +476,8 @@ def run(
         status = httpx.get(f"{server.url}/reef/status").json()
         release = status["serving"].get("default", "base")
         parts = httpx.get(f"{server.url}/reef/harness").json()["parts"]
-        after, knows = held_out_rate(server.url, preference), correct(server.url, TOKENS)
+        after, right_after, answers = held_out_rates(server.url, preference)
+        knows = correct(server.url, TOKENS)
         last = latest_decided(server)
         spent = metric_calls_so_far(server.url)
     return {
@@ -465,6 +490,9 @@ def run(
         "told_answering": told_answering,
         "before": before,
         "after": after,
+        "right_before": right_before,  # of RIGHT's prompts: meets the preference, and is right
+        "right_after": right_after,
+        "held_out_answers": answers,  # what serves at the end says to each held-out prompt
         "correct_before": len(knew),
         "correct_after": len(knows),
         "forgot": sorted(set(knew) - set(knows)),
@@ -521,7 +549,8 @@ def main() -> None:
     rows = []
     print(
         f"{'preference':18} {'recipe':15} {'path':13} {'told':>5} {'held-out':>13} "
-        f"{'correct':>8} {'release':>10} {'parts':>16} {'rounds':>22} {'s':>5} {'calls':>6}"
+        f"{'and right':>13} {'correct':>8} {'release':>10} {'parts':>16} {'rounds':>22} "
+        f"{'s':>5} {'calls':>6}"
     )
     table = Table()
     with taught_model(table) as taught_url:
@@ -565,6 +594,7 @@ def show(row: dict) -> None:
     print(
         f"{row['preference']:18} {row['recipe']:15} {row['path']:13} {row['told']:>5.2f} "
         f"{row['before']:>5.2f} -> {row['after']:<5.2f} "
+        f"{row['right_before']:>5.2f} -> {row['right_after']:<5.2f} "
         f"{row['correct_before']:>3} -> {row['correct_after']:<2} "
         f"{row['release']:>10} {'+'.join(row['parts']) or 'base':>16} "
         f"{','.join(row['decisions']):>22} {row['seconds']:>5} {row['metric_calls']:>6}",
