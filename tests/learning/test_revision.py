@@ -150,6 +150,20 @@ def test_a_revision_that_drops_the_answer_is_refused(
     assert model.kinds() == ["revision"] * 3  # never judged: the content check comes first
 
 
+@pytest.mark.parametrize("scorer", [SURE, None], ids=["scorer", "judge"])
+def test_a_revision_that_echoes_the_revision_prompt_is_cut_where_the_echo_starts(
+    scorer: ScorerSpec | None,
+) -> None:
+    """The 135M model writes a rewrite, then the prompt's next line and its first answer again:
+    what it echoes repeats the first answer's words and would pass the content check. The echo
+    is cut off; what comes before it is judged on its own."""
+    echo = f"\n\nThe user's feedback on your answer:\n{FIRST_ANSWER}"
+    kept = relabel([reported(PHRASINGS["plain"])], Model(lambda a: f"Sure! {a}{echo}"), scorer)
+    assert [item.answer for item in kept] == ["Sure! A pear."]
+    said_nothing = Model(revise=lambda answer: f"Sure! Sure!{echo}", judge="Yes")
+    assert relabel([reported(PHRASINGS["plain"])], said_nothing, scorer, samples=0) == []
+
+
 def test_a_revision_that_keeps_the_answer_and_follows_the_feedback_is_kept() -> None:
     model = Model(revise=lambda answer: "Sure, a pear is a fruit.")
     kept = relabel([reported(PHRASINGS["complaint"])], model, SURE, samples=0, keep=1)

@@ -11,7 +11,8 @@ the same path (`relabel`). Candidates, in order:
 - **revisions**: a model (the served one, or any `reviser` a recipe passes) is asked to rewrite
   its first answer so that it does what the feedback asks and keeps what it said
   (`REVISION_PROMPT`), `revisions` times with seeds, the first greedy; what it puts around the
-  answer ("Here is the rewritten answer:", quotes) is taken off (`unwrapped`). The model reads
+  answer ("Here is the rewritten answer:", quotes) is taken off (`unwrapped`), and so is all it
+  writes once it starts copying the prompt's own lines (`before_echo`). The model reads
   the feedback's meaning: no code here parses its wording, so "start with Sure", "why do you
   never say sure first?" and "no, say sure" all work;
 - **samples**: the question asked again with the feedback beside the user's message (small
@@ -330,13 +331,31 @@ def revisions_of(
     max_tokens: int,
 ) -> Iterator[str]:
     """The reviser's finished rewrites of the turn's answer under `hint`, `count` asked with
-    seeds 0.. (the first greedy), one at a time: each unwrapped, then as it came (a preface that
-    was the answer's own start, "Sure: a pear.", is then not lost)."""
+    seeds 0.. (the first greedy), one at a time, each cut where it starts echoing the revision
+    prompt (`before_echo`): unwrapped, then as it came (a preface that was the answer's own
+    start, "Sure: a pear.", is then not lost)."""
     for seed in range(count):
         completion = reviser(revision_request(turn, hint, seed, temperature, max_tokens))
         if completion.ended_itself:  # never one cut short, or ended for looping
-            text = _text(completion)
-            yield from dict.fromkeys([unwrapped(text, turn), text.strip()])
+            text = before_echo(_text(completion))
+            if text:
+                yield from dict.fromkeys([unwrapped(text, turn), text])
+
+
+# The revision prompt's own lines ("The user's feedback on your answer:"): a small model that
+# writes them goes on to copy the prompt (its first answer, the feedback), which would pass the
+# content check by repeating the first answer's words.
+_SCAFFOLD = [
+    line.strip() for line in REVISION_PROMPT.splitlines() if line.strip() and "{" not in line
+]
+
+
+def before_echo(revision: str) -> str:
+    """The revision up to where it starts echoing the revision prompt's own lines, stripped:
+    "Sure! A pear.\n\nThe user's feedback on your answer: ..." -> "Sure! A pear."."""
+    folded = revision.casefold()
+    found = [index for line in _SCAFFOLD if (index := folded.find(line.casefold())) >= 0]
+    return revision[: min(found)].strip() if found else revision.strip()
 
 
 # -- edits: the first answer changed as feedback's form suggests, with no model -------------------
