@@ -96,7 +96,7 @@ class HindsightProposer:
         )
         found = shown_by_user + [(item.turn.prompt, item.answer.strip()) for item in answers]
         if not found:
-            return "no answer given under the feedback met the scorer"
+            return "no answer given under the feedback met the scorer and still answered"
         existing = context.files_of(HARNESS).get("examples.jsonl", b"").decode().splitlines()
         shown = [json.loads(line) for line in existing if line.strip()]
         for prompt, answer in found:

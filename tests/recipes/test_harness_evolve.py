@@ -139,7 +139,7 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
         body["messages"][-1]["content"] in {f"{p} {wanted}" for p in prompts} for body, _ in sampled
     )  # and nothing else was asked
     if not qualifying:
-        assert result == "no answer given under the feedback met the scorer"
+        assert result == "no answer given under the feedback met the scorer and still answered"
     else:
         assert isinstance(result, Mutation) and result.path == "examples.jsonl", result
         examples = [json.loads(line) for line in result.content.splitlines()]
@@ -149,7 +149,7 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
     refused = HindsightProposer(generate, unreachable, samples=2, revisions=0).propose(
         failures, context()
     )
-    assert refused == "no answer given under the feedback met the scorer"
+    assert refused == "no answer given under the feedback met the scorer and still answered"
     assert len(sampled) == 2 * len(prompts)
 
 
