@@ -28,6 +28,7 @@ from reef.sdk import (
     Turn,
     asking,
     content_judge,
+    demonstrations,
     failing_prompts,
     files_of,
 )
@@ -70,6 +71,11 @@ class HarnessEvolve(Recipe):
     settings: HarnessEvolveSettings
 
     def failing(self, turn: Turn) -> bool:
+        """A turn to learn from: scored below the threshold (unscored: with feedback), or shown
+        the answer wanted, whatever its score: the scenario's teacher reports its answer as a
+        demonstration on a call the student failed, and the user may score that answer well."""
+        if demonstrations(turn):
+            return True
         score = turn.score
         return score < self.settings.threshold if score is not None else bool(turn.feedback)
 

@@ -253,3 +253,26 @@ def test_pareto_selection_mutates_a_tree_from_the_pareto_set() -> None:
     assert proposal is not None
     assert proposal.files["AGENTS.md"] == b"B"  # 3 evaluated, front of 2: the second in turn
     assert b"formally" in proposal.files["rules/feedback.md"]
+
+
+def test_a_turn_the_teacher_answered_is_learned_from_whatever_its_score() -> None:
+    """The teacher answered a call the student failed and reported its answer as a
+    demonstration; the user scored that answer 1. The hindsight proposer still shows it."""
+    recipe = load_recipe("harness_evolve", {"proposer": "hindsight", "batch_size": 1})
+    taught = Turn(
+        "t1",
+        [{"role": "user", "content": "What is 2+2?"}],
+        {"content": "Four."},
+        "base",
+        [{"feedback": {"demonstration": "Four."}}, {"score": 1.0}],
+    )
+    liked = turn("l1", "Hi", "Hello.", score=1.0, feedback=None)
+
+    def generate(body: dict) -> Completion:
+        raise AssertionError("a demonstration needs no model")
+
+    ctx = StepContext("default", "base", {}, generate=generate)
+    assert [t.record_id for t in recipe.failing_turns([Trajectory("t", [taught, liked])])] == ["t1"]
+    proposal = recipe.propose([Trajectory("t", [taught])], ctx)
+    assert proposal is not None
+    assert proposal.files["examples.jsonl"] == b'{"user": "What is 2+2?", "assistant": "Four."}\n'

@@ -12,10 +12,10 @@ scenario goes to the teacher when the student's answer fails a check:
 or outright, without asking the student, for `share` percent of sessions (sticky, by a hash of
 `x-reef-session`). The user gets the teacher's answer; its record says `arm: teacher` and the
 engine `teacher`, and a report on it carries the answer as a demonstration
-(`{"demonstration": "..."}`), which `sft` and the other weight recipes learn from, so the share
-of calls the teacher takes falls as the student learns. A teacher that cannot answer leaves the
-student's answer in place. Streamed calls stay with the student. What the teacher costs (calls
-by reason, tokens, failures) is in `/reef/status` under `teachers`.
+(`{"demonstration": "..."}`), which `sft`, the other weight recipes and `harness_evolve` learn
+from, so the share of calls the teacher takes falls as the student learns. A teacher that
+cannot answer leaves the student's answer in place. Streamed calls stay with the student. What
+the teacher costs (calls by reason, tokens, failures) is in `/reef/status` under `teachers`.
 
 The serving core hands a whole call of a scenario with a teacher to `Teacher.take_over`, with a
 way to ask the student, and gets back an `Answer`: whose completion it serves, the call as its
@@ -91,8 +91,8 @@ class Answer:
     lesson: Lesson | None = None
 
     async def demonstrate(self, store: ExperienceStore, record_id: str) -> None:
-        """The teacher's answer, reported on its record as a demonstration for weight recipes
-        (nothing when the student answered)."""
+        """The teacher's answer, reported on its record as a demonstration for the recipes to
+        learn from (nothing when the student answered)."""
         if self.lesson is None:
             return
         report = Report(
