@@ -266,15 +266,16 @@ def learning(
     preference: Preference, recipe: str, path: str = "alone", taught_url: str | None = None
 ) -> dict:
     """The `learning` section: the recipe(s), each accepting answers by the preference; on the
-    `reviser` path, `sft` revises with the proposer, the taught model; on the `judged` path, the
-    proposer also judges whether a rewrite still answers."""
+    `reviser` path, `sft` and `harness_evolve` revise with the proposer, the taught model; on the
+    `judged` path, the proposer also judges whether a rewrite still answers."""
     scorer = {"type": "regex", "pattern": preference.progress}
     recipes = [
         {**settings, "scorer": scorer} if settings["recipe"] in SCORED else settings
         for settings in RECIPES[recipe]
     ]
     if path in REVISED:
-        recipes = [{**r, **REVISED[path]} if r["recipe"] == "sft" else r for r in recipes]
+        revising = {"sft", "harness_evolve"}  # the recipes with `reviser` and `content_check`
+        recipes = [{**r, **REVISED[path]} if r["recipe"] in revising else r for r in recipes]
     chosen = {"recipes": recipes} if len(recipes) > 1 else recipes[0]
     proposer = {"proposer_url": taught_url, "proposer_model": "taught"} if path in REVISED else {}
     return {"interval_s": 0.5, **proposer, **chosen}
@@ -289,6 +290,7 @@ RIGHT = {
     "What is 10 minus 3?": r"(?i)\b(7|seven|sept)\b",
     "What language is spoken in Brazil?": r"(?i)\b(portuguese|portugais)\b",
 }
+assert set(RIGHT) <= set(HELD_OUT), "every prompt RIGHT checks is a held-out prompt"
 
 
 def held_out_rates(url: str, preference: Preference) -> tuple[float, float, dict[str, str]]:

@@ -27,7 +27,7 @@ from reef.sdk import (
     Trajectory,
     Turn,
     asking,
-    content_judge,
+    content_judge_for,
     demonstrations,
     failing_prompts,
     files_of,
@@ -71,10 +71,11 @@ class HarnessEvolve(Recipe):
     settings: HarnessEvolveSettings
 
     def failing(self, turn: Turn) -> bool:
-        """A turn to learn from: scored below the threshold (unscored: with feedback), or shown
-        the answer wanted, whatever its score: the scenario's teacher reports its answer as a
-        demonstration on a call the student failed, and the user may score that answer well."""
-        if demonstrations(turn):
+        """A turn to learn from: scored below the threshold (unscored: with feedback); with the
+        hindsight proposer, also a turn shown the answer wanted, whatever its score (the
+        scenario's teacher reports each answer it gives as a demonstration, and the user may
+        score that answer well)."""
+        if self.settings.proposer == "hindsight" and demonstrations(turn):
             return True
         score = turn.score
         return score < self.settings.threshold if score is not None else bool(turn.feedback)
@@ -110,7 +111,7 @@ class HarnessEvolve(Recipe):
                 self.settings.hindsight_samples,
                 self.settings.hindsight_revisions,
                 asking(ask) if ask is not None else None,
-                content_judge(self.settings.content_check, context.ask),
+                content_judge_for(self.settings.content_check, context.ask),
             )
             proposal = proposer.propose(failures, context)
         else:

@@ -68,7 +68,7 @@ from reef.sdk import (
     Trajectory,
     Turn,
     asking,
-    content_judge,
+    content_judge_for,
     demonstrations,
     distill_example,
     distillation,
@@ -271,7 +271,7 @@ class SFT(Recipe):
             max_tokens=self.settings.max_tokens,
             revisions=self.settings.hindsight_revisions,
             reviser=asking(ask) if ask is not None else None,
-            content_judge=content_judge(self.settings.content_check, context.ask),
+            content_judge=content_judge_for(self.settings.content_check, context.ask),
         ):
             pairs.append((item.turn, item.completion_token_ids or item.answer))
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))

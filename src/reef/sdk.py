@@ -19,7 +19,7 @@ module only, so its names are the ones a recipe may rely on:
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
   words, or else the user's next message), `relabel` (an answer that meets the feedback and
   still answers the question), `with_hint`, `asking` (the proposer model as the model that
-  revises), `content_judge` (the model that says whether a rewrite still answers, for a
+  revises), `content_judge_for` (the model that says whether a rewrite still answers, for a
   recipe's `content_check`);
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
@@ -58,7 +58,7 @@ from reef.learning.hindsight import (
     Generate,
     Relabelled,
     asking,
-    content_judge,
+    content_judge_for,
     demonstrations,
     feedback_of,
     hints,
@@ -186,7 +186,7 @@ __all__ = [
     "asking",
     "check_mutation",
     "completion_logprobs",
-    "content_judge",
+    "content_judge_for",
     "current_adapter",
     "demonstrations",
     "distill",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from reef.evaluation.tasks import ScorerSpec
-from reef.learning.hindsight import CONTENT_PROMPT, REVISION_PROMPT, content_judge, relabel
+from reef.learning.hindsight import CONTENT_PROMPT, REVISION_PROMPT, content_judge_for, relabel
 from reef.learning.recipe import RecipeError, StepContext, load_recipe
 from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
@@ -104,9 +104,9 @@ def test_an_answer_that_says_only_the_feedback_is_refused_before_the_judge_is_as
 
 
 def test_content_check_words_gives_no_judge_and_proposer_needs_the_proposer() -> None:
-    assert content_judge("words", None) is None
+    assert content_judge_for("words", None) is None
     with pytest.raises(RecipeError, match="proposer model"):
-        content_judge("proposer", None)
+        content_judge_for("proposer", None)
 
 
 def harness_evolve_with(check: str) -> tuple[Any, StepContext, Bilingual]:

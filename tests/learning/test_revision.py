@@ -160,8 +160,19 @@ def test_a_revision_that_echoes_the_revision_prompt_is_cut_where_the_echo_starts
     echo = f"\n\nThe user's feedback on your answer:\n{FIRST_ANSWER}"
     kept = relabel([reported(PHRASINGS["plain"])], Model(lambda a: f"Sure! {a}{echo}"), scorer)
     assert [item.answer for item in kept] == ["Sure! A pear."]
-    said_nothing = Model(revise=lambda answer: f"Sure! Sure!{echo}", judge="Yes")
+    # What it copies (the question, its first answer) would pass the content check alone.
+    copied = f"\n\nA user asked:\n{QUESTION}\n\nYou answered:\n{FIRST_ANSWER}"
+    said_nothing = Model(revise=lambda answer: f"Sure!{copied}", judge="Yes")
     assert relabel([reported(PHRASINGS["plain"])], said_nothing, scorer, samples=0) == []
+
+
+def test_a_line_that_only_starts_like_the_revision_prompt_is_not_cut() -> None:
+    assert hindsight.before_echo("You answered: 4. The right answer is 5.") == (
+        "You answered: 4. The right answer is 5."
+    )
+    assert hindsight.before_echo("Sure!\nThe user\u2019s feedback on your answer:\nA pear.") == (
+        "Sure!"
+    )
 
 
 def test_a_revision_that_keeps_the_answer_and_follows_the_feedback_is_kept() -> None:

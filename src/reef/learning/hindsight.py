@@ -309,7 +309,7 @@ def asking(ask: Callable[..., str]) -> Generate:
     return generate
 
 
-def content_judge(
+def content_judge_for(
     check: Literal["words", "proposer"], ask: Callable[..., str] | None
 ) -> Generate | None:
     """The model that judges whether a hindsight answer still answers, for a recipe's
@@ -342,20 +342,22 @@ def revisions_of(
                 yield from dict.fromkeys([unwrapped(text, turn), text])
 
 
-# The revision prompt's own lines ("The user's feedback on your answer:"): a small model that
-# writes them goes on to copy the prompt (its first answer, the feedback), which would pass the
-# content check by repeating the first answer's words.
-_SCAFFOLD = [
-    line.strip() for line in REVISION_PROMPT.splitlines() if line.strip() and "{" not in line
-]
+# A line of the revision prompt's own, alone on its line ("The user's feedback on your answer:"):
+# a small model that writes one goes on to copy the prompt (its first answer, the feedback),
+# which would pass the content check by repeating the first answer's words.
+_SCAFFOLD_LINES = [line.strip() for line in REVISION_PROMPT.splitlines() if "{" not in line]
+_ECHO = re.compile(
+    r"^[ \t]*(?:" + "|".join(re.escape(line) for line in _SCAFFOLD_LINES if line) + r")[ \t]*$",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def before_echo(revision: str) -> str:
-    """The revision up to where it starts echoing the revision prompt's own lines, stripped:
-    "Sure! A pear.\n\nThe user's feedback on your answer: ..." -> "Sure! A pear."."""
-    folded = revision.casefold()
-    found = [index for line in _SCAFFOLD if (index := folded.find(line.casefold())) >= 0]
-    return revision[: min(found)].strip() if found else revision.strip()
+    """The revision up to the first line that is one of the revision prompt's own, stripped:
+    "Sure! A pear.\n\nThe user's feedback on your answer:\n..." -> "Sure! A pear."; "You
+    answered: 4." on a line of its own words stays."""
+    echo = _ECHO.search(revision.replace("\u2019", "'"))  # the same length: a curly apostrophe
+    return revision[: echo.start()].strip() if echo else revision.strip()
 
 
 # -- edits: the first answer changed as feedback's form suggests, with no model -------------------
