@@ -1,9 +1,9 @@
-"""A legacy text completion is built from the chat choice: it keeps Reef's own mark of why the
-engine ended the answer, so a record of it tells a learner that the answer looped."""
+"""A legacy text completion is built from the chat completion: its choice keeps Reef's own mark
+of why the engine ended the answer, so a record of it tells a learner that the answer looped."""
 
 from __future__ import annotations
 
-from reef.server.completions.text import _text_choice
+from reef.server.completions.text import text_completion
 
 
 def test_the_text_choice_keeps_why_the_engine_ended_the_answer() -> None:
@@ -13,8 +13,9 @@ def test_the_text_choice_keeps_why_the_engine_ended_the_answer() -> None:
         "finish_reason": "stop",
         "reef": {"ended_by": "repetition"},
     }
-    text = _text_choice(chat, "The")
+    response = {"id": "chatcmpl-1", "model": "m", "choices": [chat]}
+    (text,) = text_completion(response, "The", echo=True)["choices"]
     assert text["text"] == "The sea sea sea" and text["finish_reason"] == "stop"
     assert text["reef"] == {"ended_by": "repetition"}
     del chat["reef"]
-    assert "reef" not in _text_choice(chat, "The")
+    assert "reef" not in text_completion(response, "The", echo=True)["choices"][0]
