@@ -367,6 +367,23 @@ def next_steps(url: str, before: dict[str, int], recipes: int, budget: float) ->
         time.sleep(2)
 
 
+def serving(url: str) -> str:
+    """The release the scenario serves now."""
+    return str(httpx.get(f"{url}/reef/status").json()["serving"].get("default", "base"))
+
+
+def await_swap(url: str, served: str, timeout: float = 120) -> None:
+    """Wait until a release other than `served` serves: a step's release is decided before the
+    engine swaps to it, and a measurement taken between the two reads the old release. Past
+    `timeout`, say so and go on (the row's `release` shows what served)."""
+    deadline = time.monotonic() + timeout
+    while serving(url) == served:
+        if time.monotonic() > deadline:
+            print(f"a release was decided, and {served} still serves after {timeout} s", flush=True)
+            return
+        time.sleep(1)
+
+
 def latest_decided(server: ServerProcess) -> dict:
     listed = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
     return next((c for c in listed if c["state"] in ("released", "rejected")), {})
@@ -458,7 +475,7 @@ def run(
         curve = [(0, before)]
         for number in range(rounds):
             round_started = time.monotonic()
-            before_round = steps_so_far(server.url)
+            before_round, served = steps_so_far(server.url), serving(server.url)
             table.answering = True
             missed = a_round(server, preference, number, path, ATTEMPTS.get(recipe, 1))
             if not missed:
@@ -466,6 +483,8 @@ def run(
                 break
             outcomes = next_steps(server.url, before_round, len(RECIPES[recipe]), budget)
             decisions.append("+".join(outcomes) or "no step")  # the recipe was never ready
+            if any(outcome.endswith(":released") for outcome in outcomes):
+                await_swap(server.url, served)
             round_seconds.append(round(time.monotonic() - round_started))
             if metric_calls is not None:
                 spent = metric_calls_so_far(server.url)
@@ -475,8 +494,7 @@ def run(
             if not outcomes or time.monotonic() - started > rounds * budget:
                 break
         table.answering = False
-        status = httpx.get(f"{server.url}/reef/status").json()
-        release = status["serving"].get("default", "base")
+        release = serving(server.url)
         parts = httpx.get(f"{server.url}/reef/harness").json()["parts"]
         after, right_after, answers = held_out_rates(server.url, preference)
         knows = correct(server.url, TOKENS)
