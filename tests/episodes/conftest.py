@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
+from starlette.requests import Request
+from starlette.responses import Response
 
 from reef.episodes.sandbox import bwrap_problem
+from reef.testing.processes import ServerProcess, free_port, reef_serve
+from reef.testing.threaded import chat_upstream
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -19,3 +26,21 @@ def require_bwrap() -> None:
     problem = bwrap_problem()
     if problem is not None:
         pytest.skip(problem)
+
+
+@contextmanager
+def scripted_reef(
+    project: Path,
+    script: Callable[[Request], Awaitable[Response]],
+    env: dict[str, str],
+    upstream_key: str | None = None,
+) -> Iterator[ServerProcess]:
+    """`reef serve` in `project`, in front of a scripted model whose chat answers `script`
+    gives (so an episode's outcome is certain)."""
+    with chat_upstream(script, "scripted") as upstream:
+        key = f"    api_key: {upstream_key}\n" if upstream_key else ""
+        (project / "reef.yaml").write_text(
+            f"engine:\n  kind: upstream\n  upstream:\n    url: {upstream}\n{key}"
+        )
+        with reef_serve(project, free_port(), env=env).start() as server:
+            yield server

@@ -20,9 +20,9 @@ from starlette.responses import Response, StreamingResponse
 from reef.episodes.runner import EpisodeSettings, run_episode
 from reef.episodes.sandbox import Limits
 from reef.episodes.tasks import load_task
-from reef.testing.processes import ServerProcess, free_port, reef_serve
-from reef.testing.threaded import chat_upstream
+from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
+from tests.episodes.conftest import scripted_reef
 from tests.episodes.test_episodes import SUITE, answer
 
 pytestmark = pytest.mark.slow
@@ -68,12 +68,8 @@ def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             pytest.fail("pi is missing: .ci/run should have installed it")
         pytest.skip("pi is not installed (npm i -g @mariozechner/pi-coding-agent@0.73)")
     project = tmp_path_factory.mktemp("project")
-    with chat_upstream(writes_coral, "scripted") as upstream:
-        (project / "reef.yaml").write_text(
-            f"engine:\n  kind: upstream\n  upstream:\n    url: {upstream}\n"
-        )
-        with reef_serve(project, free_port(), env={"REEF_TOKEN": TOKEN}).start() as server:
-            yield server
+    with scripted_reef(project, writes_coral, {"REEF_TOKEN": TOKEN}) as server:
+        yield server
 
 
 def test_pi_solves_a_task_in_the_sandbox_through_reef(reef: ServerProcess, tmp_path: Path) -> None:

@@ -23,9 +23,9 @@ from reef.episodes.tasks import load_suite, load_task
 from reef.episodes.tokens import EpisodeGrant, mint
 from reef.learning.view import ExperienceView
 from reef.store import ExperienceStore
-from reef.testing.processes import ServerProcess, free_port, reef_serve
-from reef.testing.threaded import chat_upstream
+from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
+from tests.episodes.conftest import scripted_reef
 
 SUITE = Path(__file__).resolve().parents[2] / "evals" / "tasks"
 # The held-out tasks of bench.harness_episodes: the same kinds on other files and words.
@@ -72,15 +72,10 @@ async def scripted(request: Request) -> Response:
 
 @pytest.fixture(scope="module")
 def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    env = {"REEF_TOKEN": TOKEN, "REEF_ADMIN_TOKEN": ADMIN_TOKEN}
     project = tmp_path_factory.mktemp("project")
-    with chat_upstream(scripted, "scripted") as upstream:
-        (project / "reef.yaml").write_text(
-            f"engine:\n  kind: upstream\n  upstream:\n    url: {upstream}\n"
-            f"    api_key: {UPSTREAM_KEY}\n"
-        )
-        env = {"REEF_TOKEN": TOKEN, "REEF_ADMIN_TOKEN": ADMIN_TOKEN}
-        with reef_serve(project, free_port(), env=env).start() as server:
-            yield server
+    with scripted_reef(project, scripted, env, upstream_key=UPSTREAM_KEY) as server:
+        yield server
 
 
 def settings(tmp_path: Path) -> EpisodeSettings:

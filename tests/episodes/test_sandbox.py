@@ -1,7 +1,10 @@
-"""The sandbox on its own: one port reachable, one folder writable, each limit named."""
+"""The sandbox on its own: one port reachable, one folder writable, each limit named, and the
+limits an agent walked around before (memory held in memfds, disk in open deleted files) kept
+by the kernel where it can, and by polling where it cannot."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -9,7 +12,30 @@ from pathlib import Path
 
 import pytest
 
-from reef.episodes.sandbox import Limits, Sandbox, SandboxResult, create_workspace
+from reef.episodes import cgroups
+from reef.episodes.sandbox import Limits, Sandbox, SandboxResult
+from reef.episodes.workspace import create_workspace, release_workspace
+
+# 400 MiB in memfds, which no process maps: a tree's resident memory does not show them.
+MEMFDS = (
+    "python3 -c 'import os, time\n"
+    "fds = [os.memfd_create(str(i)) for i in range(4)]\n"
+    "[os.write(fd, bytes(100 << 20)) for fd in fds]\n"
+    'print("held", flush=True); time.sleep(30)\''
+)
+# 40 MiB in four 10 MiB files deleted while held open: no folder shows them, and each is
+# under the 16 MiB that one file may be. A write the kernel refuses is not the end: the run
+# keeps what it got, as an agent would.
+DELETED = (
+    "python3 -c 'import os, time\n"
+    "held = []\n"
+    "try:\n"
+    "    for i in range(4):\n"
+    '        f = open(f"/app/f{i}", "wb"); os.unlink(f"/app/f{i}"); held.append(f)\n'
+    "        f.write(bytes(10 << 20)); f.flush()\n"
+    "except OSError as error: print(error, flush=True)\n"
+    "time.sleep(30)'"
+)
 
 PROBE = """
 import socket, sys
@@ -45,12 +71,30 @@ def listening() -> Iterator[list[int]]:
 
 
 def run(
-    tmp_path: Path, script: str, limits: Limits | None = None, **options: object
+    tmp_path: Path,
+    script: str,
+    limits: Limits | None = None,
+    capped: bool = False,
+    **options: object,
 ) -> SandboxResult:
-    sandbox = Sandbox(
-        create_workspace(tmp_path / "ws"), limits or Limits(wall_time_s=30), **options
-    )  # type: ignore[arg-type]
-    return sandbox.run(["bash", "-c", script], {})
+    limits = limits or Limits(wall_time_s=30)
+    workspace = create_workspace(tmp_path / "ws", disk_mb=limits.disk_mb if capped else None)
+    try:
+        return Sandbox(workspace, limits, **options).run(["bash", "-c", script], {})  # type: ignore[arg-type]
+    finally:
+        release_workspace(workspace, keep=True)
+
+
+@pytest.fixture(params=["kernel", "polling"])
+def keeper(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each limit test twice: with this machine's cgroups, and as on a machine without any."""
+    if request.param == "kernel" and not cgroups.support().available:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs as root with cgroups: {cgroups.support().reason}")
+        pytest.skip(cgroups.support().reason)
+    if request.param == "polling":
+        monkeypatch.setattr(cgroups, "support", lambda: cgroups.Support(None, reason="test"))
+    return str(request.param)
 
 
 def test_only_reefs_port_is_reachable(tmp_path: Path, listening: list[int]) -> None:
@@ -102,12 +146,48 @@ def test_writes_only_inside_its_folder(tmp_path: Path) -> None:
     ],
 )
 def test_each_limit_stops_the_run_and_is_named(
-    tmp_path: Path, limit: str, limits: Limits, script: str
+    tmp_path: Path, limit: str, limits: Limits, script: str, keeper: str
 ) -> None:
     result = run(tmp_path, script, limits)
     assert result.limit == limit, result.output
     assert result.exit_code is None
     assert result.seconds < 20
+
+
+def test_memory_held_in_memfds_is_a_memory_limit(tmp_path: Path, keeper: str) -> None:
+    result = run(tmp_path, MEMFDS, Limits(wall_time_s=30, memory_mb=100))
+    assert result.limit == "memory", result.output
+    assert result.seconds < 20
+
+
+@pytest.mark.parametrize("capped", [True, False], ids=["tmpfs", "folder"])
+def test_disk_held_in_open_deleted_files_is_a_disk_limit(
+    tmp_path: Path, capped: bool, keeper: str
+) -> None:
+    if capped and os.geteuid() != 0:
+        pytest.skip("a capped workspace is a tmpfs, mounted as root only")
+    result = run(tmp_path, DELETED, Limits(wall_time_s=30, disk_mb=16), capped=capped)
+    assert result.limit == "disk", result.output
+    assert result.seconds < 20
+
+
+def test_a_run_leaves_no_cgroup_and_no_mount_behind(tmp_path: Path, keeper: str) -> None:
+    before = _episode_cgroups()
+    root = tmp_path / "ws"
+    result = run(tmp_path, "sleep 30 & sleep 30 & wait", Limits(wall_time_s=1), capped=True)
+    assert result.limit == "wall_time"
+    assert _episode_cgroups() == before
+    assert not os.path.ismount(root) and root.is_dir()
+
+
+def _episode_cgroups() -> set[Path]:
+    found = cgroups.support()
+    return {
+        child
+        for parent in found.parents.values()
+        for child in parent.iterdir()
+        if child.name.startswith("reef-episode-")
+    }
 
 
 def test_output_past_its_cap_is_dropped_and_flagged(tmp_path: Path) -> None:

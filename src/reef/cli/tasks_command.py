@@ -16,13 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from reef.cli.options import ConfigOption, project_config
-from reef.cli.output import console, fail
+from reef.cli.output import console, errors, fail
 from reef.client import DEFAULT_URL, env_token
 from reef.config import EpisodesConfig
 from reef.episodes.agents import AGENTS
 from reef.episodes.project import episode_settings
 from reef.episodes.runner import Episode, EpisodeError, EpisodeSettings, run_episode
 from reef.episodes.sandbox import EPISODES_PACKAGE, SandboxUnavailable
+from reef.episodes.supervision import enforcement
 from reef.episodes.tasks import BadTask, Task, load_suite
 from reef.inference.server_file import find_advertised
 
@@ -74,6 +75,9 @@ def run_tasks(
     episodes_config, signer = _episodes_config(config)
     settings = _settings(episodes_config, sandbox)
     token = env_token()
+    polled = enforcement(settings.limits)
+    if polled:
+        errors.print(f"[yellow]note:[/] {polled}", highlight=False, soft_wrap=True)
     episodes = []
     with _progress() as progress:
         bar = progress.add_task(f"{agent} on {len(tasks)} tasks", total=len(tasks))
@@ -184,8 +188,9 @@ def _results_table(episodes: list[Episode], agent: str) -> Table:
 
 
 def _result(episode: Episode) -> str:
+    cut = " (output truncated)" if episode.output_truncated else ""
     if episode.passed:
-        return "[green]pass[/]"
+        return f"[green]pass[/]{cut}"
     if episode.limit:
-        return f"[red]limit: {episode.limit}[/]"
-    return f"[red]fail[/] {episode.error or ''}".strip()
+        return f"[red]limit: {episode.limit}[/]{cut}"
+    return f"[red]fail[/]{cut} {episode.error or ''}".strip()

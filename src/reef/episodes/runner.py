@@ -10,10 +10,11 @@ compares.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import re
 import secrets
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,23 +24,27 @@ from urllib.parse import urlsplit
 
 from reef.client import ReefClient, ReefClientError, env_token
 from reef.episodes.agents import INSTALL_SCRIPT, AgentRun, UnknownAgent, agent_run
-from reef.episodes.sandbox import (
-    Limits,
-    Sandbox,
-    SandboxMode,
-    SandboxResult,
+from reef.episodes.sandbox import Sandbox, SandboxMode, require_sandbox
+from reef.episodes.supervision import Limits, SandboxResult, enforcement
+from reef.episodes.tasks import BadTask, Task, check_task_folders
+from reef.episodes.tokens import EpisodeGrant, mint
+from reef.episodes.untrusted import UnsafePath, read_sandbox_file
+from reef.episodes.workspace import (
     Workspace,
     create_workspace,
     give_to_sandbox,
-    require_sandbox,
+    release_workspace,
 )
-from reef.episodes.tasks import Task
-from reef.episodes.tokens import EpisodeGrant, mint
 from reef.scenario import DEFAULT_SCENARIO
 from reef.urls import without_password
 
 TEST_OUTPUT_IN_REPORT = 4000
 TOKEN_GRACE_S = 120.0  # past the agent's wall time: calls still in flight end, then it expires
+REWARD_BYTES = 4096
+TRAJECTORY_BYTES = 16 * 1024 * 1024
+
+logger = logging.getLogger(__name__)
+_told_enforcement = False
 
 
 class EpisodeError(RuntimeError):
@@ -89,6 +94,12 @@ class Episode:
     def test_output(self) -> str:
         return self.verifier_run.output if self.verifier_run is not None else ""
 
+    @property
+    def output_truncated(self) -> bool:
+        """Whether the agent's or the test's output passed its cap and was cut."""
+        runs = (self.agent_run, self.verifier_run)
+        return any(run is not None and run.output_truncated for run in runs)
+
     def summary(self) -> dict[str, Any]:
         """The episode as plain data (what `reef tasks run --json` prints)."""
         return {
@@ -100,6 +111,7 @@ class Episode:
             "reward": self.reward,
             "passed": self.passed,
             "limit": self.limit,
+            "output_truncated": self.output_truncated,
             "error": self.error,
             "calls": [call.get("id") for call in self.calls],
             "commands": self.commands,
@@ -143,41 +155,75 @@ def run_episode(
         episode.error = "needs its image: " + "; ".join(task.image_installs)
         return episode
     require_sandbox(settings.sandbox)
+    _tell_enforcement(settings.limits)
     port = loopback_port(reef_url)
-    with ReefClient(reef_url, token=token) as client:
+    try:
         workspace = _prepare(task, episode, settings)
-        limits = settings.limits.within(task.agent_timeout_s)
+    except (BadTask, UnsafePath) as error:
+        episode.error = f"task refused: {error}"
+        return episode
+    try:
+        _run_prepared(task, episode, workspace, reef_url, port, token, signing_token, settings)
+    finally:
+        release_workspace(workspace, keep=settings.keep_workspace)
+    return episode
+
+
+def _run_prepared(
+    task: Task,
+    episode: Episode,
+    workspace: Workspace,
+    reef_url: str,
+    port: int,
+    token: str | None,
+    signing_token: str | None,
+    settings: EpisodeSettings,
+) -> None:
+    with ReefClient(reef_url, token=token) as client:
+        limits = settings.limits.within(task.agent_timeout_s, task.memory_mb, task.cpus)
+        scenario = episode.scenario
         grant = EpisodeGrant(
-            scenario, episode.id, task.name, tree, time.time() + limits.wall_time_s + TOKEN_GRACE_S
+            scenario,
+            episode.id,
+            task.name,
+            episode.tree,
+            time.time() + limits.wall_time_s + TOKEN_GRACE_S,
         )
         episode_token = mint(grant, signing_token or token or _no_signer(reef_url))
         sandbox_url = f"http://127.0.0.1:{port}"
         try:
             run = agent_run(
-                agent,
+                episode.agent,
                 solution=task.solution,
                 base_url=sandbox_url,
                 token=episode_token,
                 scenario=scenario,
                 model=_served_model(client, scenario),
-                seed=seed,
+                seed=episode.seed,
                 max_steps=settings.max_steps,
             )
         except UnknownAgent as error:
             episode.error = str(error)
-            return episode
+            return
         if run.needs_install_script:
-            _write_install_script(client, agent, scenario, workspace, sandbox_url)
+            _write_install_script(client, episode.agent, scenario, workspace, sandbox_url)
         episode.agent_run = _run_agent(run, workspace, limits, port, settings)
-        episode.verifier_run = _run_test(task, workspace, settings)
-        episode.reward, problem = read_reward(workspace.logs / "verifier")
-        episode.error = episode.error or problem
-        episode.commands = read_commands(workspace.logs / "agent" / "trajectory.jsonl")
+        verifier = workspace.for_verifier()
+        episode.verifier_run = _run_test(task, verifier, settings)
+        episode.reward, problem = read_reward(verifier.verifier_logs)
+        episode.commands, trajectory_problem = read_commands(workspace.logs)
+        episode.error = episode.error or problem or trajectory_problem
         episode.calls = episode_records(client, episode)
         episode.report_id = report_episode(client, episode)
-    if not settings.keep_workspace:
-        shutil.rmtree(workspace.root, ignore_errors=True)
-    return episode
+
+
+def _tell_enforcement(limits: Limits) -> None:
+    """Once a process: which limits hold only by polling on this machine, and why."""
+    global _told_enforcement
+    sentence = enforcement(limits)
+    if sentence and not _told_enforcement:
+        logger.warning("%s", sentence)
+    _told_enforcement = True
 
 
 def run_paired(
@@ -242,9 +288,12 @@ def _no_signer(reef_url: str) -> str:
 
 
 def _prepare(task: Task, episode: Episode, settings: EpisodeSettings) -> Workspace:
+    """The episode's workspace, the task checked again first (it may have changed since it
+    was loaded): nothing of it may lead out of its folder."""
+    check_task_folders(task.path)
     root = settings.work_root or Path(os.environ.get("TMPDIR", "/tmp")) / "reef-episodes"
-    root.mkdir(parents=True, exist_ok=True)
-    workspace = create_workspace(root / episode.id, task.environment)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    workspace = create_workspace(root / episode.id, task.environment, settings.limits.disk_mb)
     episode.workspace = workspace.root
     (workspace.logs / "agent" / "instruction.md").write_text(task.instruction)
     give_to_sandbox(workspace)
@@ -284,41 +333,61 @@ def _run_agent(
     return sandbox.run(run.command, run.env)
 
 
-def _run_test(task: Task, workspace: Workspace, settings: EpisodeSettings) -> SandboxResult:
-    """The task's test, in a sandbox of its own with no network at all."""
-    limits = settings.limits.within(task.verifier_timeout_s)
-    sandbox = Sandbox(workspace, limits, mounts={"/tests": task.tests}, mode=settings.sandbox)
-    return sandbox.run(["bash", "/tests/test.sh"], {})
+def _run_test(task: Task, verifier: Workspace, settings: EpisodeSettings) -> SandboxResult:
+    """The task's test, in a sandbox of its own with no network at all, on what the agent left
+    in /app and nothing else of the agent's: its own /logs/verifier, home and /tmp, its own
+    uid (as root), and no user site-packages."""
+    limits = settings.limits.within(task.verifier_timeout_s, task.memory_mb, task.cpus)
+    sandbox = Sandbox(verifier, limits, mounts={"/tests": task.tests}, mode=settings.sandbox)
+    return sandbox.run(["bash", "/tests/test.sh"], {"PYTHONNOUSERSITE": "1"})
 
 
 def read_reward(verifier_logs: Path) -> tuple[float | None, str | None]:
-    """The reward the test wrote (reward.txt: a number; reward.json: {"reward": x} or a single
-    number), and what was wrong when there is none."""
-    text_file, json_file = verifier_logs / "reward.txt", verifier_logs / "reward.json"
+    """The reward the test wrote (reward.txt: a number; else reward.json: {"reward": x} or a
+    single number), and what was wrong when there is none. Each is read as a regular file of
+    at most 4 KiB, never through a link; a reward.txt that is anything else is a verifier
+    error, never a reason to read reward.json."""
     try:
-        if text_file.is_file():
-            return float(text_file.read_text().strip()), None
-        if json_file.is_file():
-            data = json.loads(json_file.read_text())
-            value = data.get("reward") if isinstance(data, dict) else data
-            if not isinstance(value, int | float | str):
+        text = read_sandbox_file(verifier_logs, "reward.txt", REWARD_BYTES)
+        if text is not None:
+            return _finite(text.decode(errors="replace").strip()), None
+        data = read_sandbox_file(verifier_logs, "reward.json", REWARD_BYTES)
+        if data is not None:
+            parsed = json.loads(data)
+            value = parsed.get("reward") if isinstance(parsed, dict) else parsed
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
                 raise ValueError("no number")
-            return float(value), None
+            return _finite(value), None
+    except UnsafePath as error:
+        return None, f"verifier error: /logs/verifier/{error}"
     except (ValueError, TypeError):
         return None, "the test wrote a reward that is not a number"
     return None, "the test wrote no reward (/logs/verifier/reward.txt or reward.json)"
 
 
-def read_commands(trajectory: Path) -> list[dict[str, Any]]:
-    if not trajectory.is_file():
-        return []
+def _finite(value: str | float) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError("not finite")
+    return number
+
+
+def read_commands(agent_logs: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The agent's steps from `agent/trajectory.jsonl` under its /logs, read as a regular file
+    of bounded size, never through a link; and what was wrong with it, if anything."""
+    try:
+        data = read_sandbox_file(agent_logs, "agent/trajectory.jsonl", TRAJECTORY_BYTES)
+    except UnsafePath as error:
+        return [], f"the agent's trajectory is refused: /logs/{error}"
     steps = []
-    for line in trajectory.read_text(errors="replace").splitlines():
+    for line in (data or b"").decode(errors="replace").splitlines():
         try:
-            steps.append(json.loads(line))
+            step = json.loads(line)
         except ValueError:
             continue  # the agent was killed mid-line
-    return steps
+        if isinstance(step, dict):
+            steps.append(step)
+    return steps, None
 
 
 def describe_step(step: dict[str, object]) -> str:

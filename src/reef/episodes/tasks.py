@@ -9,6 +9,9 @@
 
 There is no Docker here: a task runs over the host's tools, so a Dockerfile that installs
 packages (`RUN apt-get install …`, `RUN pip install …`) is reported as needing its image.
+
+A task is untrusted input: a link that leaves the task folder, a hard link, or a device in it
+is refused with its path (reef.episodes.untrusted).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from reef.episodes.untrusted import UnsafePath, check_task_tree, read_task_file
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_VERIFIER_TIMEOUT_S = 120.0
@@ -76,11 +81,12 @@ def load_task(folder: Path | str) -> Task:
     if not path.is_dir():
         raise BadTask(f"{path}: not a folder (a task is a folder with task.toml)")
     config = _task_toml(path)
-    instruction = _required_file(path / "instruction.md", "the instruction given to the agent")
+    instruction = _required_file(path, "instruction.md", "the instruction given to the agent")
     test = path / "tests" / "test.sh"
-    _required_file(test, "the test that writes /logs/verifier/reward.txt")
+    _required_file(path, "tests/test.sh", "the test that writes /logs/verifier/reward.txt")
     if not os.access(test, os.X_OK):
         raise BadTask(f"{test}: not executable (chmod +x it)")
+    check_task_folders(path)
     environment = config.get("environment", {})
     return Task(
         path=path,
@@ -103,10 +109,29 @@ def load_suite(folder: Path | str) -> list[Task]:
         return [load_task(root)]
     if not root.is_dir():
         raise BadTask(f"{root}: not a folder of tasks")
-    tasks = [load_task(child) for child in sorted(root.iterdir()) if (child / "task.toml").exists()]
+    tasks = [task for child in sorted(root.iterdir()) if (task := _suite_task(child)) is not None]
     if not tasks:
         raise BadTask(f"{root}: no task here (no subfolder has a task.toml)")
     return tasks
+
+
+def _suite_task(child: Path) -> Task | None:
+    if not (child / "task.toml").exists():
+        return None
+    if child.is_symlink():
+        raise BadTask(f"{child}: a link; a suite's tasks must be folders of the suite itself")
+    return load_task(child)
+
+
+def check_task_folders(path: Path) -> None:
+    """What the sandbox is given of the task (environment/, tests/, solution/) holds nothing
+    that leads out of it; `BadTask` naming the first entry that does. The runner checks again
+    before each episode: the folder may change between loading and running."""
+    try:
+        for name in ("environment", "tests", "solution"):
+            check_task_tree(path / name, path)
+    except UnsafePath as error:
+        raise BadTask(str(error)) from None
 
 
 def installing_lines(dockerfile: Path) -> tuple[str, ...]:
@@ -120,18 +145,27 @@ def installing_lines(dockerfile: Path) -> tuple[str, ...]:
 
 def _task_toml(path: Path) -> dict[str, Any]:
     toml = path / "task.toml"
-    if not toml.is_file():
+    if not os.path.lexists(toml):
         raise BadTask(f"{toml}: missing (every task folder has a task.toml)")
     try:
-        return tomllib.loads(toml.read_text())
+        return tomllib.loads(_task_file(toml, path))
     except tomllib.TOMLDecodeError as error:
         raise BadTask(f"{toml}: not valid TOML ({error})") from None
 
 
-def _required_file(path: Path, what: str) -> str:
-    if not path.is_file():
+def _required_file(task_root: Path, relative: str, what: str) -> str:
+    path = task_root / relative
+    if not os.path.lexists(path):
         raise BadTask(f"{path}: missing ({what})")
-    return path.read_text()
+    return _task_file(path, task_root)
+
+
+def _task_file(path: Path, task_root: Path) -> str:
+    """A file of the task's own, never one a link leads to."""
+    try:
+        return read_task_file(path, task_root)
+    except UnsafePath as error:
+        raise BadTask(str(error)) from None
 
 
 def _seconds(config: dict[str, Any], section: str, default: float, path: Path) -> float:

@@ -1,0 +1,193 @@
+"""The episode's folder on the host, the only place its sandboxes write.
+
+    <episode>/app            /app for the agent, then for the verifier (handed over to it)
+    <episode>/logs           /logs for the agent (agent/: instruction, trajectory)
+    <episode>/home, tmp      the agent's /home/agent and /tmp
+    <episode>/verifier/      the verifier's own /logs/verifier, /home/agent and /tmp, made
+                             after the agent's run: nothing in them was the agent's
+    <episode>/etc            the sandbox's passwd, group and hosts, read-only inside (the
+                             verifier's in verifier/etc)
+
+As root the folder is a tmpfs of its own sized to the disk limit, so that a file the agent
+deleted while holding it open still counts, and the agent and the verifier each run as a uid
+of their own. The folder is its owner's alone (0700): a kept workspace holds the episode's
+token in the agent's files until it expires.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from reef.episodes.untrusted import check_task_tree, copy_task_folder
+
+INSIDE_UID = 1000
+SANDBOX_UIDS = (200_000, 260_000)  # as root: the range each run's own uid is drawn from
+FULL_BYTES = 64 * 1024  # a capped workspace with less room than this is at its disk limit
+Role = Literal["agent", "verifier"]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The episode's folder, as one of its two runs sees it: the agent's or the verifier's."""
+
+    root: Path
+    uid: int | None = None  # the uid this run's sandbox runs as (root only)
+    role: Role = "agent"
+    capped: bool = False  # a tmpfs of the disk limit's size
+
+    @property
+    def app(self) -> Path:
+        return self.root / "app"
+
+    @property
+    def logs(self) -> Path:
+        """The agent's /logs."""
+        return self.root / "logs"
+
+    @property
+    def verifier_logs(self) -> Path:
+        return self.root / "verifier" / "logs"
+
+    @property
+    def home(self) -> Path:
+        return self._own("home")
+
+    @property
+    def tmp(self) -> Path:
+        return self._own("tmp")
+
+    @property
+    def etc(self) -> Path:
+        """This run's passwd, group and hosts."""
+        return self._own("etc")
+
+    def writable(self) -> list[Path]:
+        """This run's writable folders."""
+        logs = self.logs if self.role == "agent" else self.verifier_logs
+        return [self.app, logs, self.home, self.tmp]
+
+    def writable_binds(self) -> dict[str, Path]:
+        """Inside -> host, for this run's writable folders."""
+        logs = {"/logs": self.logs} if self.role == "agent" else {}
+        if self.role == "verifier":
+            logs = {"/logs/verifier": self.verifier_logs}
+        return {"/app": self.app, **logs, "/home/agent": self.home, "/tmp": self.tmp}
+
+    def for_verifier(self) -> Workspace:
+        """The verifier's view, made now: fresh logs, home and tmp, a uid of its own, and /app
+        handed over to that uid (the agent's processes are gone by then)."""
+        uid = None if self.uid is None else _other_uid(self.uid)
+        verifier = replace(self, uid=uid, role="verifier")
+        for folder in [*verifier.writable(), verifier.etc]:
+            folder.mkdir(parents=True, exist_ok=True)
+        _write_etc(verifier)
+        give_to_sandbox(verifier)
+        return verifier
+
+    def _own(self, name: str) -> Path:
+        return self.root / name if self.role == "agent" else self.root / "verifier" / name
+
+
+def create_workspace(
+    root: Path, environment: Path | None = None, disk_mb: int | None = None
+) -> Workspace:
+    """A fresh workspace at `root`, /app holding `environment`'s files but its Dockerfile
+    (copied without following a link, as the agent's uid; `environment` is checked again
+    first, as it may have changed since the task was loaded)."""
+    root.mkdir(mode=0o700, parents=True)
+    root.chmod(0o700)
+    uid = random.randrange(*SANDBOX_UIDS) if os.geteuid() == 0 else None
+    capped = uid is not None and disk_mb is not None and _mount_tmpfs(root, disk_mb)
+    workspace = Workspace(root=root, uid=uid, capped=capped)
+    try:
+        _fill(workspace, environment)
+    except BaseException:
+        release_workspace(workspace, keep=False)
+        raise
+    return workspace
+
+
+def _fill(workspace: Workspace, environment: Path | None) -> None:
+    for folder in [*workspace.writable(), workspace.etc]:
+        folder.mkdir(parents=True, exist_ok=True)
+    for sub in ("agent", "verifier"):
+        (workspace.logs / sub).mkdir(exist_ok=True)
+    _write_etc(workspace)
+    give_to_sandbox(workspace)
+    if environment is None or not environment.is_dir():
+        return
+    check_task_tree(environment, environment.parent)
+    copy_task_folder(environment, workspace.app, workspace.uid)
+    for name in ("Dockerfile", ".dockerignore"):
+        dropped = workspace.app / name
+        if dropped.is_file() and not dropped.is_symlink():
+            dropped.unlink()
+
+
+def give_to_sandbox(workspace: Workspace) -> None:
+    """The run's writable folders, owned by its uid (links themselves, never what they name)."""
+    if workspace.uid is None:
+        return
+    for folder in workspace.writable():
+        os.lchown(folder, workspace.uid, workspace.uid)
+        for dirpath, dirnames, filenames in os.walk(folder):
+            for name in [*dirnames, *filenames]:
+                os.lchown(os.path.join(dirpath, name), workspace.uid, workspace.uid)
+
+
+def at_disk_limit(workspace: Workspace) -> bool:
+    """Whether a capped workspace is full (the kernel refuses its next write)."""
+    if not workspace.capped:
+        return False
+    stats = os.statvfs(workspace.root)
+    return stats.f_bavail * stats.f_frsize < FULL_BYTES
+
+
+def release_workspace(workspace: Workspace, keep: bool) -> None:
+    """Unmount a capped workspace (its files copied to a plain folder of the same name first
+    when it is kept), or remove it when it is not kept."""
+    if workspace.capped:
+        kept = workspace.root.with_name(workspace.root.name + ".kept")
+        if keep:
+            kept.mkdir(mode=0o700)
+            subprocess.run(["cp", "-a", f"{workspace.root}/.", f"{kept}/"], check=False)
+        subprocess.run(["umount", "--lazy", str(workspace.root)], check=False)
+        workspace.root.rmdir()
+        if keep:
+            kept.rename(workspace.root)
+        return
+    if not keep:
+        shutil.rmtree(workspace.root, ignore_errors=True)
+
+
+def _mount_tmpfs(root: Path, disk_mb: int) -> bool:
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0700", "tmpfs", str(root)],
+        capture_output=True,
+    )
+    return done.returncode == 0
+
+
+def _write_etc(workspace: Workspace) -> None:
+    agent = inside_uid(workspace)
+    (workspace.etc / "passwd").write_text(
+        f"root:x:0:0:root:/root:/bin/sh\nagent:x:{agent}:{agent}::/home/agent:/bin/bash\n"
+    )
+    (workspace.etc / "group").write_text(f"root:x:0:\nagent:x:{agent}:\n")
+    (workspace.etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+
+
+def inside_uid(workspace: Workspace) -> int:
+    return INSIDE_UID if workspace.uid is None else workspace.uid
+
+
+def _other_uid(uid: int) -> int:
+    while (other := random.randrange(*SANDBOX_UIDS)) == uid:
+        continue
+    return other
