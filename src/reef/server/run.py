@@ -37,8 +37,10 @@ def check_bind(host: str, has_tokens: bool) -> None:
         )
 
 
-async def serve(state: ServerState) -> None:
-    """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close."""
+async def serve(state: ServerState, server: ReefServer | None = None) -> None:
+    """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close.
+    `server`: the uvicorn server to serve with, for a caller that stops it itself (a test
+    serving in a thread sets its `should_exit`)."""
     followers: list[asyncio.Task[None]] = []
     try:
         await state.engine.start()
@@ -58,7 +60,7 @@ async def serve(state: ServerState) -> None:
         for teacher in state.teachers.values():
             await teacher.start()
         try:
-            await _ReefServer(state).serve()
+            await (server or ReefServer(state)).serve()
         finally:
             for teacher in state.teachers.values():
                 await teacher.close()
@@ -78,7 +80,7 @@ def _scenarios(state: ServerState) -> list[str]:
     return list(dict.fromkeys(["default", *config.learning.scenarios, *config.scenarios]))
 
 
-class _ReefServer(uvicorn.Server):
+class ReefServer(uvicorn.Server):
     """uvicorn, plus what belongs to the socket's life. As it opens: the server file is written
     before any request is answered (whoever sees /healthz answer also finds it), then the learning
     worker starts. As it closes: both go before the graceful shutdown waits for requests in

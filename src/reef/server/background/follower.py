@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 
+from reef.engines.base import LoadsCheckpoints
 from reef.inference.binding import Binding
 from reef.server.state import ServerState
 
@@ -84,13 +85,14 @@ class HeadFollower:
 
     def _load_weights(self, binding: Binding) -> None:
         """Have the engine load a checkpoint's weights now, so no request waits for them."""
-        load = getattr(self.state.engine, "load_checkpoint", None)
-        if load is None or self._loop is None:
+        engine = self.state.engine
+        if not isinstance(engine, LoadsCheckpoints) or self._loop is None:
             return
         arms = binding.routing.routes if binding.routing is not None else ()
         served = [binding, *(arm.binding for _, route_arms in arms for arm in route_arms)]
         for checkpoint in dict.fromkeys(b.checkpoint for b in served if b.checkpoint):
-            asyncio.run_coroutine_threadsafe(load(checkpoint), self._loop).result()
+            loading = engine.load_checkpoint(checkpoint)
+            asyncio.run_coroutine_threadsafe(loading, self._loop).result()
 
     def _report(self, scenario: str, message: str) -> None:
         errors = self.state.release_errors

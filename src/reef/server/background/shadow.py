@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reef.engines.base import Preempted
+from reef.engines.base import Preempted, Slotted
 from reef.errors import Overloaded, ReefError
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
@@ -63,7 +63,7 @@ class ShadowRunner:
             maxsize=state.config.gate.shadow.queue
         )
         # llama.cpp runs background jobs on idle slots; other engines get a copy while idle.
-        self._background = bool(getattr(state.engine, "runs_background", False))
+        self._background = isinstance(state.engine, Slotted) and state.engine.runs_background
 
     def offer(self, scenario: str, record_id: str) -> None:
         """Queue a copy of the live call `record_id` for the scenario's shadows, if it has any."""
@@ -181,8 +181,10 @@ class ShadowRunner:
     def _busy(self) -> bool:
         """Whether a live request is in flight: the engine's count where it keeps one, else the
         server's count of HTTP requests being answered."""
-        in_flight = getattr(self.state.engine, "in_flight", None)
-        return bool(in_flight) if in_flight is not None else self.state.in_flight.count > 0
+        engine = self.state.engine
+        if isinstance(engine, Slotted):
+            return engine.in_flight > 0
+        return self.state.in_flight.count > 0
 
     def _scores(
         self, scenario: str, asked: ChatRequest, record: dict[str, Any], completion: Completion

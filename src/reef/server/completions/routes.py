@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reef.engines.base import ForwardsJson
 from reef.errors import Unsupported
 from reef.protocol import Completion
 from reef.server.call import CallContext
@@ -30,16 +31,18 @@ async def completions(request: Request) -> Response:
     body = await read_json(request, state.config.server.max_body_bytes)
     call = state.call_context(request.headers)
     asked = parse(TextCompletionRequest, body)
-    forward = getattr(state.engine, "forward_json", None)
     started = time.perf_counter()
-    if forward is not None:
+    if isinstance(state.engine, ForwardsJson):
         if asked.stream:
             raise Unsupported(
                 f"the {state.engine.name} engine forwards text completions whole: send "
                 "stream false, or stream /v1/chat/completions"
             )
         answer = await until_disconnected(
-            request, forward("/completions", body, call.binding.adapter, call.binding.checkpoint)
+            request,
+            state.engine.forward_json(
+                "/completions", body, call.binding.adapter, call.binding.checkpoint
+            ),
         )
         return await _answer(state, call, body, answer, started)
     chat = call.served(asked.as_chat()).continuing(asked.text())

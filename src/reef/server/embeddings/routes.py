@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reef.engines.base import Embeds, ForwardsJson
 from reef.errors import ReefError
 from reef.server.cancellation import until_disconnected
 from reef.server.http import parse, read_json
@@ -60,16 +61,16 @@ async def embeddings(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     body = await read_json(request, state.config.server.max_body_bytes)
     asked = parse(EmbeddingRequest, body)
-    forward = getattr(state.engine, "forward_json", None)
-    if forward is not None:
-        return JSONResponse(await until_disconnected(request, forward("/embeddings", body)))
-    embed = getattr(state.engine, "embed", None)
-    if embed is None:
+    engine = state.engine
+    if isinstance(engine, ForwardsJson):
+        forwarded = engine.forward_json("/embeddings", body)
+        return JSONResponse(await until_disconnected(request, forwarded))
+    if not isinstance(engine, Embeds):
         raise NotImplementedByEngine(
             f"the {state.engine.name} engine cannot embed: serve with the llamacpp or an "
             "upstream engine for /v1/embeddings"
         )
-    vectors, tokens = await until_disconnected(request, embed(asked.texts()))
+    vectors, tokens = await until_disconnected(request, engine.embed(asked.texts()))
     encode = _base64 if asked.encoding_format == "base64" else list
     data = [
         {"object": "embedding", "index": index, "embedding": encode(vector)}

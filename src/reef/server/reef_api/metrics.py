@@ -34,6 +34,7 @@ from prometheus_client.core import (
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from reef.engines.base import ServesChildMetrics, Slotted
 from reef.errors import BadRequest, ReefError, Unauthorized
 from reef.server.auth import provided_token
 from reef.server.metrics import PREFIX
@@ -61,9 +62,9 @@ class EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         state, engine = self.state, self.state.engine
-        slots = getattr(engine, "slots", None)
-        admitted = getattr(engine, "in_flight", None)
-        if isinstance(slots, int) and isinstance(admitted, int):
+        slotted = engine if isinstance(engine, Slotted) else None
+        if slotted is not None:
+            admitted, slots = slotted.in_flight, slotted.slots
             running, waiting = min(admitted, slots), max(0, admitted - slots)
         else:  # an engine that does not queue: every call in flight runs (upstream, vLLM)
             running, waiting = state.metrics.generating, 0
@@ -78,34 +79,32 @@ class EngineCollector:
             "HTTP requests being answered (this scrape included)",
             value=state.in_flight.count,
         )
-        if isinstance(slots, int):
-            yield GaugeMetricFamily(
-                f"{PREFIX}llamacpp_slots", "llama.cpp slots (engine.llamacpp.slots)", value=slots
-            )
-            yield GaugeMetricFamily(
-                f"{PREFIX}llamacpp_slots_busy",
-                "llama.cpp slots running a request (live or background)",
-                value=getattr(engine, "slots_busy", 0),
-            )
-        usage = getattr(engine, "kv_cache_usage", None)
-        if isinstance(usage, float):
-            yield GaugeMetricFamily(
-                f"{PREFIX}kv_cache_usage_perc",
-                "Share of the KV cache's cells holding a token (0 to 1)",
-                value=usage,
-            )
-        counters = getattr(engine, "cache_counters", None)
-        if isinstance(counters, dict):
-            yield CounterMetricFamily(
-                f"{PREFIX}prefix_cache_queries",
-                "Prompt tokens of the requests the engine started",
-                value=counters.get("prompt_tokens", 0),
-            )
-            yield CounterMetricFamily(
-                f"{PREFIX}prefix_cache_hits",
-                "Of those, tokens served from a slot's prompt cache",
-                value=counters.get("reused_tokens", 0),
-            )
+        if slotted is None:
+            return
+        yield GaugeMetricFamily(
+            f"{PREFIX}llamacpp_slots", "llama.cpp slots (engine.llamacpp.slots)", value=slots
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}llamacpp_slots_busy",
+            "llama.cpp slots running a request (live or background)",
+            value=slotted.slots_busy,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}kv_cache_usage_perc",
+            "Share of the KV cache's cells holding a token (0 to 1)",
+            value=slotted.kv_cache_usage,
+        )
+        counters = slotted.cache_counters
+        yield CounterMetricFamily(
+            f"{PREFIX}prefix_cache_queries",
+            "Prompt tokens of the requests the engine started",
+            value=counters.get("prompt_tokens", 0),
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}prefix_cache_hits",
+            "Of those, tokens served from a slot's prompt cache",
+            value=counters.get("reused_tokens", 0),
+        )
 
 
 class StoreCollector:
@@ -405,9 +404,9 @@ class MetricsRoute:
             await _answer(send, refusal.status, headers, json.dumps(refusal.to_json()).encode())
             return
         body = await run_in_threadpool(generate_latest, self.state.metrics.registry)
-        child_metrics = getattr(self.state.engine, "child_metrics", None)
-        if child_metrics is not None:  # vLLM's own, passed through (`vllm:` families)
-            body += await child_metrics()
+        engine = self.state.engine
+        if isinstance(engine, ServesChildMetrics):  # vLLM's own, passed through (`vllm:` families)
+            body += await engine.child_metrics()
         head = scope["method"] == "HEAD"
         await _answer(
             send,

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.config import ReefConfig
+from reef.engines.base import Slotted
 from reef.errors import BadRequest, Conflict, NotFound
 from reef.inference.binding import Binding
 from reef.inference.routing import Routing
@@ -283,21 +284,21 @@ def _routing_status(routing: Routing[Binding]) -> dict[str, Any]:
 
 def _engine_status(state: ServerState) -> dict[str, Any]:
     engine = state.engine
+    slotted = engine if isinstance(engine, Slotted) else None
     return {
         "name": engine.name,
         "model": engine.model,
         "reason": state.engine_reason,
         "token_ids": engine.capabilities.token_ids,
         "logprobs": engine.capabilities.logprobs,
-        # Engines that queue (llama.cpp) say how many requests they hold.
-        "in_flight": getattr(engine, "in_flight", None),
-        # Engines with slots (llama.cpp): prompt tokens, and how many came from a cache.
-        "prompt_cache": getattr(engine, "cache_counters", None),
-        "loops_stopped": getattr(engine, "loops_stopped", None),
-        # Engines with a KV cache of their own (llama.cpp): its capacity and memory.
-        "kv_cache": getattr(engine, "kv_cache", None),
-        # llama.cpp: the checkpoint releases' models loaded beside its own, by release.
-        "checkpoints": getattr(engine, "checkpoints_loaded", None),
+        # Engines with slots (llama.cpp) say how many requests they hold; their prompt tokens,
+        # and how many came from a cache; their KV cache's capacity and memory; the checkpoint
+        # releases' models loaded beside their own, by release.
+        "in_flight": slotted.in_flight if slotted else None,
+        "prompt_cache": slotted.cache_counters if slotted else None,
+        "loops_stopped": slotted.loops_stopped if slotted else None,
+        "kv_cache": slotted.kv_cache if slotted else None,
+        "checkpoints": slotted.checkpoints_loaded if slotted else None,
     }
 
 
