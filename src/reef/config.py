@@ -235,7 +235,7 @@ class CanaryConfig(_Section):
 
 class ShadowConfig(_Section):
     """A shadow: a candidate answering copies of live calls, never heard
-    (`reef.server.background.shadow`). `scorer` (an eval task's scorer: regex, contains, judge,
+    (`reef.daemon.shadow`). `scorer` (an eval task's scorer: regex, contains, judge,
     ...) scores the live answer and the shadow's side by side; none: they are stored unscored."""
 
     scorer: dict[str, Any] | None = None

@@ -9,9 +9,9 @@ import contextlib
 from pathlib import Path
 
 from reef.config import load_config
+from reef.daemon.recovery import InterruptedRecovery
 from reef.engines import build_engine
 from reef.releases.workflow import HEARTBEAT_MISSES, ReleaseWorkflow
-from reef.server.background.recovery import InterruptedRecovery
 from reef.server.state import ServerState
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate

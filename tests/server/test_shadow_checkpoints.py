@@ -13,10 +13,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from reef.config import ReefConfig
+from reef.daemon.shadow import Shadowing, ShadowRunner
 from reef.engines.base import Capabilities
 from reef.inference.binding import Binding
 from reef.protocol import ChatRequest, Completion
-from reef.server.background.shadow import Shadowing, ShadowRunner
 from reef.store import ExperienceStore
 from reef.store.experience import Record
 

@@ -13,11 +13,11 @@ from rich.logging import RichHandler
 
 from reef.cli.output import console, fail
 from reef.config import ConfigError, EngineKind, load_config
+from reef.daemon.run import check_bind, run
 from reef.engines import build_engine, resolve_kind
 from reef.errors import ReefError
 from reef.learning.plans import load_plans
 from reef.releases.workflow import ReleaseWorkflow
-from reef.server.run import check_bind, run
 from reef.server.state import ServerState
 from reef.store import ExperienceStore
 from reef.tracing import start_tracing

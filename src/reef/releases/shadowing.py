@@ -2,7 +2,7 @@
 heard, so that a human can read its answers beside the live ones before deciding.
 
 Starting one only moves the candidate to `shadow`; the server's shadow runner
-(`reef.server.background.shadow`) finds it there and answers the copies on idle capacity. A
+(`reef.daemon.shadow`) finds it there and answers the copies on idle capacity. A
 human's decision ends it: the workflow approves or rejects a candidate in shadow as it does a
 held one (`SHADOW` is among the states each accepts).
 """

@@ -27,7 +27,7 @@ from reef.tracing import Tracing
 
 
 class Shadows(Protocol):
-    """What the state asks of its shadow runner (`reef.server.background.shadow.ShadowRunner`,
+    """What the state asks of its shadow runner (`reef.daemon.shadow.ShadowRunner`,
     which reads the state, so the state knows it only by this)."""
 
     def offer(self, scenario: str, record_id: str) -> None: ...

@@ -1,5 +1,5 @@
 """Shadow records: a shadow candidate's answer to a copy of a live call, kept beside that call's
-record and never returned to anyone (`reef.server.background.shadow` makes them)."""
+record and never returned to anyone (`reef.daemon.shadow` makes them)."""
 
 from __future__ import annotations
 

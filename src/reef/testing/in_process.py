@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reef.config import ReefConfig, load_config
+from reef.daemon.run import ReefServer, serve
 from reef.engines import build_engine
 from reef.engines.base import Engine
 from reef.releases.workflow import ReleaseWorkflow
-from reef.server.run import ReefServer, serve
 from reef.server.state import ServerState
 from reef.store import ExperienceStore
 from reef.testing.processes import free_port

@@ -34,7 +34,7 @@ def start_worker(config: ReefConfig, server: RunningServer) -> subprocess.Popen[
     # server's engine needs.
     environment = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "reef.learning.process"], stdin=subprocess.PIPE, env=environment
+        [sys.executable, "-m", "reef.daemon.learner"], stdin=subprocess.PIPE, env=environment
     )
     assert process.stdin is not None
     process.stdin.write(pickle.dumps((config, server)))

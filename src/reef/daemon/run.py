@@ -14,16 +14,16 @@ from collections.abc import Callable
 
 import uvicorn
 
+from reef.daemon.canary_judge import CanaryJudge
+from reef.daemon.follower import HeadFollower
+from reef.daemon.learner import start_worker, stop_worker
+from reef.daemon.recovery import InterruptedRecovery
+from reef.daemon.remote_follower import RemoteFollower
+from reef.daemon.shadow import ShadowRunner
 from reef.errors import ConfigurationRefused
 from reef.inference.server_file import RunningServer, advertise, loopback_url, withdraw
-from reef.learning.process import start_worker, stop_worker
 from reef.server.app import create_app
 from reef.server.auth import is_loopback
-from reef.server.background.canary_judge import CanaryJudge
-from reef.server.background.follower import HeadFollower
-from reef.server.background.recovery import InterruptedRecovery
-from reef.server.background.remote_follower import RemoteFollower
-from reef.server.background.shadow import ShadowRunner
 from reef.server.state import ServerState
 from reef.server.teacher import teachers_of
 
