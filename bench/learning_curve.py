@@ -35,8 +35,8 @@ from reef.config import load_config
 from reef.inference.model import ServerModel
 from reef.inference.server_file import find_running_server
 from reef.learning.plans import LoadedPlan
-from reef.learning.recipe import load_recipe
 from reef.learning.worker import LearningWorker
+from reef.sdk.recipe import load_recipe
 from reef.store import ExperienceStore
 from reef.testing.processes import free_port, reef_serve
 

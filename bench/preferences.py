@@ -68,9 +68,9 @@ import httpx
 
 from bench.results import OUT
 from bench.taught import TAUGHT, Table, taught_model
-from reef.learning.hindsight import answers_the_question, with_hint
-from reef.learning.view import Turn
 from reef.protocol import response_text
+from reef.sdk.hindsight import answers_the_question, with_hint
+from reef.sdk.view import Turn
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import (
     EVALS,

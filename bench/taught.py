@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from reef.evaluation.content import grounded
-from reef.learning.hindsight import CONTENT_PROMPT
 from reef.protocol import message_text
+from reef.sdk.hindsight import CONTENT_PROMPT
 from reef.testing.threaded import chat_upstream
 
 # Each training prompt (reef.testing.scripted_user.TRAINING) answered each preferred way. The

@@ -17,7 +17,7 @@ the released tree and new traffic); the Pareto and feedback tasks are the batch'
 the scenario's scorer, and the feedback text the user's report on the prompt beside the score.
 
 With `episodes` set, the tasks are a suite of Harbor tasks instead and every tree is scored by
-the agent's episodes under it, their traces the feedback (`reef.learning.prompt_search`).
+the agent's episodes under it, their traces the feedback (`reef.sdk.prompt_search`).
 """
 
 from __future__ import annotations

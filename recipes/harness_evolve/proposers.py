@@ -3,7 +3,7 @@
 `HindsightProposer` shows what the user wanted as worked examples (small models follow examples
 far better than rules): answers users wrote themselves, and the served model's failing answers
 rewritten as the feedback asks or asked again with the feedback beside them, those that meet the
-scorer (`reef.learning.hindsight.relabel`). `RuleProposer` keeps the feedback as a
+scorer (`reef.sdk.hindsight.relabel`). `RuleProposer` keeps the feedback as a
 rule, for models that follow rules.
 `ModelProposer` asks a model (the served one, or any OpenAI-compatible endpoint) to reflect and
 answer with a JSON mutation, and is told about recent rejections so that it does not repeat them.

@@ -13,7 +13,7 @@ per-task differences against the seed give a one-sided confidence (a normal appr
 mean difference over its standard error), and below `min_confidence` the step decides nothing,
 saying on how many tasks the decision would have rested. The gate then judges the candidate on
 the scenario's own tasks. With `episodes` set, the tasks are a suite of Harbor tasks and every
-node is scored by the agent's episodes under it (`reef.learning.prompt_search`).
+node is scored by the agent's episodes under it (`reef.sdk.prompt_search`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ says it did not, and also what was wanted). A step:
      alone (the student); each token gets `w_opd * (teacher log-prob - student log-prob)`,
      so the tokens the hint makes less likely are pushed down, the others up;
    - hindsight answers, for a turn judged -1: the served model rewrites its answer as the user's
-     words ask (their next message, or the report's words), by `reef.learning.hindsight.relabel`,
+     words ask (their next message, or the report's words), by `reef.sdk.hindsight.relabel`,
      the path sft's and harness_evolve's report feedback takes; a rewrite it judges to do what
      they ask, that still says what the answer said, is trained on with advantage `w_rl`;
 3. **trains** the LoRA with the PPO-style clipped loss (clip 0.2 low, 0.28 high) and a KL

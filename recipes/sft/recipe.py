@@ -7,7 +7,7 @@ A step gathers training examples, each a prompt as the engine renders it and a c
 - **demonstrations**: feedback `{"demonstration": "..."}` on a turn, the user's own answer;
 - **hindsight answers**: for a turn scored below `threshold` whose feedback says what was wanted,
   the served model rewrites its answer as the feedback asks, and is asked again with that
-  feedback beside the user's message (`reef.learning.hindsight`): the answers the `scorer`
+  feedback beside the user's message (`reef.sdk.hindsight`): the answers the `scorer`
   accepts (the model as judge, without a scorer) that still answer the question are what the
   model should have said, and it learns to say them to the original prompt, without the hint.
 

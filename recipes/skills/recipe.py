@@ -16,7 +16,7 @@ name that is taken or not a skill name, a merge into a skill that is not there, 
 `max_skills`) refuses the whole night. The next day, the same tasks against the new pool, is
 scored in the step, and the gate judges the candidate on the scenario's tasks and the day's
 failing ones. With `episodes` set, the day is a suite of Harbor tasks run by the agent under
-the pool (`reef.learning.prompt_search`)."""
+the pool (`reef.sdk.prompt_search`)."""
 
 from __future__ import annotations
 

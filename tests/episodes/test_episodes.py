@@ -21,7 +21,7 @@ from reef.episodes.runner import Episode, EpisodeSettings, run_episode, run_pair
 from reef.episodes.sandbox import Limits, SandboxUnavailable, require_sandbox
 from reef.episodes.tasks import load_suite, load_task
 from reef.episodes.tokens import EpisodeGrant, mint
-from reef.learning.view import ExperienceView
+from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN

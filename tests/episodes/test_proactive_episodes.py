@@ -14,8 +14,8 @@ from reef.config import load_config
 from reef.engines import build_engine
 from reef.inference.model import LocalModel
 from reef.learning.plans import LoadedPlan
-from reef.learning.recipe import Recipe, RecipeError, load_recipe
 from reef.learning.worker import LearningWorker
+from reef.sdk.recipe import Recipe, RecipeError, load_recipe
 from reef.store import ExperienceStore
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.threaded import chat_upstream

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reef.learning.weights import base_cache
+from reef.sdk.weights import base_cache
 
 
 def test_the_copy_goes_where_reef_cache_dir_says_before_the_xdg_cache(

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from reef.evaluation.tasks import ScorerSpec
-from reef.learning.hindsight import CONTENT_PROMPT, REVISION_PROMPT, content_judge_for, relabel
-from reef.learning.recipe import RecipeError, StepContext, load_recipe
-from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
 from reef.recipes.harness_evolve.mutations import MutationRefused
+from reef.sdk.hindsight import CONTENT_PROMPT, REVISION_PROMPT, content_judge_for, relabel
+from reef.sdk.recipe import RecipeError, StepContext, load_recipe
+from reef.sdk.view import Trajectory, Turn
 from tests.support.scripted import ask_of
 
 QUESTION, FIRST_ANSWER = "What is the capital of France?", "The capital of France is Paris."

@@ -5,7 +5,8 @@ model's revisions are tested in test_revision.py)."""
 from __future__ import annotations
 
 from reef.evaluation.tasks import ScorerSpec
-from reef.learning.hindsight import (
+from reef.protocol import Completion
+from reef.sdk.hindsight import (
     answers_the_question,
     asked_for,
     demonstrations,
@@ -15,8 +16,7 @@ from reef.learning.hindsight import (
     relabel,
     with_hint,
 )
-from reef.learning.view import Turn
-from reef.protocol import Completion
+from reef.sdk.view import Turn
 
 
 def turn(*feedback: object, answer: str = "A pear.", question: str = "Name a fruit.") -> Turn:

@@ -13,9 +13,9 @@ from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.replay import held_back
 from reef.inference.model import LocalModel
 from reef.learning.plans import LoadedPlan
-from reef.learning.recipe import Proposal, Recipe, StepContext, load_recipe
-from reef.learning.view import ExperienceView, Trajectory
 from reef.learning.worker import LearningWorker
+from reef.sdk.recipe import Proposal, Recipe, StepContext, load_recipe
+from reef.sdk.view import ExperienceView, Trajectory
 from reef.store import ExperienceStore, Record, Report
 from reef.store.experience import new_id
 from reef.store.learning import learning_status, queue_instruction

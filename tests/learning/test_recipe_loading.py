@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from reef.learning.recipe import ENTRY_POINT_GROUP, Recipe, RecipeError, load_recipe
+from reef.sdk.recipe import ENTRY_POINT_GROUP, Recipe, RecipeError, load_recipe
 from reef.testing.processes import run_reef
 
 RECIPE_FILE = """
 from __future__ import annotations
 
-from reef.learning.recipe import Recipe, RecipeSettings
+from reef.sdk.recipe import Recipe, RecipeSettings
 
 
 class MineSettings(RecipeSettings):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reef.evaluation.replay import good
-from reef.learning.view import ExperienceView
+from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore, Record, Report
 
 INELIGIBLE = {"training": {"eligible": False}}

@@ -16,15 +16,15 @@ from collections.abc import Callable
 import pytest
 
 from reef.evaluation.tasks import ScorerSpec
-from reef.learning import hindsight
-from reef.learning.hindsight import JUDGE_PROMPT, REVISION_PROMPT, relabel, unwrapped
-from reef.learning.recipe import StepContext, load_recipe
-from reef.learning.view import Trajectory, Turn
+from reef.sdk import hindsight
 from reef.protocol import Completion
 from reef.recipes.harness_evolve.mutations import Mutation
 from reef.recipes.harness_evolve.proposers import HindsightProposer
 from reef.recipes.openclaw_rl.judge import Judgement
 from reef.recipes.openclaw_rl.recipe import OpenClawRL, OpenClawRLSettings
+from reef.sdk.hindsight import JUDGE_PROMPT, REVISION_PROMPT, relabel, unwrapped
+from reef.sdk.recipe import StepContext, load_recipe
+from reef.sdk.view import Trajectory, Turn
 from tests.support.scripted import ask_of
 
 QUESTION, FIRST_ANSWER = "Name a fruit.", "A pear."

@@ -14,8 +14,8 @@ from reef.config import ReefConfig, load_config
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.inference.model import LocalModel
 from reef.learning.plans import load_plans
-from reef.learning.recipe import RecipeError
 from reef.learning.worker import LearningWorker
+from reef.sdk.recipe import RecipeError
 from reef.store import ExperienceStore, Record, Report
 from reef.store.learning import learning_status
 from reef.testing.processes import run_reef

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from reef.learning.recipe import StepContext
-from reef.learning.view import Turn
-from reef.learning.weights import LoraRecipeSettings, served_prompt, training_length
 from reef.protocol import Completion
+from reef.sdk.recipe import StepContext
+from reef.sdk.view import Turn
+from reef.sdk.weights import LoraRecipeSettings, served_prompt, training_length
 
 WEATHER_TOOL = {
     "type": "function",

@@ -5,9 +5,9 @@ examples)."""
 
 from __future__ import annotations
 
-from reef.learning.recipe import StepContext
 from reef.protocol import Completion
 from reef.recipes.sft.recipe import GENERAL_QUESTIONS, SFT, SFTSettings
+from reef.sdk.recipe import StepContext
 
 
 def ask(text: str) -> list[dict[str, str]]:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from reef.learning.recipe import ProposalRefused, RecipeError, StepContext, load_recipe
-from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
 from reef.recipes.gepa.recipe import GEPA
 from reef.recipes.gepa.search import Rollout, Tree, pareto_front, sample_parent, search
+from reef.sdk.recipe import ProposalRefused, RecipeError, StepContext, load_recipe
+from reef.sdk.view import Trajectory, Turn
 from tests.support.scripted import said
 
 WISH = "Start every answer with the word Sure"

@@ -11,13 +11,13 @@ import pytest
 from reef.engines.llamacpp import LlamaCppEngine
 from reef.evaluation.tasks import ScorerSpec
 from reef.inference.model import LocalModel
-from reef.learning.hindsight import answers_the_question
-from reef.learning.recipe import RecipeError, StepContext, load_recipe
-from reef.learning.view import Trajectory, Turn
 from reef.protocol import ChatRequest, Completion
 from reef.recipes.harness_evolve.mutations import Mutation, MutationRefused, apply, parse_mutation
 from reef.recipes.harness_evolve.proposers import HindsightProposer, RuleProposer
 from reef.recipes.harness_evolve.recipe import HarnessEvolve
+from reef.sdk.hindsight import answers_the_question
+from reef.sdk.recipe import RecipeError, StepContext, load_recipe
+from reef.sdk.view import Trajectory, Turn
 
 SIGN_OFF = "End every answer with the line: Cheers, Reef"
 
@@ -236,8 +236,8 @@ def test_bad_recipe_references_and_settings_are_named() -> None:
 
 
 def test_pareto_selection_mutates_a_tree_from_the_pareto_set() -> None:
-    from reef.learning.recipe import Evaluated
     from reef.recipes.harness_evolve.recipe import pareto_front
+    from reef.sdk.recipe import Evaluated
 
     a = Evaluated("a", {"AGENTS.md": b"A"}, {"t1": 1.0, "t2": 0.0})
     b = Evaluated("b", {"AGENTS.md": b"B"}, {"t1": 0.0, "t2": 1.0})

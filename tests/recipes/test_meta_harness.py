@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
-from reef.learning.view import Trajectory, Turn
 from reef.protocol import Completion
 from reef.recipes.meta_harness.recipe import PROPOSER_PROMPT, MetaHarness, confidence
+from reef.sdk.recipe import ProposalRefused, StepContext, load_recipe
+from reef.sdk.view import Trajectory, Turn
 from tests.support.scripted import said
 
 PROMPTS = ["Name a fruit.", "What is 2+2?", "Name an animal.", "Name a colour.", "Hi?", "Why?"]

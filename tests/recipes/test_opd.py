@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reef.learning.recipe import RecipeError
-from reef.learning.view import ExperienceView
 from reef.recipes.opd.recipe import OPD, OPDSettings
+from reef.sdk.recipe import RecipeError
+from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore
 from reef.testing.tiny import tiny_model_folder
 from tests.support.distillation import (

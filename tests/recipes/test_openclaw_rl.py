@@ -18,7 +18,6 @@ import httpx
 import jsonschema
 import pytest
 
-from reef.learning.view import Turn
 from reef.recipes.openclaw_rl.judge import (
     VOTE_SCHEMA,
     KeywordJudge,
@@ -30,6 +29,7 @@ from reef.recipes.openclaw_rl.judge import (
     parse_vote,
 )
 from reef.recipes.openclaw_rl.recipe import OpenClawRLSettings, served_logprobs, token_advantages
+from reef.sdk.view import Turn
 from reef.testing import scripted_user
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 

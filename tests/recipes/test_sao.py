@@ -15,9 +15,9 @@ import yaml
 
 from reef.config import load_config
 from reef.learning.plans import load_plans
-from reef.learning.recipe import RecipeError, StepContext
-from reef.learning.view import ExperienceView, Turn
 from reef.recipes.sao.recipe import SAOGRPO, SAORecipe, SAOSettings, release_number
+from reef.sdk.recipe import RecipeError, StepContext
+from reef.sdk.view import ExperienceView, Turn
 from reef.store import ExperienceStore, Record, Report
 
 SEEDS = itertools.count()
@@ -191,7 +191,7 @@ def test_one_scored_rollout_is_one_proposed_step_with_its_telemetry(
 
     recipe = SAORecipe(SAOSettings(critic_steps=2))
     turn = served_turn(load_base(tiny, tmp_path / "cache"))
-    from reef.learning.view import Trajectory
+    from reef.sdk.view import Trajectory
 
     proposal = recipe.propose([Trajectory("t", [turn])], context(tiny, tmp_path / "work"))
     assert proposal is not None

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reef.learning.recipe import load_recipe
-from reef.learning.view import ExperienceView
 from reef.recipes.sdft.recipe import SDFT, SDFTSettings
+from reef.sdk.recipe import load_recipe
+from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore
 from tests.support.distillation import (
     Engine,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reef.learning.view import ExperienceView
 from reef.recipes.sdpo.recipe import SDPO, SDPOSettings
+from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore
 from tests.support.distillation import (
     Engine,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
 from reef.protocol import Completion
 from reef.recipes.self_play.recipe import SelfPlay, _examples, regret
 from reef.recipes.self_play.tasks import NotATask, held_out, task_of
+from reef.sdk.recipe import ProposalRefused, StepContext, load_recipe
 from tests.support.scripted import said
 
 EASY = {"kind": "arithmetic", "a": 2, "op": "+", "b": 3}  # always solved

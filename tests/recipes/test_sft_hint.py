@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reef.learning.hindsight import with_hint
-from reef.learning.recipe import ProposalRefused, load_recipe
-from reef.learning.view import ExperienceView, Turn
 from reef.recipes.sft.recipe import SFT, SFTSettings
+from reef.sdk.hindsight import with_hint
+from reef.sdk.recipe import ProposalRefused, load_recipe
+from reef.sdk.view import ExperienceView, Turn
 from reef.store import ExperienceStore, Record, Report
 from tests.support.distillation import (
     Engine,

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from reef.inference.binding import binding_for
-from reef.learning.recipe import ProposalRefused, StepContext, load_recipe
-from reef.learning.view import Trajectory, Turn
 from reef.protocol import ChatRequest, Completion
 from reef.recipes.skills.recipe import Skill, Skills, group_of, pool_of
+from reef.sdk.recipe import ProposalRefused, StepContext, load_recipe
+from reef.sdk.view import Trajectory, Turn
 from tests.support.scripted import said
 
 MATHS = Skill("arithmetic", "adding and multiplying numbers", "Work digit by digit.")

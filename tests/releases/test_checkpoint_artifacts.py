@@ -13,9 +13,9 @@ from reef.artifacts import CHECKPOINT, keep_serving_parts, kind_of, part_of, par
 from reef.engines.upstream import UpstreamEngine
 from reef.errors import ReefError, Unsupported
 from reef.inference.binding import binding_for
-from reef.learning.recipe import StepContext, load_recipe
-from reef.learning.weights import forget_other_checkpoints, proposal_kind, training_source
 from reef.protocol import ChatRequest
+from reef.sdk.recipe import StepContext, load_recipe
+from reef.sdk.weights import forget_other_checkpoints, proposal_kind, training_source
 from reef.testing.artifacts import harness, random_lora
 
 HARNESS = {"AGENTS.md": b"Be brief.\n"}

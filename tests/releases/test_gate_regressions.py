@@ -14,8 +14,8 @@ from reef.evaluation.replay import HOLD_BACK_ONE_IN, held_back, replay_tasks
 from reef.evaluation.runner import PairedReport, TaskResult
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
-from reef.learning.view import ExperienceView
 from reef.releases.gate import decide
+from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess, run_reef

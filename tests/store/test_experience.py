@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reef.learning.view import ExperienceView
+from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore, Record, Report
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from reef.learning.recipe import StepContext
 from reef.protocol import Completion
+from reef.sdk.recipe import StepContext
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.tiny import tiny_model_folder, tiny_tokenizer
 

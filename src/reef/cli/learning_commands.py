@@ -28,8 +28,8 @@ from reef.config import ReefConfig
 from reef.errors import ReefError
 from reef.inference.model import Model, open_model
 from reef.learning.plans import LoadedPlan, load_plans
-from reef.learning.recipe import RecipeError, installed_recipes, recipe_class
 from reef.learning.worker import LearningWorker
+from reef.sdk.recipe import RecipeError, installed_recipes, recipe_class
 from reef.store import ExperienceStore
 from reef.templates import environment
 

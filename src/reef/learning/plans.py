@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from reef.config import LearningPlan, ReefConfig
 from reef.engines import resolve_kind
-from reef.learning.recipe import Recipe, RecipeError, load_recipe, recipe_class
+from reef.sdk.recipe import Recipe, RecipeError, load_recipe, recipe_class
 
 
 @dataclass

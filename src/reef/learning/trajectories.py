@@ -1,6 +1,6 @@
 """Records as trajectories in OpenAI's chat fine-tuning shape (`{"messages": [...]}` per line).
 
-Trajectories are merged as the learning loop merges them (`reef.learning.view`): calls
+Trajectories are merged as the learning loop merges them (`reef.sdk.view`): calls
 that share an `x-reef-session`, or whose messages extend an earlier call's, are one conversation.
 Its line is the last call's messages followed by that call's answer, and it carries the feedback
 reported on any of its calls.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reef.learning.view import merge_sessions
+from reef.sdk.view import merge_sessions
 
 
 def trajectories(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -51,12 +51,12 @@ from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
 from reef.inference.trials import trial_binding, trials_folder, write_trial
 from reef.learning.plans import LoadedPlan, load_plans
-from reef.learning.recipe import Evaluated, ProposalRefused, Recipe, RecipeError, StepContext
 from reef.learning.trackers import track_candidate
-from reef.learning.view import ExperienceView, Trajectory
 from reef.protocol import ChatRequest, Completion
 from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow
+from reef.sdk.recipe import Evaluated, ProposalRefused, Recipe, RecipeError, StepContext
+from reef.sdk.view import ExperienceView, Trajectory
 from reef.store import ExperienceStore
 from reef.store.candidates import AGENT_SOURCE, Candidate
 from reef.store.learning import (

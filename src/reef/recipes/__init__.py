@@ -4,7 +4,7 @@ Their source lives in the repository's top-level `recipes/` folder (one folder p
 the design card draws it). The wheel installs that folder here, under Reef's own name, so no
 top-level `recipes` package clashes with another; in a source checkout (an editable install)
 this package reads the folder where it is. Each recipe is registered as an entry point of the
-`reef.recipes` group in pyproject.toml, as a third-party recipe is (see reef.learning.recipe).
+`reef.recipes` group in pyproject.toml, as a third-party recipe is (see reef.sdk.recipe).
 """
 
 from pathlib import Path

@@ -25,9 +25,9 @@ from reef.engines.base import Slotted
 from reef.errors import BadRequest, Conflict, NotFound
 from reef.inference.binding import Binding
 from reef.inference.routing import Routing
-from reef.learning.recipe import RecipeError, recipe_class
 from reef.releases.canary import running_canary_of
 from reef.scenario import RuntimeScenarios
+from reef.sdk.recipe import RecipeError, recipe_class
 from reef.server.http import parse, query_int, read_json
 from reef.server.state import ServerState, scenario_from
 from reef.store import Report, ReportConflict, UnknownRecords

@@ -1,6 +1,6 @@
 """The recipe SDK: what a learning recipe imports, all from here (`from reef.sdk import Recipe`).
 
-The recipe world in one place: the contract is `reef.learning.recipe` (a `Recipe` reads an
+The recipe world in one place: the contract is `reef.sdk.recipe` (a `Recipe` reads an
 `ExperienceView` and returns a `Proposal`, which the worker gates and releases); the built-in
 recipes are the top-level `recipes/` folder, installed as `reef.recipes`; `reef recipe new`
 writes a project's own recipe and its test from templates/recipe/. All of them import from this
@@ -54,7 +54,8 @@ from reef.harness.mutations import MutationRefused as TreeChangeRefused
 from reef.harness.mutations import apply as apply_mutation
 from reef.harness.mutations import check as check_mutation
 from reef.inference.model import answer_text
-from reef.learning.hindsight import (
+from reef.protocol import Completion, message_text
+from reef.sdk.hindsight import (
     Generate,
     Relabelled,
     asking,
@@ -65,14 +66,14 @@ from reef.learning.hindsight import (
     relabel,
     with_hint,
 )
-from reef.learning.prompt_search import (
+from reef.sdk.prompt_search import (
     EpisodeSearch,
     PromptSearch,
     PromptSearchSettings,
     SearchTask,
     has_score,
 )
-from reef.learning.recipe import (
+from reef.sdk.recipe import (
     Evaluated,
     Proposal,
     ProposalRefused,
@@ -82,8 +83,8 @@ from reef.learning.recipe import (
     StepContext,
     failing_prompts,
 )
-from reef.learning.view import ExperienceView, Trajectory, Turn
-from reef.learning.weights import (
+from reef.sdk.view import ExperienceView, Trajectory, Turn
+from reef.sdk.weights import (
     BaseWeights,
     LoraRecipeSettings,
     current_adapter,
@@ -99,7 +100,6 @@ from reef.learning.weights import (
     training_length,
     training_source,
 )
-from reef.protocol import Completion, message_text
 from reef.training import import_training_module
 
 if TYPE_CHECKING:

@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reef.artifacts import files_of
 from reef.errors import ReefError, describe_validation_error
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
-from reef.learning.view import ExperienceView, Trajectory, Turn
 from reef.protocol import Completion
+from reef.sdk.view import ExperienceView, Trajectory, Turn
 
 # Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`);
 # Reef's own built-ins are entry points of it too (pyproject.toml).

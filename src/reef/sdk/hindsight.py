@@ -45,9 +45,9 @@ from typing import Any, Literal
 from reef.evaluation.content import content_words, grounded
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
-from reef.learning.recipe import RecipeError
-from reef.learning.view import Turn
 from reef.protocol import Completion, message_text
+from reef.sdk.recipe import RecipeError
+from reef.sdk.view import Turn
 
 # Runs an OpenAI chat request body on the model under the scenario's current release, unrecorded.
 Generate = Callable[[dict[str, Any]], Completion]

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from reef.artifacts import ADAPTER, CHECKPOINT, CHECKPOINT_FOLDER
-from reef.learning.recipe import RecipeError, RecipeSettings, StepContext
-from reef.learning.view import Turn
 from reef.releases.chain import read_folder
+from reef.sdk.recipe import RecipeError, RecipeSettings, StepContext
+from reef.sdk.view import Turn
 
 if TYPE_CHECKING:
     import torch

@@ -23,15 +23,15 @@ from reef.episodes.tasks import BadTask, Task, load_suite
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.model import answer_text
-from reef.learning.hindsight import hints
-from reef.learning.recipe import (
+from reef.sdk.hindsight import hints
+from reef.sdk.recipe import (
     Recipe,
     RecipeError,
     RecipeSettings,
     StepContext,
     failing_prompts,
 )
-from reef.learning.view import ExperienceView, Trajectory, Turn
+from reef.sdk.view import ExperienceView, Trajectory, Turn
 
 # How much of an episode a proposer reads: the agent's steps and the end of the test's output.
 EPISODE_TRACE_CHARS = 600
