@@ -179,7 +179,7 @@ def test_a_recipe_generates_under_a_tree_it_is_trying_with_the_real_engine(
     long_rule = {"AGENTS.md": ("Always answer in formal English. " * 20).encode()}
 
     async def tried() -> tuple[int, int, int]:
-        learner._loop = asyncio.get_running_loop()
+        learner.services.loop = asyncio.get_running_loop()
         context = learner._context("default", learner.lanes["default"].learners[0].recipe, None)
         assert context.generate_under is not None
         bare = await asyncio.to_thread(context.generate_under, {}, body)

@@ -16,12 +16,12 @@ from collections.abc import Callable
 import pytest
 
 from reef.evaluation.tasks import ScorerSpec
-from reef.sdk import hindsight
 from reef.protocol import Completion
 from reef.recipes.harness_evolve.mutations import Mutation
 from reef.recipes.harness_evolve.proposers import HindsightProposer
 from reef.recipes.openclaw_rl.judge import Judgement
 from reef.recipes.openclaw_rl.recipe import OpenClawRL, OpenClawRLSettings
+from reef.sdk import hindsight
 from reef.sdk.hindsight import JUDGE_PROMPT, REVISION_PROMPT, relabel, unwrapped
 from reef.sdk.recipe import StepContext, load_recipe
 from reef.sdk.view import Trajectory, Turn

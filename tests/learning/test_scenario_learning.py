@@ -276,7 +276,7 @@ def test_one_worker_learns_on_a_scenario_and_another_takes_over_when_it_dies(
             await asyncio.sleep(0.05)
         leading = [set(worker.leading) for worker in workers]
         leader = workers[0] if leading[0] else workers[1]
-        leader._give_up_leases = lambda: None  # type: ignore[method-assign]  # as if killed
+        leader.leases.give_up = lambda: None  # type: ignore[method-assign]  # as if killed
         runs[workers.index(leader)].cancel()
         died, released_then = time.monotonic(), head.number
         while (head := chain.head("fast")) is None or head.number <= released_then:
@@ -300,7 +300,7 @@ def test_a_worker_whose_renewal_hangs_stops_learning_before_its_lease_runs_out(
 ) -> None:
     """A renewal that never returns (a connection the network dropped, a lock another process
     holds) must not leave the worker learning after the lease expired and another took it."""
-    import reef.learning.worker as worker_module
+    import reef.learning.leases as leases_module
 
     scenarios = f"  fast:\n    learning:\n      recipe: {tmp_path}/recipes.py:Fast\n"
     config = project(tmp_path, scenarios, learning="  lease_s: 0.5\n")
@@ -308,10 +308,10 @@ def test_a_worker_whose_renewal_hangs_stops_learning_before_its_lease_runs_out(
         worker = LearningWorker(config, store, LocalModel(engine))
 
         async def hang_on_renewal() -> list[bool]:
-            await worker._hold_lease("fast", 0.5)
+            await worker.leases.hold("fast", 0.5)
             seen = [worker.leads("fast")]
-            monkeypatch.setattr(worker_module, "take_lease", lambda *_: time.sleep(2) or True)
-            renewing = asyncio.create_task(worker._hold_lease("fast", 0.5))
+            monkeypatch.setattr(leases_module, "take_lease", lambda *_: time.sleep(2) or True)
+            renewing = asyncio.create_task(worker.leases.hold("fast", 0.5))
             await asyncio.sleep(0.5)
             seen.append(worker.leads("fast"))
             await renewing

@@ -28,34 +28,27 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import httpx
 
 from reef.artifacts import keep_serving_parts
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.engines import served_model_path
 from reef.episodes.gate import EPISODE_TASK_PREFIX
-from reef.episodes.project import project_episodes
-from reef.episodes.runner import EpisodeError
-from reef.episodes.tokens import trial_tree
 from reef.evaluation.runner import Generate, TaskResult, model_generate
 from reef.inference.binding import Binding
-from reef.inference.model import Model, answer_text
-from reef.inference.trials import trial_binding, trials_folder, write_trial
+from reef.inference.model import Model
+from reef.learning.leases import LeaseKeeper
 from reef.learning.plans import LoadedPlan, load_plans
+from reef.learning.services import RecipeServices
 from reef.learning.trackers import track_candidate
-from reef.protocol import ChatRequest, Completion
+from reef.protocol import ChatRequest
 from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow
-from reef.sdk.recipe import Evaluated, ProposalRefused, Recipe, RecipeError, StepContext
+from reef.sdk.recipe import Evaluated, ProposalRefused, Recipe, StepContext
 from reef.sdk.view import ExperienceView, Trajectory
 from reef.store import ExperienceStore
 from reef.store.candidates import AGENT_SOURCE, Candidate
@@ -66,13 +59,11 @@ from reef.store.learning import (
     save_step,
     take_request,
 )
-from reef.store.leases import confirm_lease, give_up_lease, new_holder, take_lease
 from reef.store.scenarios import selected_training_mode
 from reef.tracing import set_on, traced
 
 log = logging.getLogger("reef.learning")
 MAX_BACKOFF_S = 300.0
-MAX_TRIALS = 256  # harness trees a recipe tried that keep their folder and binding
 
 
 @dataclass
@@ -220,19 +211,8 @@ class LearningWorker:
         self.workflow = ReleaseWorkflow(config, store)
         chosen = load_plans(config) if plans is None else plans
         self.lanes = {plan.scenario: _lane(plan) for plan in chosen}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.holder = new_holder()  # this worker, as the holder of scenarios' leases
-        # Scenario -> until when (time.monotonic()) this worker surely holds its lease: the
-        # moment it asked, plus most of a period. A renewal that hangs (a lost connection, a
-        # lock held by another process) lets it run out here before it runs out in the store.
-        self.lead_until: dict[str, float] = {}
-        # Scenario -> the generation of its lease this worker holds: a publish carries it, and
-        # is refused (`confirm_lease`) once another worker took the lease since.
-        self.generations: dict[str, int] = {}
-        # Harness trees recipes tried, by content: their bindings (`generate_under`), and every
-        # tree written under the state folder, the episodes' too (`run_episodes_under`).
-        self._trials: dict[str, Binding] = {}
-        self._trial_trees: set[str] = set()
+        self.leases = LeaseKeeper(store, config.learning.lease_s)
+        self.services = RecipeServices(config, model)  # what a step may call on Reef
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -273,7 +253,7 @@ class LearningWorker:
         """One step of `learner`; `provenance`: where its instruction came from (`POST
         /reef/train`'s id, session, release_id, requires), kept on the candidate's metrics as
         `training_request`."""
-        self._loop = asyncio.get_running_loop()
+        self.services.loop = asyncio.get_running_loop()
         scenario, recipe = learner.scenario, learner.recipe
         proposed = await asyncio.to_thread(self._agent_proposal, scenario)
         if proposed is not None:  # an agent's proposal waits: it is gated before the recipe asks
@@ -293,7 +273,7 @@ class LearningWorker:
             return StepResult(scenario, "waiting", waiting, recipe=recipe.name)
         learner.idle_at = None
         started = time.time()
-        fence = self._fence(scenario)  # bound to the lease's generation as the step begins
+        fence = self.leases.fence(scenario)  # the lease's generation as the step begins
         tally = MetricCalls()
         try:
             attributes = {"reef.scenario": scenario, "reef.recipe": recipe.name}
@@ -331,7 +311,7 @@ class LearningWorker:
     async def _gate_agent_proposal(self, candidate: Candidate) -> StepResult:
         started, scenario = time.time(), candidate.scenario
         generate = model_generate(self.model, self.workflow.eval_settings(scenario))
-        gated = await self.workflow.gate(candidate, generate, fence=self._fence(scenario))
+        gated = await self.workflow.gate(candidate, generate, fence=self.leases.fence(scenario))
         log.info(
             "%s: an agent's proposal %s %s: %s", scenario, gated.id, gated.state, gated.decision
         )
@@ -422,120 +402,26 @@ class LearningWorker:
         rejected = [c for c in candidates if c.state == "rejected"][:5]
         serving = self.workflow.binding(head)
         gate_episodes = self.config.gate_for(scenario).episodes
-        if len(self._trial_trees) > MAX_TRIALS:  # trees tried in earlier steps: start afresh
-            self._trials.clear()
-            self._trial_trees.clear()
-            shutil.rmtree(trials_folder(self.config.state_dir), ignore_errors=True)
+        services = self.services
+        services.forget_old_trials()
         return StepContext(
             scenario=scenario,
             release_id=head.release_id if head else "base",
             files=files,
             recent_rejections=[f"{c.reason}: {c.decision}" for c in rejected],
             instruction=instruction,
-            ask=self.ask,
+            ask=services.ask,
             evaluated=[e for c in candidates[:20] if (e := _evaluated(c)) is not None],
-            generate=functools.partial(self.generate, binding=serving),
-            generate_under=functools.partial(self.generate_under, serving=serving),
-            run_episodes=functools.partial(self.run_episodes, scenario),
-            run_episodes_under=functools.partial(self.run_episodes_under, scenario),
+            generate=functools.partial(services.generate, binding=serving),
+            generate_under=functools.partial(services.generate_under, serving=serving),
+            run_episodes=functools.partial(services.run_episodes, scenario),
+            run_episodes_under=functools.partial(services.run_episodes_under, scenario),
             episode_suite=gate_episodes.tasks if gate_episodes else None,
             model_path=served_model_path(self.config.engine),
             work_dir=self.config.state_dir / "learning" / recipe.name,
             progress=self.progress,
             annotate=functools.partial(save_annotation, self.store, scenario, recipe.name),
         )
-
-    def generate(self, body: dict[str, Any], binding: Binding) -> Completion:
-        """A completion from the served model under `binding`, not recorded (called from the
-        recipe's thread)."""
-        assert self._loop is not None
-        request = ChatRequest.model_validate(body)
-        running = asyncio.run_coroutine_threadsafe(
-            self.model.complete(request, binding), self._loop
-        )
-        return running.result()
-
-    def generate_under(
-        self, files: dict[str, bytes], body: dict[str, Any], serving: Binding
-    ) -> Completion:
-        """A completion under a harness tree a recipe is trying, with the weights `serving`
-        serves, not recorded (called from the recipe's thread). The tree is written once to a
-        folder named by its content and read as a release's harness is."""
-        digest = self._trial(files)
-        binding = self._trials.get(digest)
-        if binding is None:
-            binding = trial_binding(self.config.state_dir, digest, serving)
-            self._trials[digest] = binding
-        return self.generate(body, binding)
-
-    def _trial(self, files: dict[str, bytes]) -> str:
-        digest = write_trial(self.config.state_dir, files)
-        self._trial_trees.add(digest)
-        return digest
-
-    def run_episodes(
-        self, scenario: str, tasks: str | Path, agent: str = "native", repeats: int = 1
-    ) -> list[dict[str, Any]]:
-        """Episodes a recipe asked for (called from its thread), against the server serving
-        this state folder, under what `scenario` serves; one summary per episode."""
-        return self._episodes(scenario, tasks, agent, repeats, "current")
-
-    def run_episodes_under(
-        self,
-        scenario: str,
-        files: dict[str, bytes],
-        tasks: str | Path,
-        agent: str = "native",
-        repeats: int = 1,
-    ) -> list[dict[str, Any]]:
-        """The same under a harness tree a recipe's search is trying (its files), with the
-        weights that serve now, not recorded: the server reads the tree from this state folder
-        (`reef.inference.trials`)."""
-        return self._episodes(scenario, tasks, agent, repeats, trial_tree(self._trial(files)))
-
-    def _episodes(
-        self, scenario: str, tasks: str | Path, agent: str, repeats: int, tree: str
-    ) -> list[dict[str, Any]]:
-        try:
-            episodes = project_episodes(self.config, scenario, tasks, agent, repeats, tree)
-        except EpisodeError as error:
-            raise RecipeError(str(error)) from None
-        return [episode.summary() for episode in episodes]
-
-    def ask(
-        self,
-        messages: list[dict[str, str]],
-        json_schema: dict[str, Any] | None = None,
-        max_tokens: int = 400,
-        temperature: float = 0.7,
-    ) -> str:
-        """The proposer model's reply (called from the recipe's thread). With `json_schema`, the
-        reply is constrained to JSON of that schema (a grammar on llama.cpp), so even a small
-        model answers with something a recipe can parse, if `max_tokens` leaves it room to
-        close: a reply cut short is not JSON. `temperature` 0 asks for its greedy reply (a
-        judge's yes or no)."""
-        body: dict[str, Any] = {
-            "messages": messages,
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-        }
-        if json_schema is not None:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "reply", "schema": json_schema, "strict": True},
-            }
-        learning = self.config.learning
-        if learning.proposer_url:
-            return _ask_endpoint(
-                learning.proposer_url,
-                learning.proposer_model,
-                learning.proposer_api_key_env,
-                body,
-            )
-        assert self._loop is not None
-        request = ChatRequest.model_validate(body)
-        running = asyncio.run_coroutine_threadsafe(self.model.complete(request), self._loop)
-        return answer_text(running.result())
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -544,77 +430,18 @@ class LearningWorker:
         this worker holds the scenario's lease."""
         lanes = [self._run_lane(lane, stop) for lane in self.lanes.values()]
         try:
-            await asyncio.gather(self._keep_leases(stop), *lanes)
+            await asyncio.gather(self.leases.keep(self.lanes, stop), *lanes)
         finally:
-            await asyncio.shield(asyncio.to_thread(self._give_up_leases))
-
-    async def _keep_leases(self, stop: asyncio.Event) -> None:
-        """Take or renew each scenario's lease every third of its period, on a thread of its
-        own: a publish (an LFS push for half an hour) or anything else holding the event loop
-        never stops the renewals."""
-        period = self.config.learning.lease_s
-        stopped = threading.Event()
-
-        def renew() -> None:
-            while not stopped.is_set():
-                for scenario in self.lanes:
-                    self._renew_lease(scenario, period)
-                stopped.wait(period / 3)
-
-        renewing = asyncio.create_task(asyncio.to_thread(renew))
-        try:
-            await stop.wait()
-        finally:
-            stopped.set()
-            await asyncio.shield(renewing)
-
-    def _fence(self, scenario: str) -> Callable[[], None] | None:
-        """What a publish of `scenario` calls right before its head moves: refused
-        (`LeaseLost`) unless this worker still holds the lease in the generation it had when
-        the step began. None for a step taken outside the loop, under no lease (`reef learn
-        --once`, like `reef release publish`): only the chain's expected-parent check holds."""
-        generation = self.generations.get(scenario)
-        if generation is None:
-            return None
-        name, period = f"learner:{scenario}", self.config.learning.lease_s
-        return functools.partial(confirm_lease, self.store, name, self.holder, generation, period)
-
-    async def _hold_lease(self, scenario: str, period: float) -> None:
-        await asyncio.to_thread(self._renew_lease, scenario, period)
-
-    def _renew_lease(self, scenario: str, period: float) -> None:
-        name = f"learner:{scenario}"
-        asked = time.monotonic()
-        try:
-            held = take_lease(self.store, name, self.holder, period)
-        except Exception as error:  # the store is unreachable: whoever can reach it leads
-            log.warning("could not renew the lease of %s: %s", scenario, error)
-            held = False
-        if held and not self.leads(scenario):
-            log.info("%s: this worker learns (it holds the lease, %s)", scenario, self.holder)
-        elif not held and scenario in self.lead_until:
-            log.warning("%s: this worker no longer holds the lease; it stops learning", scenario)
-        if held:
-            self.generations[scenario] = int(held)
-            self.lead_until[scenario] = asked + 0.8 * period
-        else:
-            self.lead_until.pop(scenario, None)
+            await asyncio.shield(asyncio.to_thread(self.leases.give_up))
 
     def leads(self, scenario: str) -> bool:
         """Whether this worker holds the scenario's lease now (for sure)."""
-        return time.monotonic() < self.lead_until.get(scenario, 0.0)
+        return self.leases.leads(scenario)
 
     @property
     def leading(self) -> set[str]:
         """The scenarios this worker learns on now."""
         return {scenario for scenario in self.lanes if self.leads(scenario)}
-
-    def _give_up_leases(self) -> None:
-        """On a clean stop: another worker need not wait for the leases to expire."""
-        for scenario in list(self.lead_until):
-            with contextlib.suppress(Exception):
-                give_up_lease(self.store, f"learner:{scenario}", self.holder)
-        self.lead_until.clear()
 
     async def _run_lane(self, lane: Lane, stop: asyncio.Event) -> None:
         interval = self.config.learning.interval_s
@@ -701,15 +528,3 @@ def _evaluated(candidate: Candidate) -> Evaluated | None:
         files=read_folder(candidate.folder),
         scores={r["task_id"]: float(r["candidate_score"]) for r in results},
     )
-
-
-def _ask_endpoint(url: str, model: str | None, key_env: str | None, body: dict[str, Any]) -> str:
-    headers = {"x-reef-capture": "false"}
-    if key_env and os.environ.get(key_env):
-        headers["Authorization"] = f"Bearer {os.environ[key_env]}"
-    body = {"model": model or "default", **body}
-    response = httpx.post(
-        f"{url.rstrip('/')}/chat/completions", json=body, headers=headers, timeout=300
-    )
-    response.raise_for_status()
-    return str(response.json()["choices"][0]["message"].get("content") or "")
