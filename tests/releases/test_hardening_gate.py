@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from reef.config import ReefConfig, load_config
-from reef.releases.workflow import ReleaseWorkflow, gate_concurrency
+from reef.releases.gating import gate_concurrency
+from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
 

@@ -62,9 +62,11 @@ from reef.inference.routing import BASE, canary_policy
 from reef.releases.chain import ReleaseChain, ReleaseConflict, read_folder
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate, CandidateStore
+from reef.store.routed import arm_reports, routing_candidate, taken_over
 
 CANARY_ARM = "canary"
 STABLE_ARM = "stable"
+ARMS = (STABLE_ARM, CANARY_ARM)
 Action = Literal["wait", "promote", "rollback"]
 
 
@@ -120,42 +122,14 @@ def arm_scores(
     """Each arm's scores on the records the policy of `routing_release_id` routed: a session's
     reports count once, as their mean; a teacher's takeover counts as the range's low end."""
     sessions: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for arm, session, score in _reported(store, routing_release_id):
+    for arm, session, score in arm_reports(store, routing_release_id, ARMS):
         sessions[arm, session].append(_within(score, score_range))
-    for arm, session in _taken_over(store, routing_release_id):
+    for arm, session in taken_over(store, routing_release_id, ARMS):
         sessions[arm, session].append(score_range[0])
     means: dict[str, list[float]] = {STABLE_ARM: [], CANARY_ARM: []}
     for (arm, _), scores in sessions.items():
         means[arm].append(math.fsum(scores) / len(scores))
     return {arm: ArmScores.of(scores) for arm, scores in means.items()}
-
-
-def _reported(store: ExperienceStore, routing_release_id: str) -> list[tuple[str, str, float]]:
-    """(arm, session, score) of each scored report, by the first routed record it references."""
-    rows = store.query(
-        "SELECT p.id AS report, p.score AS score, r.arm AS arm, r.session AS session "
-        "FROM reports p "
-        "JOIN report_references rr ON rr.report_id = p.id "
-        "JOIN records r ON r.id = rr.record_id "
-        "WHERE r.routing_release_id = ? AND r.arm IN (?, ?) AND p.score IS NOT NULL "
-        "ORDER BY p.id, rr.position",
-        [routing_release_id, STABLE_ARM, CANARY_ARM],
-    )
-    first: dict[str, tuple[str, str, float]] = {}
-    for row in rows:
-        session = row["session"] or f"report {row['report']}"
-        first.setdefault(row["report"], (row["arm"], session, float(row["score"])))
-    return list(first.values())
-
-
-def _taken_over(store: ExperienceStore, routing_release_id: str) -> list[tuple[str, str]]:
-    """(arm, session) of each call the teacher answered because the arm's answer failed."""
-    rows = store.query(
-        "SELECT id, failed_arm, session FROM records "
-        "WHERE routing_release_id = ? AND failed_arm IN (?, ?)",
-        [routing_release_id, STABLE_ARM, CANARY_ARM],
-    )
-    return [(row["failed_arm"], row["session"] or f"record {row['id']}") for row in rows]
 
 
 def _within(score: float, score_range: tuple[float, float]) -> float:
@@ -167,14 +141,7 @@ def _within(score: float, score_range: tuple[float, float]) -> float:
 
 def running_canary_of(store: ExperienceStore, record_ids: Sequence[str]) -> tuple[str, str] | None:
     """(record, candidate): one of these records that a candidate on a canary routed, if any."""
-    marks = ",".join("?" * len(record_ids))
-    rows = store.query(
-        "SELECT r.id AS record, c.id AS candidate FROM records r "
-        "JOIN candidates c ON c.release_id = r.routing_release_id "
-        f"WHERE c.state = ? AND r.id IN ({marks}) ORDER BY r.id LIMIT 1",
-        ["canary", *record_ids],
-    )
-    return (rows[0]["record"], rows[0]["candidate"]) if rows else None
+    return routing_candidate(store, record_ids, "canary")
 
 
 def judge(

@@ -30,25 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from reef.artifacts import ROUTING_FILE
-from reef.config import EpisodeGateConfig, ReefConfig
-from reef.engines import resolve_kind
-from reef.episodes.gate import judge_by_episodes
-from reef.errors import Conflict, NotFound, ReefError
-from reef.evaluation.reference import Reference, best_released, hold_to
-from reef.evaluation.replay import replay_tasks
+from reef.config import ReefConfig
+from reef.errors import Conflict, ReefError
 from reef.evaluation.runner import (
-    EVAL_CONCURRENCY,
     EvalSettings,
     Generate,
     PairedReport,
-    RoutedArm,
     TaskResult,
-    as_candidate,
-    beside_traffic,
-    run_beside,
-    run_paired,
 )
-from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
+from reef.evaluation.tasks import EvalTask
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.inference.routing import (
     BASE,
@@ -69,6 +59,7 @@ from reef.releases.chain import (
     scenario_of,
 )
 from reef.releases.gate import decide
+from reef.releases.gating import CandidateEvaluation
 from reef.releases.housekeeping import Housekeeping, evaluator_running, mark_used
 from reef.releases.remote import RemoteUnreachable
 from reef.releases.shadowing import SHADOW
@@ -120,6 +111,9 @@ class ReleaseWorkflow:
         self.checkouts = self.housekeeping.checkouts
         self.candidate_folders = self.housekeeping.candidate_folders
         self.tracing: Tracing | None = None  # when on: each gate and publish is a span
+        self.evaluation = CandidateEvaluation(
+            config, self.chain, self.candidates, self.binding, self._own_binding
+        )
 
     # -- what serves now ----------------------------------------------------------------------
 
@@ -186,29 +180,13 @@ class ReleaseWorkflow:
 
     def _stale_heartbeats(self) -> set[str]:
         """Evaluating candidates whose heartbeat stopped, by the database's clock."""
-        store = self.candidates.store
-        rows = store.query(
-            "SELECT id FROM candidates WHERE state = 'evaluating' "
-            "AND evaluation_heartbeat_at IS NOT NULL "
-            f"AND evaluation_heartbeat_at < {store.sql_now()} - ?",
-            [HEARTBEAT_MISSES * self.config.releases.heartbeat_s],
+        return self.candidates.silent_evaluations(
+            HEARTBEAT_MISSES * self.config.releases.heartbeat_s
         )
-        return {row["id"] for row in rows}
 
     def beat(self, candidate_id: str) -> bool:
         """Renew an evaluating candidate's heartbeat; whether it is still evaluating."""
-        store = self.candidates.store
-        return bool(
-            store.write(
-                lambda db: (
-                    db.execute(
-                        f"UPDATE candidates SET evaluation_heartbeat_at = {db.sql_now()} "
-                        "WHERE id = ? AND state = 'evaluating'",
-                        [candidate_id],
-                    ).rowcount
-                )
-            ).result()
-        )
+        return self.candidates.beat(candidate_id)
 
     @contextlib.contextmanager
     def heartbeat(self, candidate_id: str) -> Iterator[None]:
@@ -330,7 +308,7 @@ class ReleaseWorkflow:
         """What the gate would decide on `candidate` now (outcome, why, its report), evaluated
         as `gate` evaluates it, with nothing moved or published: a dry run, for comparing two
         gates on the same candidate (`bench.episodes`)."""
-        report = await self._evaluate(candidate, generate, None, [])
+        report = await self.evaluation.evaluate(candidate, generate, None, [])
         outcome, why = decide(self.config.gate_for(candidate.scenario), report)
         return outcome, why, report
 
@@ -344,7 +322,7 @@ class ReleaseWorkflow:
     ) -> Candidate:
         try:
             with self._rejected_on_cancel(candidate):
-                report = await self._evaluate(candidate, generate, on_task, extra_tasks)
+                report = await self.evaluation.evaluate(candidate, generate, on_task, extra_tasks)
         except Exception as error:  # nothing was published: the remote need not be asked
             why = f"evaluation failed: {_named(error)}"
             return self._end_evaluation(candidate, why, reconcile=False)
@@ -391,71 +369,6 @@ class ReleaseWorkflow:
                     return self._end_evaluation(candidate, failed, evaluation)
                 except Conflict:  # ended meanwhile by another process (a recovery)
                     return self.candidates.get(candidate.id)
-
-    async def _evaluate(
-        self,
-        candidate: Candidate,
-        generate: Generate,
-        on_task: Callable[[TaskResult], None] | None,
-        extra_tasks: list[EvalTask],
-    ) -> PairedReport | None:
-        gate = self.config.gate_for(candidate.scenario)
-        if gate.policy == "always":
-            return None
-        current = self.binding(self._base_release(candidate))
-        proposed = binding_for(candidate.id, candidate.kind, candidate.folder)
-        settings = self.eval_settings(candidate.scenario)
-        concurrency = gate_concurrency(self.config)
-        chat = gate.episodes is None or gate.episodes.with_chat
-        tasks = self._tasks(candidate.scenario, extra_tasks) if chat else []
-        report = await run_paired(
-            tasks, current, proposed, generate, settings, on_task, concurrency
-        )
-        if gate.episodes is not None:
-            episodes = await asyncio.to_thread(self._episode_results, candidate, gate.episodes)
-            for result in episodes:
-                if on_task:
-                    on_task(result)
-            report.tasks += episodes
-        hold_to(report, self._best_released(candidate.scenario))
-        for name, release, share in _routed_releases(candidate):
-            if release == (candidate.base_release_id or BASE):
-                answered = as_candidate(report)  # the current side answered as it serves
-            else:  # on the chat tasks: episodes run only the candidate and the current tree
-                arm = self._arm_binding(release)
-                chat_side = PairedReport(report.current_release_id, report.tasks[: len(tasks)])
-                answered = await run_beside(chat_side, tasks, arm, generate, settings, concurrency)
-            report.arms.append(RoutedArm(name, release, share, answered))
-        return report
-
-    def _episode_results(
-        self, candidate: Candidate, episodes: EpisodeGateConfig
-    ) -> list[TaskResult]:
-        """The gate's episodes (`reef.episodes.gate`), against the server this project runs."""
-        return judge_by_episodes(episodes, self.config, candidate.scenario, candidate.id)
-
-    def _best_released(self, scenario: str) -> dict[str, Reference]:
-        """Per task, the best score a release of `scenario` reached, on either side of the
-        evaluations that released them (`reef.evaluation.reference`). The whole chain counts,
-        so a rollback lowers nothing; a canary's release counts once its candidate is released
-        (promoted), never while it runs or after it was rolled back."""
-        return best_released(
-            (release.release_id, release.evaluation)
-            for release in self.chain.releases(scenario)
-            if release.evaluation and self._was_released(release)
-        )
-
-    def _was_released(self, release: Release) -> bool:
-        if release.candidate_id is None:
-            return True
-        try:
-            return self.candidates.get(release.candidate_id).state == "released"
-        except NotFound:
-            return True  # a candidate no longer stored: its release stands
-
-    def _arm_binding(self, release: str) -> Binding:
-        """What a routed arm serves: the model alone, or a release's own parts."""
-        return BASE_BINDING if release == BASE else self._own_binding(self.chain.get(release))
 
     @contextlib.contextmanager
     def _rejected_on_cancel(self, candidate: Candidate) -> Iterator[None]:
@@ -535,29 +448,9 @@ class ReleaseWorkflow:
             records_returned=returned,
         )
 
-    def _tasks(self, scenario: str, extra: list[EvalTask]) -> list[EvalTask]:
-        """The scenario's eval tasks; the project's other eval files when it has few of its
-        own; the recipe's `extra` tasks; and the held-back good answers of its traffic."""
-        gate = self.config.gate_for(scenario)
-        path = tasks_path(self.config.evals_dir, scenario)
-        own = load_tasks(path) if path.exists() else []
-        if len(own) < gate.min_tasks:
-            own += [t for other in self._other_eval_files(path) for t in load_tasks(other)]
-        replayed = replay_tasks(self.candidates.store, scenario, gate.replay_threshold, gate.replay)
-        tasks = [*own, *extra, *replayed]
-        if not tasks:
-            raise EvalTasksError(
-                f"no eval tasks at {path}: write one JSON task per line (see `reef init`'s example)"
-            )
-        return tasks
-
-    def _other_eval_files(self, own: Path) -> list[Path]:
-        folder = self.config.evals_dir
-        return sorted(p for p in folder.glob("*.jsonl") if p != own) if folder.is_dir() else []
-
     def eval_settings(self, scenario: str) -> EvalSettings:
-        gate = self.config.gate_for(scenario)
-        return EvalSettings(gate.temperature, gate.seed, gate.max_tokens)
+        """The sampling the gate evaluates `scenario`'s candidates with."""
+        return self.evaluation.settings(scenario)
 
     # -- decisions -----------------------------------------------------------------------------
 
@@ -587,11 +480,6 @@ class ReleaseWorkflow:
         rejected = self._reject(candidate, ("proposed", "held", SHADOW), why, None, judged=True)
         self.housekeeping.prune_candidates()
         return rejected
-
-    def _base_release(self, candidate: Candidate) -> Release | None:
-        if candidate.base_release_id is None:
-            return None
-        return self.chain.get(candidate.base_release_id)
 
     def _release(
         self,
@@ -661,22 +549,6 @@ class ReleaseWorkflow:
         )
 
 
-def _routed_releases(candidate: Candidate) -> list[tuple[str, str, int]]:
-    """The releases other than its own parts that the candidate's routing policy sends sessions
-    to: (the first arm's name, the release, the largest share of a route it serves), in order."""
-    policy = candidate.folder / ROUTING_FILE
-    if not policy.is_file():
-        return []
-    routed: dict[str, tuple[str, int]] = {}
-    for route in parse_policy(policy.read_text()):
-        for arm in route.arms:
-            if arm.release == SELF or arm.share == 0:
-                continue
-            name, share = routed.get(arm.release, (arm.name, 0))
-            routed[arm.release] = (name, max(share, arm.share))
-    return [(name, release, share) for release, (name, share) in routed.items()]
-
-
 def _records_return(candidate: Candidate) -> str:
     count = len(set(candidate.consumed_record_ids))
     return f"its {count} record returns" if count == 1 else f"its {count} records return"
@@ -692,12 +564,3 @@ def _write_files(folder: Path, files: dict[str, bytes]) -> None:
         target = folder / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-
-
-def gate_concurrency(config: ReefConfig) -> int:
-    """Evaluation requests in flight at once: on llama.cpp, a batch that leaves a slot to live
-    traffic; other engines batch on their own side (vLLM) or are remote (upstream)."""
-    kind, _ = resolve_kind(config.engine)
-    if kind == "llamacpp":
-        return beside_traffic(config.engine.llamacpp.slots)
-    return EVAL_CONCURRENCY

@@ -124,6 +124,31 @@ class CandidateStore:
         )
         return [row["id"] for row in rows]
 
+    def silent_evaluations(self, seconds: float) -> set[str]:
+        """Evaluating candidates whose heartbeat is older than `seconds`, by the database's
+        clock (a heartbeat never renewed is not silent: its process may be starting)."""
+        rows = self.store.query(
+            "SELECT id FROM candidates WHERE state = 'evaluating' "
+            "AND evaluation_heartbeat_at IS NOT NULL "
+            f"AND evaluation_heartbeat_at < {self.store.sql_now()} - ?",
+            [seconds],
+        )
+        return {row["id"] for row in rows}
+
+    def beat(self, candidate_id: str) -> bool:
+        """Renew an evaluating candidate's heartbeat; whether it is still evaluating."""
+
+        def renew(db: Database) -> int:
+            return int(
+                db.execute(
+                    f"UPDATE candidates SET evaluation_heartbeat_at = {db.sql_now()} "
+                    "WHERE id = ? AND state = 'evaluating'",
+                    [candidate_id],
+                ).rowcount
+            )
+
+        return bool(self.store.write(renew).result())
+
     def get(self, candidate_id: str) -> Candidate:
         rows = self.store.query("SELECT * FROM candidates WHERE id = ?", [candidate_id])
         if not rows:

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from reef.errors import Conflict
 from reef.store.candidates import OPEN_STATES
 from reef.store.database import Database
 from reef.store.experience import ExperienceStore, new_id
@@ -208,3 +209,67 @@ def with_annotations(store: ExperienceStore, records: list[dict[str, Any]]) -> l
                 {**data, "source": row["source"], "created_at": row["created_at"]}
             )
     return [{**record, "annotations": found[record["id"]]} for record in records]
+
+
+def step_totals(store: ExperienceStore) -> list[dict[str, Any]]:
+    """Learning steps by scenario, recipe and outcome: their count `n` and seconds `s`."""
+    return store.query(
+        "SELECT scenario, recipe, outcome, COUNT(*) AS n, "
+        "SUM(finished_at - started_at) AS s FROM learning_steps "
+        "GROUP BY scenario, recipe, outcome"
+    )
+
+
+def candidate_totals(store: ExperienceStore) -> list[dict[str, Any]]:
+    """Candidates by scenario and state: their count `n` and seconds from proposal to their
+    last move `s`."""
+    return store.query(
+        "SELECT scenario, state, COUNT(*) AS n, SUM(updated_at - created_at) AS s "
+        "FROM candidates GROUP BY scenario, state"
+    )
+
+
+def newest_candidate_metrics(store: ExperienceStore) -> list[dict[str, Any]]:
+    """The metrics (JSON text) of each recipe's newest candidate, by scenario and source."""
+    return store.query(
+        "SELECT c.scenario, c.source, c.metrics FROM candidates c "
+        "JOIN (SELECT MAX(seq) AS seq FROM candidates GROUP BY scenario, source) n "
+        "ON n.seq = c.seq"
+    )
+
+
+def learning_counts(store: ExperienceStore) -> list[dict[str, Any]]:
+    """Each scenario's records waiting, consumed and left out as stale, as the worker last
+    counted them."""
+    return store.query("SELECT scenario, waiting, consumed, stale_skipped FROM learning_status")
+
+
+def queue_instruction_once(
+    store: ExperienceStore,
+    request_id: str,
+    scenario: str,
+    text: str,
+    provenance: dict[str, Any] | None = None,
+) -> bool:
+    """Queue an instruction under the caller's id, once (blocking): False when an identical
+    one is queued under that id already, `Conflict` when another is. One write transaction,
+    so two identical requests racing queue it once."""
+
+    def queue(db: Database) -> bool:
+        row = db.execute(
+            "SELECT scenario, instruction FROM train_requests WHERE id = ?", [request_id]
+        ).fetchone()
+        if row is not None:
+            if (row[0], row[1]) != (scenario, text):
+                raise Conflict(
+                    f"agent_record_id {request_id!r} was already used for another instruction: "
+                    "send a new agent_record_id, or the same request to have it acknowledged",
+                    code="agent_record_id_conflict",
+                )
+            return False
+        fields = {"id": request_id, "scenario": scenario, "instruction": text}
+        kept = json.dumps(provenance) if provenance else None
+        db.insert("train_requests", {**fields, "created_at": time.time(), "provenance": kept})
+        return True
+
+    return bool(store.write(queue).result())

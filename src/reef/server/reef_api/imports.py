@@ -21,10 +21,8 @@ acknowledged record is on disk, and a refused batch stores nothing.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +32,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reef.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, describe_validation_error
+from reef.errors import BadRequest, NotFound, PayloadTooLarge, describe_validation_error
 from reef.inference.binding import BASE_RELEASE
 from reef.protocol import ChatRequest
 from reef.server.http import read_json
 from reef.server.state import ServerState, scenario_from
 from reef.store import ExperienceStore, Record, Report, ReportConflict, UnknownRecords
-from reef.store.database import Database
+from reef.store.imports import insert_new_records, stored_otherwise, stored_rows
 
 # reef_client refuses batches of 10 MiB or more (MAX_REQUEST_BYTES); server.max_body_bytes may
 # bound them lower.
@@ -53,7 +51,6 @@ RECORD_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 PLAIN = re.compile(r"[A-Za-z0-9_.:@/-]{1,128}")
 REQUEST_TYPES = ("inference", "report")
 # SQLite's default limit on bound parameters in one statement, with room to spare.
-ID_CHUNK = 500
 
 
 class Envelope(BaseModel):
@@ -288,54 +285,30 @@ def _report(index: int, envelope: Envelope, scenario: str) -> Report:
 # -- storing ----------------------------------------------------------------------------------
 
 
-def _chunks(ids: list[str]) -> list[list[str]]:
-    return [ids[start : start + ID_CHUNK] for start in range(0, len(ids), ID_CHUNK)]
-
-
-def _stored(store: ExperienceStore, table: str, ids: list[str]) -> dict[str, dict[str, Any]]:
-    """The rows of `table` (records or reports) with these ids: their scenario and hash."""
-    found: dict[str, dict[str, Any]] = {}
-    for chunk in _chunks(ids):
-        marks = ", ".join("?" * len(chunk))
-        for row in store.query(
-            f"SELECT id, scenario, content_hash FROM {table} WHERE id IN ({marks})", chunk
-        ):
-            found[row["id"]] = row
-    return found
-
-
-def _conflict(kind: str, record_id: str, scenario: str) -> Conflict:
-    return Conflict(
-        f"{kind} id {record_id!r} is already stored in scenario {scenario!r} with other "
-        "content: records are immutable, so give the changed one a new agent_record_id",
-        code="record_id_conflict",
-    )
-
-
 def _prepare(store: ExperienceStore, batch: Batch) -> tuple[list[Record], list[Report]]:
     """What of the batch is new; a conflict or an unknown reference refuses all of it (reads,
     before anything is written)."""
-    stored = _stored(store, "records", [r.id for r in batch.records])
+    stored = stored_rows(store, "records", [r.id for r in batch.records])
     new_records = []
     for record in batch.records:
         row = stored.get(record.id)
         if row is None:
             new_records.append(record)
         elif row["content_hash"] != record.content_hash:
-            raise _conflict("record", record.id, row["scenario"])
-    reports = _stored(store, "reports", [r.id for r in batch.reports])
+            raise stored_otherwise("record", record.id, row["scenario"])
+    reports = stored_rows(store, "reports", [r.id for r in batch.reports])
     new_reports = []
     for report in batch.reports:
         row = reports.get(report.id)
         if row is None:
             new_reports.append(report)
         elif row["content_hash"] != report.content_hash:
-            raise _conflict("report", report.id, row["scenario"])
+            raise stored_otherwise("report", report.id, row["scenario"])
     in_batch = {record.id for record in batch.records}
     wanted = sorted({ref for report in new_reports for ref in report.references} - in_batch)
     known = {
         ref
-        for ref, row in _stored(store, "records", wanted).items()
+        for ref, row in stored_rows(store, "records", wanted).items()
         if row["scenario"] == batch.scenario
     }
     missing = [ref for ref in wanted if ref not in known]
@@ -349,61 +322,21 @@ def _prepare(store: ExperienceStore, batch: Batch) -> tuple[list[Record], list[R
     return new_records, new_reports
 
 
-def _insert_records(
-    records: list[Record], annotations: dict[str, dict[str, Any]]
-) -> Callable[[Database], int]:
-    """The writer job storing the new records: one transaction, ids checked again in it (a
-    concurrent import of the same ids may have landed since the read)."""
-
-    def insert(db: Database) -> int:
-        hashes = {record.id: record.content_hash for record in records}
-        present = set()
-        for chunk in _chunks(list(hashes)):
-            marks = ", ".join("?" * len(chunk))
-            rows = db.execute(
-                f"SELECT id, content_hash, scenario FROM records WHERE id IN ({marks})", chunk
-            ).fetchall()
-            for record_id, stored_hash, stored_scenario in rows:
-                if stored_hash != hashes[record_id]:
-                    raise _conflict("record", record_id, stored_scenario)
-                present.add(record_id)
-        added = 0
-        now = time.time()
-        for record in records:
-            if record.id in present:
-                continue
-            db.insert("records", record.to_row())
-            if record.id in annotations:
-                db.insert(
-                    "record_annotations",
-                    {
-                        "record_id": record.id,
-                        "scenario": record.scenario,
-                        "source": ANNOTATION_SOURCE,
-                        "created_at": now,
-                        "data": json.dumps(annotations[record.id]),
-                    },
-                )
-            added += 1
-        return added
-
-    return insert
-
-
 async def import_batch(state: ServerState, batch: Batch) -> tuple[int, int]:
     """Store the batch's new records, then its new reports; (stored, already there)."""
     store = state.store
     records, reports = await run_in_threadpool(_prepare, store, batch)
     added = 0
     if records:
-        added = await asyncio.wrap_future(store.write(_insert_records(records, batch.annotations)))
+        job = insert_new_records(records, batch.annotations, ANNOTATION_SOURCE)
+        added = await asyncio.wrap_future(store.write(job))
     for report in reports:
         try:
             _, created = await store.add_report_async(report)
         except UnknownRecords as error:
             raise NotFound(str(error), code="unknown_record") from None
         except ReportConflict:
-            raise _conflict("report", report.id, report.scenario) from None
+            raise stored_otherwise("report", report.id, report.scenario) from None
         added += created
     total = len(batch.records) + len(batch.reports)
     return added, total - added

@@ -20,7 +20,6 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import (
@@ -39,6 +38,13 @@ from reef.errors import BadRequest, ReefError, Unauthorized
 from reef.server.auth import provided_token
 from reef.server.metrics import PREFIX
 from reef.server.state import ServerState
+from reef.store import ExperienceStore
+from reef.store.learning import (
+    candidate_totals,
+    learning_counts,
+    newest_candidate_metrics,
+    step_totals,
+)
 from reef.store.writer import Buckets
 
 log = logging.getLogger("reef.server")
@@ -256,7 +262,7 @@ class LearningCollector:
             )
 
     def _collect(self) -> Iterator[Metric]:
-        query = self.state.store.query
+        store = self.state.store
         steps = CounterMetricFamily(
             f"{PREFIX}learning_steps",
             "Learning steps taken, by recipe and outcome",
@@ -268,11 +274,7 @@ class LearningCollector:
             labels=["scenario", "recipe"],
         )
         per_recipe: dict[tuple[str, str], tuple[int, float]] = {}
-        for row in query(
-            "SELECT scenario, recipe, outcome, COUNT(*) AS n, "
-            "SUM(finished_at - started_at) AS s FROM learning_steps "
-            "GROUP BY scenario, recipe, outcome"
-        ):
+        for row in step_totals(store):
             key = (row["scenario"], row["recipe"] or "")
             steps.add_metric([*key, row["outcome"]], row["n"])
             count, total = per_recipe.get(key, (0, 0.0))
@@ -280,10 +282,10 @@ class LearningCollector:
         for key, (count, total) in sorted(per_recipe.items()):
             seconds.add_metric(list(key), count_value=count, sum_value=total)
         yield from (steps, seconds)
-        yield from self._candidates(query)
-        yield from self._status(query)
+        yield from self._candidates(store)
+        yield from self._status(store)
 
-    def _candidates(self, query: Any) -> Iterator[Metric]:
+    def _candidates(self, store: ExperienceStore) -> Iterator[Metric]:
         candidates = GaugeMetricFamily(
             f"{PREFIX}candidates",
             "Candidates by state (released, rejected, held: the gate's decision; or open)",
@@ -295,10 +297,7 @@ class LearningCollector:
             labels=["scenario"],
         )
         decided: dict[str, tuple[int, float]] = {}
-        for row in query(
-            "SELECT scenario, state, COUNT(*) AS n, SUM(updated_at - created_at) AS s "
-            "FROM candidates GROUP BY scenario, state"
-        ):
+        for row in candidate_totals(store):
             candidates.add_metric([row["scenario"], row["state"]], row["n"])
             if row["state"] in DECIDED:
                 count, total = decided.get(row["scenario"], (0, 0.0))
@@ -307,7 +306,7 @@ class LearningCollector:
             gate.add_metric([scenario], count_value=count, sum_value=total)
         yield from (candidates, gate)
 
-    def _status(self, query: Any) -> Iterator[Metric]:
+    def _status(self, store: ExperienceStore) -> Iterator[Metric]:
         consumed = GaugeMetricFamily(
             f"{PREFIX}learning_records_consumed",
             "Records the scenario's candidates consumed (as of the worker's last look)",
@@ -323,7 +322,7 @@ class LearningCollector:
             "Records left out as too stale to learn from (max_staleness)",
             labels=["scenario"],
         )
-        for row in query("SELECT scenario, waiting, consumed, stale_skipped FROM learning_status"):
+        for row in learning_counts(store):
             consumed.add_metric([row["scenario"]], row["consumed"] or 0)
             waiting.add_metric([row["scenario"]], row["waiting"] or 0)
             stale.add_metric([row["scenario"]], row["stale_skipped"] or 0)
@@ -333,11 +332,7 @@ class LearningCollector:
             "The last training loss of each recipe's newest candidate",
             labels=["scenario", "recipe"],
         )
-        for row in query(
-            "SELECT c.scenario, c.source, c.metrics FROM candidates c "
-            "JOIN (SELECT MAX(seq) AS seq FROM candidates GROUP BY scenario, source) n "
-            "ON n.seq = c.seq"
-        ):
+        for row in newest_candidate_metrics(store):
             value = _last_loss(row["metrics"])
             if value is not None:
                 loss.add_metric([row["scenario"], row["source"] or ""], value)

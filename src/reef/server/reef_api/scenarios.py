@@ -8,9 +8,7 @@ A scenario created here, and the training mode chosen for one, are runtime state
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,9 +23,7 @@ from reef.scenario import check_scenario, scenario_named
 from reef.server.http import parse, read_json
 from reef.server.reef_api.records import REPORT_ID, recipe_name
 from reef.server.state import ServerState
-from reef.store import ExperienceStore
-from reef.store.database import Database
-from reef.store.learning import queue_instruction
+from reef.store.learning import queue_instruction, queue_instruction_once
 
 MAX_INSTRUCTION = 4000
 MAX_REQUIRES = 8
@@ -225,8 +221,9 @@ async def train(request: Request) -> Response:
         )
         created = True
     else:
-        request_id, created = await run_in_threadpool(
-            _queue_once, state.store, body.agent_record_id, scenario, text, provenance
+        request_id = body.agent_record_id
+        created = await run_in_threadpool(
+            queue_instruction_once, state.store, request_id, scenario, text, provenance
         )
     answer = {
         "id": request_id,
@@ -337,35 +334,6 @@ def _refuse(field: str, why: str, fix: str) -> None:
     raise BadRequest(f"{field} refused: {why}; {fix}, and send it again", code="text_refused")
 
 
-def _queue_once(
-    store: ExperienceStore,
-    request_id: str,
-    scenario: str,
-    text: str,
-    provenance: dict[str, Any] | None = None,
-) -> tuple[str, bool]:
-    """Queue an instruction under the caller's id, once (blocking): an identical resend is the
-    queued one again (False), the same id for another instruction a 409. One write transaction,
-    so two identical requests racing queue it once."""
-
-    def queue(db: Database) -> bool:
-        row = db.execute(
-            "SELECT scenario, instruction FROM train_requests WHERE id = ?", [request_id]
-        ).fetchone()
-        if row is not None:
-            if (row[0], row[1]) != (scenario, text):
-                raise Conflict(
-                    f"agent_record_id {request_id!r} was already used for another instruction: "
-                    "send a new agent_record_id, or the same request to have it acknowledged",
-                    code="agent_record_id_conflict",
-                )
-            return False
-        fields = {"id": request_id, "scenario": scenario, "instruction": text}
-        kept = json.dumps(provenance) if provenance else None
-        db.insert("train_requests", {**fields, "created_at": time.time(), "provenance": kept})
-        return True
-
-    return request_id, store.write(queue).result()
 
 
 routes = [
