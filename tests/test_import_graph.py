@@ -207,3 +207,62 @@ def test_a_cycle_through_a_function_s_import_is_found(tmp_path: Path) -> None:
 def test_the_cycle_finder_finds_one() -> None:
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) == []
+
+
+# The five bands of the house, top to bottom (docs/architecture.md): a package imports from its
+# own band and the bands below it, never from one above.
+BANDS = {
+    "faces": {"__main__", "cli", "tui", "review", "server", "daemon", "testing"},
+    "learning": {"learning", "sdk", "training", "harness", "recipes"},
+    "releases": {"releases", "evaluation", "episodes"},
+    "inference": {"engines", "inference", "client"},
+    "foundations": {
+        "store",
+        "config",
+        "errors",
+        "urls",
+        "yamlfile",
+        "scenario",
+        "artifacts",
+        "threads",
+        "tracing",
+        "templates",
+        "protocol",
+    },
+}
+BAND_ORDER = list(BANDS)
+
+
+def band_of(module: str) -> str | None:
+    top = module.split(".")[1] if module.count(".") else ""
+    return next((band for band, packages in BANDS.items() if top in packages), None)
+
+
+def test_every_package_has_its_band() -> None:
+    packages = {module.split(".")[1] for module in import_graph() if module.count(".")}
+    unplaced = sorted(package for package in packages if band_of(f"reef.{package}") is None)
+    assert not unplaced, f"place these in a band of BANDS (and docs/architecture.md): {unplaced}"
+
+
+def test_no_band_imports_from_a_band_above_it() -> None:
+    upward = set()
+    for module, targets in whole_graph().items():
+        band = band_of(module)
+        for target in targets:
+            above = band_of(target)
+            if band and above and BAND_ORDER.index(above) < BAND_ORDER.index(band):
+                upward.add(f"{module} ({band}) -> {target} ({above})")
+    assert not upward, f"imports that climb a band: {sorted(upward)}"
+
+
+def test_serving_knows_nothing_of_the_daemons() -> None:
+    graph = whole_graph()
+    assert any(target.startswith("reef.server") for target in graph["reef.daemon.run"])
+    crossings = {
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("reef.server.")
+        for target in targets
+        if target.startswith("reef.daemon")
+    }
+    assert not crossings, sorted(crossings)
