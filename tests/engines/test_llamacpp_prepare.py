@@ -3,7 +3,7 @@ and answers within the bound, and loaded by `reef serve` in place of the file.
 
 The drift checks and the conversion run the real llama.cpp on the embedded model. The choice
 rule is tested with timings given by the test (`speed` replaced), since which format is faster
-depends on the machine; what the real timings are is bench/weight_formats.py's job.
+depends on the machine; what the real timings are is bench/speed/weight_formats.py's job.
 """
 
 from __future__ import annotations

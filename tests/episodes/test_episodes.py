@@ -28,8 +28,8 @@ from tests.conftest import TOKEN
 from tests.episodes.conftest import scripted_reef
 
 SUITE = Path(__file__).resolve().parents[2] / "evals" / "tasks"
-# The held-out tasks of bench.harness_episodes: the same kinds on other files and words.
-HELD_OUT_SUITE = SUITE.parents[1] / "bench" / "episode_tasks"
+# The held-out tasks of bench.learning.harness_episodes: the same kinds on other files and words.
+HELD_OUT_SUITE = SUITE.parents[1] / "bench" / "learning" / "episode_tasks"
 ADMIN_TOKEN = "admin-token-77c1"
 UPSTREAM_KEY = "upstream-key-5d9e"
 SECRETS = (TOKEN, ADMIN_TOKEN, UPSTREAM_KEY)

@@ -214,7 +214,7 @@ def test_the_real_agent_runs_through_reef(
     took = time.monotonic() - started
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.strip()
-    # A bound for a loaded CI machine: bench/agents.py measures each under 60 s here.
+    # A bound for a loaded CI machine: bench/speed/agents.py measures each under 60 s here.
     assert took < AGENT_BOUND_S, f"{adapter} took {took:.0f} s"
     session = (tmp_path / f".reef/harness/{adapter}/default/last-session").read_text().strip()
     records = httpx.get(

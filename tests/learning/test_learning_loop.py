@@ -10,7 +10,7 @@ the prompt the model reads.
 
 Every step is by construction, whatever the model samples on this machine: the demonstrations are
 the user's, and the gate's floor of 0 releases whatever the evaluation scored. Whether the model
-then signs off more often is a learning outcome, measured by `bench/learning_curve.py`.
+then signs off more often is a learning outcome, measured by `bench/learning/learning_curve.py`.
 """
 
 from __future__ import annotations

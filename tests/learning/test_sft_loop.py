@@ -8,7 +8,7 @@ the answer it wanted (a demonstration). The `sft` recipe fine-tunes a LoRA on th
 gate evaluates it on the serving engine, and the server switches to it: the next call is served
 under the adapter. Every step holds whatever the model samples on this machine (the training data
 is the user's, the gate's floor of 0 releases whatever the evaluation scored); whether held-out
-answers then start with "Sure!" is a learning outcome, measured by `bench/preferences.py`.
+answers then start with "Sure!" is a learning outcome, measured by `bench/learning/preferences.py`.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_approve_from_another_process_switches_under_traffic(
             )
             assert result.returncode == 0, result.stdout + result.stderr
             published = time.monotonic()
-            # A bound for a busy CI machine; bench/release_swap.py holds the 1 s target.
+            # A bound for a busy CI machine; bench/speed/release_swap.py holds the 1 s target.
             while ask(server).headers["x-reef-release-id"] != f"default@{number}":
                 assert time.monotonic() - published < SWITCH_BOUND_S, "the server did not switch"
     finally:

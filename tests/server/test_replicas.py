@@ -1,7 +1,7 @@
 """Replicas for real: three `reef serve` processes on loopback share one PostgreSQL store and one
 release remote (a `file://` bare repository, with Git LFS). Traffic goes round robin with
 sessions; one replica is killed under load and no acknowledged record is lost; a release
-published from one place serves on every replica (how fast: bench/replicas.py); the learner's
+published from one place serves on every replica (how fast: bench/speed/replicas.py); the learner's
 replica is killed and another replica's worker takes over."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.conftest import TOKEN
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 # A release serves on every replica well before this; how fast (the issue's 2 s) is measured by
-# bench/replicas.py, not here: a test holds behaviour, with room for a slow machine.
+# bench/speed/replicas.py, not here: a test holds behaviour, with room for a slow machine.
 PROPAGATION_S = 20.0
 
 pytestmark = pytest.mark.slow

@@ -307,7 +307,7 @@ class ReleaseWorkflow:
     ) -> tuple[str, str, PairedReport | None]:
         """What the gate would decide on `candidate` now (outcome, why, its report), evaluated
         as `gate` evaluates it, with nothing moved or published: a dry run, for comparing two
-        gates on the same candidate (`bench.episodes`)."""
+        gates on the same candidate (`bench.learning.episodes`)."""
         report = await self.evaluation.evaluate(candidate, generate, None, [])
         outcome, why = decide(self.config.gate_for(candidate.scenario), report)
         return outcome, why, report

@@ -679,7 +679,7 @@ def batch_context(
     model: Any, n_ctx: int, slots: int, n_threads: int, cache: CacheTypes = CacheTypes()
 ) -> Any:
     """A context of `model` with one KV stream of `n_ctx` cells per slot (see
-    slots.py), as the engine decodes in; `bench/decode_ceiling.py` measures the same."""
+    slots.py), as the engine decodes in; `bench/speed/decode_ceiling.py` measures the same."""
     import llama_cpp
     from llama_cpp import _internals
 

@@ -1,5 +1,0 @@
-"""The proxy benchmark: `python -m bench.proxy` (its command line is `__main__.py`).
-
-`servers` starts `fake_upstream.py` and `bare_forwarder.py` by their file paths. `servers` is also
-used by `bench/store_backends.py` and `bench/replicas.py`, `load` (the aiohttp client) by
-`bench/store_backends.py`."""

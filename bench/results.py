@@ -1,6 +1,0 @@
-"""Where every benchmark writes its figures: `bench/out/` beside this file (git-ignored),
-whatever the folder it is started from."""
-
-from pathlib import Path
-
-OUT = Path(__file__).resolve().parent / "out"
