@@ -141,7 +141,7 @@ def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Pa
 
     started = time.monotonic()
     ran = reef_pi("-p", "Say hello.")
-    assert time.monotonic() - started < 300  # for a loaded CI machine; bench/speed/agents.py: < 60 s
+    assert time.monotonic() - started < 300  # a loaded CI machine; bench/speed/agents.py: < 60 s
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.strip()
     session = (tmp_path / ".reef/harness/pi/default/last-session").read_text().strip()
