@@ -37,6 +37,14 @@ GRAMMAR_ROOM = 160
 # other draws, to show that no test holds only for the draws it was written with.
 SEED = int(os.environ.get("REEF_TEST_SEED", "0"))
 BODY_LIMIT = 256 * 1024
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ is of the end-to-end tier: `pytest -m "not e2e"` leaves it."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)
 
 
 @functools.cache

@@ -197,6 +197,7 @@ def test_report_shows_the_servers_error(llama_server: ServerProcess) -> None:
 # -- serve: graceful shutdown ---------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_ctrl_c_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
     write_config(tmp_path, SMALL_ENGINE)
     server = reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start()

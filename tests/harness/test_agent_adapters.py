@@ -188,7 +188,7 @@ def needs_agent(adapter: str) -> None:
         )
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("adapter", AGENTS)
 def test_the_real_agent_runs_through_reef(
     server: ServerProcess, adapter: str, tmp_path: Path

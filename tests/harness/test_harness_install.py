@@ -122,6 +122,7 @@ def test_openai_env_installs_an_environment_file(server: ServerProcess, tmp_path
     shutil.which("pi") is None and shutil.which("npm") is None,
     reason="needs pi or npm (CI installs pi)",
 )
+@pytest.mark.e2e
 def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Path) -> None:
     result = run_script(install_script(server, "pi"), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

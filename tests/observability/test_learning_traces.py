@@ -17,7 +17,7 @@ from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
 from reef.tracing import Tracing
 from tests.learning.test_learning_worker import failing_call
-from tests.server.test_replicas import ECHO_RECIPE
+from tests.support.scripted import ECHO_RECIPE
 
 
 def test_a_learning_step_is_one_trace_with_its_gate_and_publish(

@@ -33,8 +33,8 @@ from reef.testing.processes import free_port, reef_serve
 from reef.testing.threaded import served_in_thread
 from reef.tracing import TRACE_TAG, Tracing, start_tracing
 from tests.conftest import SMALL_ENGINE, TOKEN
-from tests.episodes.test_episodes import answer
 from tests.support.in_process import serving
+from tests.support.scripted_chat import answer
 
 SECRET_PROMPT = "the-prompt-text-7f3a"
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -130,6 +130,7 @@ def spans_under(spans: list[Any], parent: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.e2e
 def test_the_engine_s_queue_prompt_and_decode_are_spans_under_its_answer(
     tmp_path: Path,
 ) -> None:

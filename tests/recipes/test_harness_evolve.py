@@ -88,7 +88,7 @@ def test_a_mutation_is_found_inside_chatter_and_applied_to_a_copy() -> None:
         apply(files, Mutation("remove", "rules/none.md", "", "x"))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_hindsight_proposer_shows_answers_given_under_the_feedback(
     engine: LlamaCppEngine,
 ) -> None:

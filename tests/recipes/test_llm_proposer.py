@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from reef.engines.llamacpp.structured import output_constraint
 from reef.protocol import ChatRequest
@@ -30,6 +31,7 @@ CONFIG = (
 )
 
 
+@pytest.mark.e2e
 def test_every_llm_proposal_parses_and_reaches_the_gate(tmp_path: Path) -> None:
     write_config(tmp_path, CONFIG)
     (tmp_path / "evals").mkdir()

@@ -211,7 +211,7 @@ learning:
 """
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_next_messages_alone_train_a_released_lora_and_the_judgements_are_recorded(
     tmp_path: Path,
 ) -> None:

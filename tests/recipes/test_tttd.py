@@ -350,7 +350,7 @@ learning:
 """
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_one_discovery_step_verifies_rollouts_trains_and_releases(tmp_path: Path) -> None:
     (tmp_path / "reef.yaml").write_text(CONFIG)
     server = reef_serve(tmp_path, free_port())

@@ -52,7 +52,7 @@ def wait_for_state(store: ExperienceStore, state: str, timeout: float = 120) -> 
     raise AssertionError(f"no candidate became {state} within {timeout}s")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_recovery_leaves_a_live_evaluation_alone_and_ends_a_killed_one(tmp_path: Path) -> None:
     config = load_config(project(tmp_path), env={})
     harness(tmp_path / "h", "You are brief.")

@@ -29,3 +29,19 @@ def ask_of(model: Callable[[dict[str, Any]], Completion]) -> Callable[..., str]:
         return str(model(body).response["choices"][0]["message"]["content"])
 
     return ask
+
+
+# A recipe that proposes a harness naming the first record it learned from (its source, for a
+# project's recipe file).
+ECHO_RECIPE = """
+from reef.sdk import Proposal, Recipe
+
+
+class Echo(Recipe):
+    name = "echo"
+
+    def propose(self, batch, context):
+        consumed = [record for trajectory in batch for record in trajectory.record_ids]
+        text = f"Learned from {consumed[0]}.\\n".encode()
+        return Proposal("harness", {"AGENTS.md": text}, self.name, consumed)
+"""

@@ -48,6 +48,7 @@ def test_a_merged_tiny_llama_gives_llama_cpp_the_logits_of_base_and_adapter(
     np.testing.assert_allclose(merged, adapted, atol=1e-3)
 
 
+@pytest.mark.e2e
 def test_merging_into_the_real_q4_model_keeps_every_other_tensor_and_the_chat_template(
     tmp_path: Path,
 ) -> None:

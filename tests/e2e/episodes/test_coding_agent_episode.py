@@ -22,8 +22,8 @@ from reef.episodes.sandbox import Limits
 from reef.episodes.tasks import load_task
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
-from tests.episodes.conftest import scripted_reef
-from tests.episodes.test_episodes import SUITE, answer
+from tests.e2e.episodes.test_episodes import SUITE, answer
+from tests.support.scripted_chat import scripted_reef
 
 pytestmark = pytest.mark.slow
 

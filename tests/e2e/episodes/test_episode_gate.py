@@ -28,7 +28,7 @@ from reef.store import ExperienceStore
 from reef.testing.processes import ServerProcess, free_port, reef_serve, serving_everywhere
 from reef.testing.threaded import chat_upstream
 from tests.conftest import TOKEN
-from tests.episodes.test_episodes import SUITE, answer, tool_call
+from tests.e2e.episodes.test_episodes import SUITE, answer, tool_call
 
 HELPS = "Write files with the write_file tool, then stop."
 BREAKS = "Never call a tool: describe the change in prose instead."

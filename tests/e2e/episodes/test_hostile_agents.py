@@ -20,8 +20,7 @@ from reef.episodes.supervision import Limits
 from reef.episodes.tasks import load_task
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
-from tests.episodes.conftest import scripted_reef
-from tests.episodes.test_episodes import answer, tool_call
+from tests.support.scripted_chat import answer, scripted_reef, tool_call
 
 CANARY = "host-secret-8c1d"
 # The test writes 0 when the answer is wrong; QUIET_TEST writes nothing then.

@@ -14,7 +14,7 @@ from reef.engines.llamacpp import LlamaCppEngine, Preempted
 from reef.engines.llamacpp import engine as engine_module
 from reef.errors import Overloaded
 from reef.testing.artifacts import random_checkpoint
-from tests.engines.test_llamacpp_background import request, run
+from tests.e2e.engines.test_llamacpp_background import request, run
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from reef.episodes.runner import Episode, EpisodeSettings, run_episode, run_paired
 from reef.episodes.sandbox import Limits, SandboxUnavailable, require_sandbox
@@ -25,7 +24,7 @@ from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
-from tests.episodes.conftest import scripted_reef
+from tests.support.scripted_chat import answer, scripted_reef, tool_call
 
 SUITE = Path(__file__).resolve().parents[2] / "evals" / "tasks"
 # The held-out tasks of bench.learning.harness_episodes: the same kinds on other files and words.
@@ -40,21 +39,6 @@ SNOOP = "; ".join(
     f'cat /proc/[0-9]*/environ 2>/dev/null | tr "\\0" "\\n" | grep -cF "$S"'
     for secret in SECRETS
 )
-
-
-def answer(message: dict[str, Any]) -> Response:
-    choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
-    if message.get("tool_calls"):
-        choice["finish_reason"] = "tool_calls"
-    usage = {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
-    body = {"id": "chatcmpl-script", "object": "chat.completion", "created": int(time.time())}
-    return JSONResponse({**body, "model": "scripted", "choices": [choice], "usage": usage})
-
-
-def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    call = {"id": "call_1", "type": "function"}
-    call["function"] = {"name": name, "arguments": json.dumps(arguments)}  # type: ignore[assignment]
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
 async def scripted(request: Request) -> Response:

@@ -30,7 +30,7 @@ from reef.store import ExperienceStore
 from reef.store.candidates import OPEN_STATES, Candidate, CandidateStore
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
-from tests.server.test_replicas import (
+from tests.e2e.server.test_replicas import (
     ECHO_RECIPE,
     PROPAGATION_S,
     ask,

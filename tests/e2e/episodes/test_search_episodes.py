@@ -22,8 +22,8 @@ from reef.learning.worker import MetricCalls
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.threaded import chat_upstream
 from tests.conftest import TOKEN
-from tests.episodes.test_episodes import SUITE, answer, tool_call
-from tests.episodes.test_proactive_episodes import learner_of
+from tests.e2e.episodes.test_episodes import SUITE, answer, tool_call
+from tests.e2e.episodes.test_proactive_episodes import learner_of
 
 RULE = "WRITE-CORAL: when asked to write a word, write it with write_file."
 

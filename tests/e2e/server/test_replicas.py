@@ -26,6 +26,7 @@ from reef.testing.processes import (
     serving_everywhere,
 )
 from tests.conftest import TOKEN
+from tests.support.scripted import ECHO_RECIPE
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 # A release serves on every replica well before this; how fast (the issue's 2 s) is measured by
@@ -139,18 +140,6 @@ def seconds_until_all_serve(replicas: list[ServerProcess], release_id: str) -> f
     return time.monotonic() - started
 
 
-ECHO_RECIPE = """
-from reef.sdk import Proposal, Recipe
-
-
-class Echo(Recipe):
-    name = "echo"
-
-    def propose(self, batch, context):
-        consumed = [record for trajectory in batch for record in trajectory.record_ids]
-        text = f"Learned from {consumed[0]}.\\n".encode()
-        return Proposal("harness", {"AGENTS.md": text}, self.name, consumed)
-"""
 
 
 def test_one_learner_across_replicas_and_another_takes_over_when_its_replica_dies(

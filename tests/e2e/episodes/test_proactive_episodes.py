@@ -20,7 +20,7 @@ from reef.store import ExperienceStore
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.threaded import chat_upstream
 from tests.conftest import TOKEN
-from tests.episodes.test_episodes import SUITE, scripted
+from tests.e2e.episodes.test_episodes import SUITE, scripted
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,12 @@
+"""Agents in episodes, end to end: every test here needs bubblewrap (tests/support/sandbox.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.sandbox import require_bwrap
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bwrap() -> None:
+    require_bwrap()
