@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reef.config import load_config
-from reef.engines.llamacpp import LlamaCppEngine
+from reef.engines.base import Engine
 from reef.evaluation.replay import held_back
 from reef.inference.model import LocalModel
 from reef.learning.plans import LoadedPlan
@@ -21,12 +21,19 @@ from reef.store.experience import new_id
 from reef.store.learning import learning_status, queue_instruction
 from reef.store.scenarios import select_training_mode
 from reef.testing.processes import ServerProcess
+from reef.testing.scripted_engine import ScriptedEngine
 from reef.testing.scripted_user import eval_tasks
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    """The served model, scripted: these tests are about the worker, not what a model says."""
+    return ScriptedEngine("A scripted answer.")
 
 
 def worker(
     tmp_path: Path,
-    engine: LlamaCppEngine,
+    engine: Engine,
     reply: str,
     peer: ServerProcess,
     mode: str = "auto",
@@ -65,7 +72,7 @@ def failing_call(store: ExperienceStore) -> str:
 
 
 def test_records_that_do_not_yet_make_a_batch_say_so(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, engine: Engine, peer: ServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Without the gate's replay: a good answer could be held back for it (one in four, by its
     # id), and the count of waiting records would depend on the id drawn.
@@ -86,7 +93,7 @@ def test_records_that_do_not_yet_make_a_batch_say_so(
 
 
 def test_a_garbage_proposal_makes_no_candidate_and_says_why(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+    tmp_path: Path, engine: Engine, peer: ServerProcess
 ) -> None:
     learner = worker(tmp_path, engine, "I would rather not.", peer)
     assert asyncio.run(learner.step("default")).outcome == "waiting"
@@ -105,7 +112,7 @@ def test_a_garbage_proposal_makes_no_candidate_and_says_why(
 
 
 def test_a_model_proposal_becomes_a_gated_candidate(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+    tmp_path: Path, engine: Engine, peer: ServerProcess
 ) -> None:
     mutation = (
         '{"op": "create", "path": "rules/greeting.md", "content": "Greet formally.", "reason": "r"}'
@@ -124,7 +131,7 @@ def test_a_model_proposal_becomes_a_gated_candidate(
 
 
 def test_manual_mode_steps_only_for_instructions(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+    tmp_path: Path, engine: Engine, peer: ServerProcess
 ) -> None:
     learner = worker(tmp_path, engine, "nothing useful", peer, mode="manual")
     failing_call(learner.store)
@@ -137,7 +144,7 @@ def test_manual_mode_steps_only_for_instructions(
 
 
 def test_a_mode_selected_at_runtime_reaches_the_worker_through_the_store(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+    tmp_path: Path, engine: Engine, peer: ServerProcess
 ) -> None:
     """`POST /reef/scenarios/{s}/update` on any replica writes the mode to the store: an `auto`
     worker switched to `manual` takes the queued instruction, and no automatic step."""
@@ -152,7 +159,7 @@ def test_a_mode_selected_at_runtime_reaches_the_worker_through_the_store(
 
 
 def test_an_instruction_s_provenance_is_kept_on_the_candidate_it_leads_to(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+    tmp_path: Path, engine: Engine, peer: ServerProcess
 ) -> None:
     """`POST /reef/train`'s session, release_id and requires travel with the instruction into
     the candidate's metrics (`training_request`), with the instruction's id."""
@@ -169,8 +176,8 @@ def test_an_instruction_s_provenance_is_kept_on_the_candidate_it_leads_to(
     learner.store.close()
 
 
-def test_a_recipe_generates_under_a_tree_it_is_trying_with_the_real_engine(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+def test_a_recipe_generates_under_a_tree_it_is_trying(
+    tmp_path: Path, engine: Engine, peer: ServerProcess
 ) -> None:
     """`StepContext.generate_under`: the tree's harness reaches the prompt the model reads (its
     rendered length is what changes, whatever the model samples), and one tree is one folder."""
@@ -200,7 +207,7 @@ def test_a_recipe_generates_under_a_tree_it_is_trying_with_the_real_engine(
 
 
 def test_an_agent_s_proposal_is_gated_at_the_next_step_before_the_recipe_is_asked(
-    tmp_path: Path, engine: LlamaCppEngine
+    tmp_path: Path, engine: Engine
 ) -> None:
     (tmp_path / "reef.yaml").write_text(
         f"state_dir: {tmp_path}/.reef\ngate:\n  policy: always\n"
@@ -228,7 +235,7 @@ def good_call(store: ExperienceStore) -> str:
 
 
 def test_good_answers_are_held_back_for_replay_only_where_a_gate_evaluates(
-    tmp_path: Path, engine: LlamaCppEngine, peer: ServerProcess
+    tmp_path: Path, engine: Engine, peer: ServerProcess
 ) -> None:
     """Under `gate.policy: always` nothing replays a held-back answer, so none is held back (a
     recipe like sao, one step per scored rollout, waited forever for the held one)."""
@@ -264,7 +271,7 @@ class Searching(Recipe):
 
 
 def test_a_step_counts_its_metric_calls_the_search_s_and_the_gate_s(
-    tmp_path: Path, engine: LlamaCppEngine
+    tmp_path: Path, engine: Engine
 ) -> None:
     """The budget recipes are compared on: each answer the recipe asked the served model for,
     and each answer of the gate's evaluation, in the step's status (`/reef/status`)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reef.config import ReefConfig, load_config
-from reef.engines.llamacpp import LlamaCppEngine
+from reef.engines.base import Engine
 from reef.inference.model import LocalModel
 from reef.learning.plans import load_plans
 from reef.learning.worker import LearningWorker
@@ -19,6 +19,14 @@ from reef.sdk.recipe import RecipeError
 from reef.store import ExperienceStore, Record, Report
 from reef.store.learning import learning_status
 from reef.testing.processes import run_reef
+from reef.testing.scripted_engine import ScriptedEngine
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    """The served model, scripted: these tests are about the worker, not what a model says."""
+    return ScriptedEngine("A scripted answer.")
+
 
 # Project recipes: `Slow` blocks in propose until the test creates its file; the others propose
 # a harness at once (the gate's `always` policy releases it without evaluating).
@@ -138,7 +146,7 @@ def test_bad_learning_config_is_refused_at_start_naming_the_key(
 
 
 def test_two_scenarios_learn_at_once_and_a_slow_step_starves_neither(
-    tmp_path: Path, engine: LlamaCppEngine
+    tmp_path: Path, engine: Engine
 ) -> None:
     scenarios = (
         f"  slow:\n    learning:\n      recipe: {tmp_path}/recipes.py:Slow\n"
@@ -178,7 +186,7 @@ def test_two_scenarios_learn_at_once_and_a_slow_step_starves_neither(
 
 
 def test_recipes_of_one_scenario_step_in_turn_and_each_consumes_for_itself(
-    tmp_path: Path, engine: LlamaCppEngine
+    tmp_path: Path, engine: Engine
 ) -> None:
     scenarios = (
         "  both:\n    learning:\n      recipes:\n"
@@ -251,7 +259,7 @@ def test_status_names_each_scenarios_mode_and_recipes_and_reef_status_lists_them
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_one_worker_learns_on_a_scenario_and_another_takes_over_when_it_dies(
-    tmp_path: Path, engine: LlamaCppEngine, database: str, request: pytest.FixtureRequest
+    tmp_path: Path, engine: Engine, database: str, request: pytest.FixtureRequest
 ) -> None:
     """Two workers share one store, as two replicas' would: only the lease's holder steps the
     scenario. The holder dies without a word (its lease is not given up, as after kill -9); the
@@ -296,7 +304,7 @@ def test_one_worker_learns_on_a_scenario_and_another_takes_over_when_it_dies(
 
 
 def test_a_worker_whose_renewal_hangs_stops_learning_before_its_lease_runs_out(
-    tmp_path: Path, engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A renewal that never returns (a connection the network dropped, a lock another process
     holds) must not leave the worker learning after the lease expired and another took it."""

@@ -6,22 +6,30 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reef.config import load_config
-from reef.engines.llamacpp import LlamaCppEngine
+from reef.engines.base import Engine
 from reef.inference.model import LocalModel
 from reef.learning.worker import LearningWorker
 from reef.store import ExperienceStore
+from reef.testing.scripted_engine import ScriptedEngine
 from reef.tracing import Tracing
 from tests.learning.test_learning_worker import failing_call
 from tests.support.scripted import ECHO_RECIPE
 
 
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    """The served model, scripted: these tests are about the worker, not what a model says."""
+    return ScriptedEngine("A scripted answer.")
+
+
 def test_a_learning_step_is_one_trace_with_its_gate_and_publish(
-    tmp_path: Path, engine: LlamaCppEngine
+    tmp_path: Path, engine: Engine
 ) -> None:
     (tmp_path / "recipes.py").write_text(ECHO_RECIPE)
     (tmp_path / "reef.yaml").write_text(

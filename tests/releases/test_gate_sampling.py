@@ -1,17 +1,20 @@
 """The gate samples both sides alike: its temperature and seed override a harness's own, while
 the harness's other settings (here max_tokens) apply as they would in serving
-(docs/configuration.md, "The gate's sampling"). On the real embedded model."""
+(docs/configuration.md, "The gate's sampling"). On a scripted engine, which keeps what each
+request asked for."""
 
 from __future__ import annotations
 
 import asyncio
 
-from reef.engines.llamacpp import LlamaCppEngine
+import pytest
+
 from reef.evaluation.runner import EvalSettings, model_generate, run_paired
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.binding import BASE_BINDING, Binding
 from reef.inference.model import LocalModel
 from reef.protocol import ChatRequest
+from reef.testing.scripted_engine import ScriptedEngine
 
 TASK = EvalTask(
     id="colours",
@@ -20,8 +23,13 @@ TASK = EvalTask(
 )
 
 
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    return ScriptedEngine("Red, green and blue are three colours that people name first.")
+
+
 def test_gate_temperature_and_seed_override_a_harness_but_its_max_tokens_applies(
-    engine: LlamaCppEngine,
+    engine: ScriptedEngine,
 ) -> None:
     wild = {"temperature": 2.0, "seed": 12345, "max_tokens": 4}
     harness = Binding(release_id="candidate", kind="harness", settings=wild)
@@ -29,13 +37,15 @@ def test_gate_temperature_and_seed_override_a_harness_but_its_max_tokens_applies
     generate = model_generate(LocalModel(engine), settings)
     report = asyncio.run(run_paired([TASK], BASE_BINDING, harness, generate, settings))
     [result] = report.tasks
-    # Greedy on both sides: the harness's 4 tokens are the start of the base's 16.
-    assert result.candidate_answer and len(result.candidate_answer) < len(result.current_answer)
+    asked = {call.request.max_tokens: call.request for call in engine.calls}
+    assert sorted(asked) == [4, 16]  # the harness's max_tokens applies on its side
+    for request in asked.values():  # both sides greedy, on the gate's seed
+        assert (request.temperature, request.seed) == (0.0, 0)
     assert result.current_answer.startswith(result.candidate_answer.strip())
 
 
 def test_the_paired_run_sends_tasks_concurrently_with_the_same_results(
-    engine: LlamaCppEngine,
+    engine: ScriptedEngine,
 ) -> None:
     questions = [
         "Name three colours.",

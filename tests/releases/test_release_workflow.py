@@ -1,4 +1,5 @@
-"""Candidates through the gate, on the real llama.cpp engine, real SQLite and a real git chain."""
+"""Candidates through the gate, on a scripted engine (its answers cut at max_tokens as an engine
+cuts them), real SQLite and a real git chain."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reef.config import ReefConfig, load_config
-from reef.engines.llamacpp import LlamaCppEngine
+from reef.engines.base import Engine
 from reef.errors import Conflict
 from reef.evaluation.runner import model_generate
 from reef.inference.model import LocalModel
@@ -19,6 +20,7 @@ from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess
+from reef.testing.scripted_engine import ScriptedEngine
 
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 SHORT = {"type": "python", "function": "tests.support.scorers:short"}
@@ -35,20 +37,32 @@ def project(folder: Path, tasks: list[dict], gate: str = "", extra: str = "") ->
     return load_config(folder / "reef.yaml", env={})
 
 
+# 20 words, 100 characters: cut at 3 tokens it is short (tests.support.scorers:short), whole not.
+STORY_TOLD = (
+    "Once upon a time a lighthouse keeper watched the sea every night and wrote down what the "
+    "waves told him."
+)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return ScriptedEngine(STORY_TOLD)
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[ExperienceStore]:
     with ExperienceStore(tmp_path / ".reef/experience.db") as opened:
         yield opened
 
 
-def gate(workflow: ReleaseWorkflow, engine: LlamaCppEngine, folder: Path):  # type: ignore[no-untyped-def]
+def gate(workflow: ReleaseWorkflow, engine: Engine, folder: Path):  # type: ignore[no-untyped-def]
     candidate = workflow.propose("default", "harness", read_folder(folder))
     generate = model_generate(LocalModel(engine), workflow.eval_settings("default"))
     return asyncio.run(workflow.gate(candidate, generate))
 
 
 def test_better_candidate_is_released_and_worse_one_rejected(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+    tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
     workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS), store)
     better = harness(tmp_path / "short", "You answer briefly.", {"max_tokens": 3})
@@ -70,7 +84,7 @@ def test_better_candidate_is_released_and_worse_one_rejected(
 
 
 def test_a_crashing_evaluator_rejects(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+    tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
     tasks = [
         {
@@ -86,7 +100,7 @@ def test_a_crashing_evaluator_rejects(
 
 
 def test_missing_eval_tasks_reject(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+    tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
     workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS), store)
     (tmp_path / "evals/default.jsonl").unlink()
@@ -95,7 +109,7 @@ def test_missing_eval_tasks_reject(
 
 
 def test_review_holds_until_a_human_approves(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+    tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
     workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
     held = gate(workflow, engine, harness(tmp_path / "h", "Brief.", {"max_tokens": 3}))
@@ -108,7 +122,7 @@ def test_review_holds_until_a_human_approves(
 
 
 def test_human_reject_and_approve_after_the_head_moved(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+    tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
     workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
     first = gate(workflow, engine, harness(tmp_path / "a", "A.", {"max_tokens": 3}))
@@ -122,7 +136,7 @@ def test_human_reject_and_approve_after_the_head_moved(
 
 
 def test_floor_and_always_policies(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine
+    tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
     workflow = ReleaseWorkflow(
         project(tmp_path, SHORT_TASKS, "  policy: floor\n  floor: 1.0\n"), store
@@ -138,7 +152,7 @@ def test_floor_and_always_policies(
     assert gate(always, engine, harness(tmp_path / "c", "C.")).release_id == "default@2"
 
 
-def test_candidates_persist_across_restarts(tmp_path: Path, engine: LlamaCppEngine) -> None:
+def test_candidates_persist_across_restarts(tmp_path: Path, engine: Engine) -> None:
     config = project(tmp_path, SHORT_TASKS, "  policy: review\n")
     with ExperienceStore(config.experience_db) as store:
         held = gate(ReleaseWorkflow(config, store), engine, harness(tmp_path / "h", "H.", {}))
@@ -148,7 +162,7 @@ def test_candidates_persist_across_restarts(tmp_path: Path, engine: LlamaCppEngi
 
 
 def test_judge_scorer_asks_an_openai_compatible_model(
-    tmp_path: Path, store: ExperienceStore, engine: LlamaCppEngine, peer: ServerProcess
+    tmp_path: Path, store: ExperienceStore, engine: Engine, peer: ServerProcess
 ) -> None:
     judge = {
         "type": "judge",

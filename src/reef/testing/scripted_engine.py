@@ -5,12 +5,14 @@ Everything that is not about the real engine (the protocol's shapes, validation,
 routing, records and reports, releases served) is tested on it in milliseconds: its answer is
 what `script` says, cut to `max_tokens` and at `stop` as an engine cuts it, split into one
 token per word (with its leading space), each with a log-probability of -0.5 where logprobs are
-asked. `calls` keeps what it was asked, with the adapter and checkpoint it was asked to serve
+asked; the prompt it read is a token per word of every message (a harness's system prompt
+included), so a longer prompt reads as more tokens. `calls` keeps what it was asked, with the adapter and checkpoint it was asked to serve
 with, so a test can see what a release bound.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -39,8 +41,16 @@ class ScriptedEngine:
 
     name = "scripted"
 
-    def __init__(self, script: Script | str = "Hello from the script.", model: str = "scripted"):
+    def __init__(
+        self,
+        script: Script | str = "Hello from the script.",
+        model: str = "scripted",
+        delay_s: float = 0.0,
+    ) -> None:
         self.script: Script = (lambda request: script) if isinstance(script, str) else script
+        # Each answer waits this long first (and always yields to the loop, as an engine does:
+        # requests sent together are in flight together).
+        self.delay_s = delay_s
         self._model = model
         self.capabilities = Capabilities(token_ids=True, logprobs=True)
         self.calls: list[ScriptedCall] = []
@@ -60,6 +70,7 @@ class ScriptedEngine:
         self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
     ) -> Completion:
         answer = self._answer(request, adapter, checkpoint)
+        await asyncio.sleep(self.delay_s)
         factory = ChunkFactory(self._model)
         message = {"role": "assistant", "content": answer.text or None, **answer.tool_part}
         response = factory.completion(message, answer.finish, answer.usage, answer.logprobs)
@@ -69,6 +80,7 @@ class ScriptedEngine:
         self, request: ChatRequest, adapter: Path | None = None, checkpoint: Path | None = None
     ) -> AsyncIterator[StreamItem]:
         answer = self._answer(request, adapter, checkpoint)
+        await asyncio.sleep(self.delay_s)
         factory = ChunkFactory(self._model)
         yield factory.chunk({"role": "assistant", "content": ""})
         for token in answer.tokens:
@@ -99,6 +111,7 @@ class ScriptedEngine:
             token_ids=answer.token_ids,
             token_logprobs=[TOKEN_LOGPROB] * len(answer.token_ids),
             ttft_ms=1.0,
+            prompt_token_ids=list(range(answer.usage["prompt_tokens"])),
         )
 
 
