@@ -6,8 +6,8 @@ routing, records and reports, releases served) is tested on it in milliseconds: 
 what `script` says, cut to `max_tokens` and at `stop` as an engine cuts it, split into one
 token per word (with its leading space), each with a log-probability of -0.5 where logprobs are
 asked; the prompt it read is a token per word of every message (a harness's system prompt
-included), so a longer prompt reads as more tokens. `calls` keeps what it was asked, with the adapter and checkpoint it was asked to serve
-with, so a test can see what a release bound.
+included), so a longer prompt reads as more tokens. `calls` keeps what it was asked, with the
+adapter and checkpoint it was asked to serve with, so a test can see what a release bound.
 """
 
 from __future__ import annotations
