@@ -17,6 +17,7 @@ from reef.daemon.shadow import Shadowing, ShadowRunner
 from reef.engines.base import Capabilities
 from reef.inference.binding import Binding
 from reef.protocol import ChatRequest, Completion
+from reef.server.in_flight import InFlight
 from reef.store import ExperienceStore
 from reef.store.experience import Record
 
@@ -31,7 +32,6 @@ class OneSetOfWeights:
 
     name = "vllm"
     capabilities = Capabilities(checkpoints_beside=False)
-    in_flight = 0
 
     def __init__(self) -> None:
         self.asked: list[Path | None] = []
@@ -49,7 +49,11 @@ def answer_one_copy(binding: Binding, folder: Path) -> tuple[dict[str, int], lis
         live = Record("default", RECORD["request"], RECORD["response"], "vllm", "base")
         record_id = store.add_record(live).result()
         state = SimpleNamespace(
-            config=ReefConfig(), engine=engine, store=store, max_tokens_for=lambda scenario: None
+            config=ReefConfig(),
+            engine=engine,
+            store=store,
+            max_tokens_for=lambda scenario: None,
+            in_flight=InFlight(),  # what the server counts: no live call now
         )
         runner = ShadowRunner(state)  # type: ignore[arg-type]
         shadow = Shadowing("cand-1", binding)
