@@ -88,6 +88,15 @@ def test_print_config_shows_flags_over_file_and_hides_secrets(tmp_path: Path) ->
     assert "file-secret" not in output and "env-secret" not in output
 
 
+def test_print_config_reads_back_whatever_the_length_of_its_paths(tmp_path: Path) -> None:
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 6) / "project"
+    deep.mkdir(parents=True)
+    path = write_config(deep, "server:\n  port: 9100\n")
+    code, output = reef("serve", "-c", str(path), "--print-config")
+    assert code == 0, output
+    assert Path(yaml.safe_load(output)["state_dir"]) == deep / ".reef"  # not cut at 80 columns
+
+
 def test_invalid_config_exits_2_and_names_the_key(tmp_path: Path) -> None:
     path = write_config(tmp_path, "engine:\n  kind: tpu\n")
     code, output = reef("serve", "-c", str(path), "--print-config")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -57,7 +58,9 @@ def serve(
     except ConfigError as error:
         fail(str(error), code=2)
     if print_config:
-        console.print(yaml.safe_dump(resolved.redacted(), sort_keys=False), end="", highlight=False)
+        # Written as it is: rich would wrap a long line (a deep path) at the terminal's width,
+        # and the YAML would no longer read back.
+        sys.stdout.write(yaml.safe_dump(resolved.redacted(), sort_keys=False))
         return
     logging.basicConfig(
         level=resolved.server.log_level.upper(),
