@@ -1,17 +1,21 @@
-"""A teacher behind the student on a running `reef serve` (the real engine and model; the teacher
-is the loopback OpenAI peer, which answers `echo: <the question>`): a call whose answer fails the
+"""A teacher behind the student on Reef served in the test's process (the student a scripted
+engine; the teacher the loopback OpenAI peer, which answers `echo: <the question>`): a call
+whose answer fails the
 scenario's check is answered by the teacher, recorded as its answer with a demonstration the
 weight recipes learn from; a share of sessions goes to it outright; a teacher that cannot answer
 leaves the student's answer; its key comes from the environment and is never stored."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import httpx
+import pytest
 
-from reef.testing.processes import ServerProcess, free_port, reef_serve
-from tests.conftest import SMALL_ENGINE, TOKEN, peer, write_config
+from reef.testing.in_process import InProcessReef, reef_in_process
+from reef.testing.processes import ServerProcess, free_port
+from tests.conftest import TOKEN, peer, write_config
 
 __all__ = ["peer"]  # the loopback OpenAI peer fixture
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -20,7 +24,7 @@ TEACHER_KEY = "sk-teacher-secret-31"
 EXACT_ECHO = "^echo: Say hi\\.$"
 
 
-def ask(server: ServerProcess, session: str | None = None) -> httpx.Response:
+def ask(server: InProcessReef, session: str | None = None) -> httpx.Response:
     headers = {**HEADERS, **({"x-reef-session": session} if session else {})}
     body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
     response = httpx.post(
@@ -30,21 +34,24 @@ def ask(server: ServerProcess, session: str | None = None) -> httpx.Response:
     return response
 
 
-def get(server: ServerProcess, path: str) -> dict:
+def get(server: InProcessReef, path: str) -> dict:
     return httpx.get(server.url + path, headers=HEADERS).json()
 
 
 def test_an_answer_that_fails_the_check_is_the_teachers_and_a_demonstration(
-    tmp_path: Path, peer: ServerProcess
+    tmp_path: Path,
+    peer: ServerProcess,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     write_config(
         tmp_path,
-        SMALL_ENGINE
-        + f"teacher:\n  url: {peer.url}/v1\n  api_key_env: TEACHER_KEY\n"
+        f"teacher:\n  url: {peer.url}/v1\n  api_key_env: TEACHER_KEY\n"
         + f"  scorer: {{type: regex, pattern: '{EXACT_ECHO}'}}\n",
     )
-    env = {"REEF_TOKEN": TOKEN, "TEACHER_KEY": TEACHER_KEY}
-    with reef_serve(tmp_path, free_port(), env=env).start() as server:
+    monkeypatch.setenv("TEACHER_KEY", TEACHER_KEY)  # the teacher reads its key as it starts
+    caplog.set_level(logging.DEBUG)
+    with reef_in_process(tmp_path, env={"REEF_TOKEN": TOKEN}) as server:
         response = ask(server)
         assert response.json()["choices"][0]["message"]["content"] == "echo: Say hi."
         assert response.headers["x-reef-arm"] == "teacher"
@@ -52,7 +59,7 @@ def test_an_answer_that_fails_the_check_is_the_teachers_and_a_demonstration(
         assert seen["authorization"] == f"Bearer {TEACHER_KEY}"
         record = get(server, f"/reef/records/{response.headers['x-reef-agent-record-id']}")
         costs = get(server, "/reef/status")["teachers"]["default"]
-        log = server.log()
+    log = caplog.text
     assert (record["engine"], record["arm"]) == ("teacher", "teacher")
     (report,) = record["reports"]
     assert report["feedback"] == {"demonstration": "echo: Say hi."}
@@ -66,8 +73,8 @@ def test_an_answer_that_fails_the_check_is_the_teachers_and_a_demonstration(
 def test_a_share_of_sessions_goes_to_the_teacher_outright_and_stays(
     tmp_path: Path, peer: ServerProcess
 ) -> None:
-    write_config(tmp_path, SMALL_ENGINE + f"teacher:\n  url: {peer.url}/v1\n  share: 50\n")
-    with reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start() as server:
+    write_config(tmp_path, f"teacher:\n  url: {peer.url}/v1\n  share: 50\n")
+    with reef_in_process(tmp_path, env={"REEF_TOKEN": TOKEN}) as server:
         arms = {}
         for n in range(12):
             session = f"s{n}"
@@ -82,8 +89,8 @@ def test_a_share_of_sessions_goes_to_the_teacher_outright_and_stays(
 
 def test_a_teacher_that_cannot_answer_leaves_the_students_answer(tmp_path: Path) -> None:
     gone = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    write_config(tmp_path, SMALL_ENGINE + f"teacher:\n  url: {gone}\n  share: 100\n")
-    with reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start() as server:
+    write_config(tmp_path, f"teacher:\n  url: {gone}\n  share: 100\n")
+    with reef_in_process(tmp_path, env={"REEF_TOKEN": TOKEN}) as server:
         response = ask(server, "s1")
         costs = get(server, "/reef/status")["teachers"]["default"]
     assert "x-reef-arm" not in response.headers
@@ -92,16 +99,17 @@ def test_a_teacher_that_cannot_answer_leaves_the_students_answer(tmp_path: Path)
 
 
 def test_a_check_that_cannot_decide_leaves_the_students_answer_and_names_no_url(
-    tmp_path: Path, peer: ServerProcess
+    tmp_path: Path, peer: ServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The judge's URL carries a password, and nothing listens there.
     judge = f"http://judge:judge-secret-7@127.0.0.1:{free_port()}/v1"
     scorer = f"{{type: judge, url: '{judge}', criterion: 'says hi'}}"
-    write_config(tmp_path, SMALL_ENGINE + f"teacher:\n  url: {peer.url}/v1\n  scorer: {scorer}\n")
-    with reef_serve(tmp_path, free_port(), env={"REEF_TOKEN": TOKEN}).start() as server:
+    write_config(tmp_path, f"teacher:\n  url: {peer.url}/v1\n  scorer: {scorer}\n")
+    caplog.set_level(logging.DEBUG)
+    with reef_in_process(tmp_path, env={"REEF_TOKEN": TOKEN}) as server:
         response = ask(server)  # raises for a status other than 2xx
         costs = get(server, "/reef/status")["teachers"]["default"]
-        log = server.log()
+    log = caplog.text
     assert "x-reef-arm" not in response.headers  # the student's answer, not the teacher's
     assert response.json()["choices"][0]["message"]["content"]
     assert costs["undecided"] == 1 and costs["calls"] == 0
