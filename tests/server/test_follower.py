@@ -6,16 +6,19 @@ release manifest, as a hand-edited or half-copied repository would.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from reef.releases.chain import ReleaseChain
 from reef.testing.artifacts import harness
-from reef.testing.processes import free_port, reef_serve, run_reef
-from tests.conftest import SMALL_ENGINE, write_config
+from reef.testing.in_process import reef_in_process
+from reef.testing.processes import run_reef
+from tests.conftest import write_config
 
 
 def break_head(repository: Path, scenario: str) -> str:
@@ -36,15 +39,17 @@ def serving(url: str) -> dict:
     return httpx.get(f"{url}/reef/status").json()
 
 
-def test_a_broken_head_is_reported_and_the_others_still_switch(tmp_path: Path) -> None:
-    write_config(tmp_path, SMALL_ENGINE + "gate:\n  policy: always\n")
+def test_a_broken_head_is_reported_and_the_others_still_switch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_config(tmp_path, "gate:\n  policy: always\n")
     publish = ("release", "publish", "--kind", "harness", "--approve")
     first = harness(tmp_path / "first", "You are brief.")
     assert run_reef(tmp_path, *publish, str(first), "--scenario", "good").returncode == 0
     break_head(tmp_path / ".reef/releases.git", "broken")
 
-    server = reef_serve(tmp_path, free_port())
-    with server.start():
+    caplog.set_level(logging.INFO)
+    with reef_in_process(tmp_path) as server:
         status = serving(server.url)
         assert status["serving"]["good"] == "good@1"
         assert "broken" not in status["serving"]
@@ -54,7 +59,7 @@ def test_a_broken_head_is_reported_and_the_others_still_switch(tmp_path: Path) -
         assert run_reef(tmp_path, *publish, str(second), "--scenario", "good").returncode == 0
         deadline = time.monotonic() + 10
         while serving(server.url)["serving"]["good"] != "good@2":
-            assert time.monotonic() < deadline, server.log()
+            assert time.monotonic() < deadline, caplog.text
             time.sleep(0.2)
         time.sleep(1.5)  # several polls of the broken head
         status = serving(server.url)
@@ -66,5 +71,5 @@ def test_a_broken_head_is_reported_and_the_others_still_switch(tmp_path: Path) -
             timeout=60,
         )
         assert reply.status_code == 200 and reply.headers["x-reef-release-id"] == "base"
-    logged = [line for line in server.log().splitlines() if "scenario broken:" in line]
+    logged = [r.getMessage() for r in caplog.records if "scenario broken:" in r.getMessage()]
     assert len(logged) == 1, logged  # once per change, not at every poll
