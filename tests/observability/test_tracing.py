@@ -240,7 +240,6 @@ class Collector:
         return Response(b"", media_type="application/x-protobuf")
 
 
-@pytest.mark.slow
 def test_reef_serve_exports_its_spans_to_an_otlp_http_collector(
     tmp_path: Path, upstream: str
 ) -> None:

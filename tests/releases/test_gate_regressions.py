@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from reef.config import GateConfig, GroupRule
 from reef.evaluation.replay import HOLD_BACK_ONE_IN, held_back, replay_tasks
 from reef.evaluation.runner import PairedReport, TaskResult
@@ -146,7 +144,6 @@ def test_one_good_answer_in_four_is_held_back_from_learning_and_replayed(tmp_pat
     assert tasks[0].scorer.value and tasks[0].scorer.value.startswith("Answer number")
 
 
-@pytest.mark.slow
 def test_a_harness_that_trades_correctness_for_a_preference_is_refused_naming_its_losses(
     peer: ServerProcess, tmp_path: Path
 ) -> None:

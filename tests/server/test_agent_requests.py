@@ -25,8 +25,6 @@ from pydantic import TypeAdapter
 from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture
 def http(llama_server: ServerProcess) -> Iterator[httpx.Client]:

@@ -17,8 +17,6 @@ from reef.server.messages.translate import anthropic_message
 from reef.testing.processes import ServerProcess
 from tests.conftest import GRAMMAR_ROOM, TOKEN
 
-pytestmark = pytest.mark.slow
-
 WEATHER: Any = {
     "name": "get_weather",
     "description": "The weather in a city.",

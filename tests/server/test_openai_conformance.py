@@ -16,8 +16,6 @@ from openai import OpenAI
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from tests.conftest import SEED, TOKEN, endless
 
-pytestmark = pytest.mark.slow
-
 ASK = [{"role": "user", "content": "Name a colour."}]
 
 

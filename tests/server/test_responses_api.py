@@ -18,8 +18,6 @@ from openai import OpenAI
 from reef.testing.processes import ServerProcess
 from tests.conftest import GRAMMAR_ROOM
 
-pytestmark = pytest.mark.slow
-
 WEATHER: Any = {
     "type": "function",
     "name": "get_weather",

@@ -59,7 +59,6 @@ def open_at_once(state: Path) -> list[tuple[int, str, str]]:
     return outcomes
 
 
-@pytest.mark.slow
 def test_many_processes_open_new_and_existing_stores_at_once(tmp_path: Path) -> None:
     for round_number in range(3):
         state = tmp_path / f"new-{round_number}" / ".reef"

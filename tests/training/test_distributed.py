@@ -173,7 +173,6 @@ def test_policy_updates_in_two_processes_match_one(base: Base) -> None:
     assert_same_training(parallel, single)
 
 
-@pytest.mark.slow
 def test_under_torchrun_the_ranks_join_its_group(
     base: Base, examples: list[TrainingExample], tmp_path: Path
 ) -> None:

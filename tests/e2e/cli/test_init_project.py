@@ -22,7 +22,6 @@ from reef.testing.processes import run_reef
 HARNESS = "Answer in one short sentence.\n"
 
 
-@pytest.mark.slow
 def test_a_fresh_projects_gate_decides_on_its_own_tasks(tmp_path: Path) -> None:
     project = tmp_path / "project"
     created = run_reef(tmp_path, "init", str(project))

@@ -14,8 +14,6 @@ from openai import OpenAI
 
 from tests.conftest import GRAMMAR_ROOM, token_of
 
-pytestmark = pytest.mark.slow
-
 ASK = [{"role": "user", "content": "Describe the weather in Paris today."}]
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",

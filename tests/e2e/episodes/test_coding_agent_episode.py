@@ -25,8 +25,6 @@ from tests.conftest import TOKEN
 from tests.e2e.episodes.test_episodes import SUITE, answer
 from tests.support.scripted_chat import scripted_reef
 
-pytestmark = pytest.mark.slow
-
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
     body = {

@@ -150,7 +150,6 @@ def test_an_episode_token_serves_its_scenario_s_inference_and_nothing_else(
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("suite", [SUITE, HELD_OUT_SUITE], ids=["shipped", "bench-held-out"])
 def test_the_oracle_passes_each_suite_from_the_command_line(
     reef: ServerProcess, tmp_path: Path, suite: Path

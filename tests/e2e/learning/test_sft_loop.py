@@ -48,7 +48,6 @@ def record(url: str, response: httpx.Response) -> dict:
     return httpx.get(f"{url}/reef/records/{record_id}").json()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lora", "checkpoint"])
 def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path, kind: str) -> None:
     merged = "  checkpoint: true\n" if kind == "checkpoint" else ""

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
 
 from reef.testing.processes import (
     ServerProcess,
@@ -33,7 +32,6 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 # bench/speed/replicas.py, not here: a test holds behaviour, with room for a slow machine.
 PROPAGATION_S = 20.0
 
-pytestmark = pytest.mark.slow
 
 
 def remote(folder: Path) -> str:

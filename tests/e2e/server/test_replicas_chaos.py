@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from reef.store import ExperienceStore
 from reef.store.candidates import OPEN_STATES, Candidate, CandidateStore
 from reef.testing.processes import ServerProcess
@@ -39,8 +37,6 @@ from tests.e2e.server.test_replicas import (
     seconds_until_all_serve,
     start_replicas,
 )
-
-pytestmark = pytest.mark.slow
 
 WAIT_S = 60.0  # each phase, with room for a slow machine
 GATE_TASKS = 3  # each answered after SLOW_S: the gate takes a few seconds, a window to kill in

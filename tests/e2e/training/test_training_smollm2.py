@@ -30,7 +30,6 @@ from tests.support.training import correlation, llama_cpp_last_logits, one_threa
 
 __all__ = ["one_thread"]  # shared fixtures, used by name
 
-pytestmark = pytest.mark.slow
 
 TEXTS = [
     "Name three colours.",
