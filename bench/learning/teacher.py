@@ -6,7 +6,7 @@ bench starts, which answers every question as the user wants ("Sure! " and a sho
 scenario's check is the user's: an answer must start with "Sure" (`teacher.scorer`), which the
 student never does by itself. A call whose student answer fails goes to the teacher, and the
 teacher's answer, recorded as a demonstration, is what `sft` learns from between rounds (the gate
-releases whatever it trains: floor 0, as in tests/learning/test_sft_loop.py).
+releases whatever it trains: floor 0, as in tests/e2e/learning/test_sft_loop.py).
 
 Each round the user asks the training prompts (recorded, so learned from) and the held-out ones
 (`x-reef-capture: false`: never recorded, never learned from); the teacher's share of each is

@@ -73,9 +73,10 @@ class Workspace:
         return [self.app, logs, self.home, self.tmp]
 
     def writable_binds(self) -> dict[str, Path]:
-        """Inside -> host, for this run's writable folders."""
-        logs = {"/logs": self.logs} if self.role == "agent" else {}
-        if self.role == "verifier":
+        """Inside -> host, for this run's writable folders (the verifier sees no agent log)."""
+        if self.role == "agent":
+            logs = {"/logs": self.logs}
+        else:
             logs = {"/logs/verifier": self.verifier_logs}
         return {"/app": self.app, **logs, "/home/agent": self.home, "/tmp": self.tmp}
 

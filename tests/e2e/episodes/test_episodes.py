@@ -26,7 +26,7 @@ from reef.testing.processes import ServerProcess
 from tests.conftest import TOKEN
 from tests.support.scripted_chat import answer, scripted_reef, tool_call
 
-SUITE = Path(__file__).resolve().parents[2] / "evals" / "tasks"
+SUITE = Path(__file__).resolve().parents[3] / "evals" / "tasks"
 # The held-out tasks of bench.learning.harness_episodes: the same kinds on other files and words.
 HELD_OUT_SUITE = SUITE.parents[1] / "bench" / "learning" / "episode_tasks"
 ADMIN_TOKEN = "admin-token-77c1"
