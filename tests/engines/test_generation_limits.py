@@ -57,6 +57,7 @@ def looping_engine() -> Iterator[LlamaCppEngine]:
     asyncio.run(engine.close())
 
 
+@pytest.mark.e2e  # llama.cpp's own decoding loop, on the real model
 def test_the_engine_ends_an_answer_that_repeats_itself(looping_engine: LlamaCppEngine) -> None:
     """A logit bias makes the model say one word forever, by construction."""
     forever = {token_of(" sea"): 100}
