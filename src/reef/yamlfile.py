@@ -8,6 +8,7 @@ PyYAML keeps the last value of a repeated key without a word, so a `reef.yaml` t
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import yaml
@@ -18,10 +19,17 @@ class DuplicateKey(ValueError):
 
 
 def load_yaml(text: str, source: str) -> Any:
-    """The document in `text` as Python values; `source` names it in errors (a file name)."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    """The document in `text` as Python values; `source` names it in errors (a file name),
+    PyYAML's own included, which would otherwise say `"<unicode string>"`."""
+    root = yaml.compose(_named(text, source), Loader=yaml.SafeLoader)
     refuse_duplicate_keys(root, source)
-    return yaml.safe_load(text)
+    return yaml.safe_load(_named(text, source))
+
+
+def _named(text: str, source: str) -> io.StringIO:
+    stream = io.StringIO(text)
+    stream.name = source  # PyYAML's marks name a stream by its `name`
+    return stream
 
 
 def refuse_duplicate_keys(node: yaml.Node | None, source: str, path: str = "") -> None:

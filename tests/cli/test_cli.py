@@ -97,6 +97,14 @@ def test_print_config_reads_back_whatever_the_length_of_its_paths(tmp_path: Path
     assert Path(yaml.safe_load(output)["state_dir"]) == deep / ".reef"  # not cut at 80 columns
 
 
+def test_a_config_that_is_not_yaml_is_named_by_its_path(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "server:\n  port: 9100\n  tokens: [unclosed\n")
+    code, output = reef("serve", "-c", str(path), "--print-config")
+    assert code == 2
+    assert "is not valid YAML" in output and "<unicode string>" not in output
+    assert output.count(str(path)) >= 2, output  # the error and PyYAML's own mark name it
+
+
 def test_invalid_config_exits_2_and_names_the_key(tmp_path: Path) -> None:
     path = write_config(tmp_path, "engine:\n  kind: tpu\n")
     code, output = reef("serve", "-c", str(path), "--print-config")
