@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -103,6 +104,16 @@ def test_a_config_that_is_not_yaml_is_named_by_its_path(tmp_path: Path) -> None:
     assert code == 2
     assert "is not valid YAML" in output and "<unicode string>" not in output
     assert output.count(str(path)) >= 2, output  # the error and PyYAML's own mark name it
+
+
+def test_a_port_in_use_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = run_reef(tmp_path, "serve", "--port", str(port), timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert f"port {port} on 127.0.0.1 is in use" in said and "--port" in said
+    assert "serving on" not in said and "Errno 98" not in said  # said before the model loads
 
 
 def test_invalid_config_exits_2_and_names_the_key(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from rich.logging import RichHandler
 
 from reef.cli.output import console, fail
 from reef.config import ConfigError, EngineKind, load_config
-from reef.daemon.run import check_bind, run
+from reef.daemon.run import check_bind, check_port_free, run
 from reef.engines import build_engine, resolve_kind
 from reef.errors import ReefError
 from reef.learning.plans import load_plans
@@ -75,6 +75,7 @@ def serve(
         check_bind(
             resolved.server.host, bool(resolved.server.tokens or resolved.server.admin_tokens)
         )
+        check_port_free(resolved.server.host, resolved.server.port)  # before the model loads
         load_plans(resolved)  # a bad recipe stops start-up, before anything is loaded
         kind, reason = resolve_kind(resolved.engine)
         serving_engine = build_engine(

@@ -7,6 +7,7 @@ starts the learning worker, which uses this server's engine over loopback: one m
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import subprocess
@@ -35,6 +36,22 @@ def check_bind(host: str, has_tokens: bool) -> None:
             f"refusing to listen on {host} without a token: anyone who can reach it could use the "
             "model and read every record. Set REEF_TOKEN (or server.tokens), or bind to 127.0.0.1"
         )
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse before anything loads when another process already listens on `host:port`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                return  # uvicorn says what else is wrong with the address
+            raise ConfigurationRefused(
+                f"port {port} on {host} is in use (another `reef serve`, or another server): "
+                "stop it, or serve on another port with --port or server.port in reef.yaml"
+            ) from None
 
 
 async def serve(state: ServerState, server: ReefServer | None = None) -> None:
