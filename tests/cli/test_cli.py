@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from reef.cli import app
 from reef.evaluation.tasks import load_tasks
+from reef.testing.in_process import reef_in_process
 from reef.testing.processes import ServerProcess, free_port, reef_serve, run_reef
 from reef.yamlfile import load_yaml
 from tests.conftest import SMALL_ENGINE, TOKEN, endless, write_config
@@ -114,6 +115,33 @@ def test_a_port_in_use_is_refused_before_anything_loads(tmp_path: Path) -> None:
     said = done.stdout + done.stderr
     assert f"port {port} on 127.0.0.1 is in use" in said and "--port" in said
     assert "serving on" not in said and "Errno 98" not in said  # said before the model loads
+
+
+def test_client_commands_find_the_project_s_server_by_its_port(tmp_path: Path) -> None:
+    """The real CLI in the project's folder, with no --url and no REEF_URL: it reads
+    server.port from ./reef.yaml (and from -c elsewhere)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REEF_URL", "REEF_TOKEN")}
+    with reef_in_process(tmp_path) as server:
+        write_config(tmp_path, f"server:\n  port: {server.config.server.port}\n")
+        here = subprocess.run(
+            [sys.executable, "-m", "reef", "status", "--json"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        elsewhere = subprocess.run(
+            [sys.executable, "-m", "reef", "records", "-c", str(tmp_path / "reef.yaml")],
+            cwd=tmp_path.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert json.loads(here.stdout)["engine"]["name"] == "scripted"
+    assert elsewhere.returncode == 0, elsewhere.stdout + elsewhere.stderr
 
 
 def test_invalid_config_exits_2_and_names_the_key(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from reef.cli import app
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # Said once under the table instead of on every row.
-COMMON = {"release": {"--config", "--json"}, "client": {"--url"}}
+COMMON = {"release": {"--config", "--json"}, "client": {"--url", "--config"}}
 CLIENT_COMMANDS = {"status", "records", "report", "export", "train"}
 
 

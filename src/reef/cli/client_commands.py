@@ -14,15 +14,35 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, console, fail
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
+from reef.config import DEFAULT_CONFIG_FILE
+from reef.inference.server_file import loopback_url
 from reef.learning.trajectories import trajectories
 from reef.protocol import last_user_text, response_text
 
 UrlOption = Annotated[
-    str,
-    typer.Option("--url", envvar="REEF_URL", help="The Reef server (token from REEF_TOKEN)."),
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="REEF_URL",
+        help="The Reef server (token from REEF_TOKEN); default: the project's server.port.",
+    ),
 ]
+
+
+def server_url(url: str | None, config: Path | None = None) -> str:
+    """Where a client command finds the server: --url, then REEF_URL, then the project's config
+    (-c FILE, or ./reef.yaml) by its server's host and port, then the default."""
+    if url:
+        return url
+    if config is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        config = Path(DEFAULT_CONFIG_FILE)
+    if config is None:
+        return DEFAULT_URL
+    server = project_config(config).server
+    return loopback_url(server.host, server.port)
 
 
 @contextmanager
@@ -37,10 +57,12 @@ def open_client(url: str) -> Iterator[ReefClient]:
 
 
 def status(
-    url: UrlOption = DEFAULT_URL, as_json: Annotated[bool, typer.Option("--json")] = False
+    url: UrlOption = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    config: ConfigOption = None,
 ) -> None:
     """The server's engine, uptime and experience counts per scenario."""
-    with open_client(url) as client:
+    with open_client(server_url(url, config)) as client:
         data = client.status()
     if as_json:
         console.print_json(data=data)
@@ -112,10 +134,11 @@ def records(
         typer.Option(help="Only records with this tag, NAME:VALUE (x-reef-tag-NAME); repeatable."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """The most recent records with their feedback."""
-    with open_client(url) as client:
+    with open_client(server_url(url, config)) as client:
         rows = list(client.records(scenario, limit=limit, order="desc", tags=tag)["data"])
     if as_json:
         console.print_json(data=rows)
@@ -155,12 +178,13 @@ def report(
     feedback: Annotated[str | None, typer.Option(help="Free text.")] = None,
     scenario: Annotated[str, typer.Option(help="The records' scenario.")] = "default",
     report_id: Annotated[str | None, typer.Option(help="Idempotency key.")] = None,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Report a score and/or feedback against one or more receipts."""
     if score is None and feedback is None:
         fail("give --score, --feedback or both", code=2)
-    with open_client(url) as client:
+    with open_client(server_url(url, config)) as client:
         stored = client.report(receipts, score, feedback, scenario=scenario, report_id=report_id)
     console.print(f"[green]reported[/] {stored['id']} on {len(stored['references'])} record(s)")
 
@@ -170,10 +194,11 @@ def export(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="File (default: stdout).")
     ] = None,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Write trajectories as JSONL in OpenAI's chat fine-tuning shape, with their feedback."""
-    with open_client(url) as client:
+    with open_client(server_url(url, config)) as client:
         rows = list(_all_records(client, scenario))
     lines = [json.dumps(t, ensure_ascii=False) for t in trajectories(rows)]
     text = "".join(line + "\n" for line in lines)

@@ -32,9 +32,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from reef.cli.client_commands import UrlOption
+from reef.cli.client_commands import UrlOption, server_url
 from reef.cli.output import console, fail
-from reef.client import DEFAULT_URL, ReefClient, ReefClientError
+from reef.client import ReefClient, ReefClientError
 from reef.urls import without_password
 
 BATCH_PATH = "/reef/records/batch"
@@ -187,9 +187,10 @@ def import_records(
     restart: Annotated[
         bool, typer.Option("--restart", help="Send the whole file again, from its first line.")
     ] = False,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
 ) -> None:
     """Import records (JSONL envelopes) into a running server; rerun to resume."""
+    url = server_url(url)
     source = file.resolve()
     with _locked(source):
         checkpoint = _checkpoint(source, _identity(source, url, scenario), restart)

@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from reef.cli.client_commands import DEFAULT_URL, UrlOption, open_client
+from reef.cli.client_commands import UrlOption, open_client, server_url
 from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import console, fail
 from reef.config import ReefConfig
@@ -132,10 +132,11 @@ def _progress_bars(bars: Progress) -> Callable[[str, int, int, float | None], No
 def train(
     instruction: Annotated[str, typer.Argument(help="What the next learning step should aim for.")],
     scenario: Annotated[str, typer.Option(help="The scenario.")] = "default",
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Queue a training instruction for the running server's learning worker."""
-    with open_client(url) as client:
+    with open_client(server_url(url, config)) as client:
         queued = client.train(instruction, scenario)
     console.print(f"[green]queued[/] {queued['id']} for {scenario}")
 
