@@ -9,6 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from reef.cli import app
+from reef.config import load_config
+from reef.releases.workflow import ReleaseWorkflow
+from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
 from reef.testing.processes import run_reef
 from tests.conftest import needs_git_lfs
@@ -135,3 +138,23 @@ def test_a_config_in_another_folder_finds_its_own_state(tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     assert [r["release_id"] for r in json.loads(listed.stdout)] == ["default@1"]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_show_a_candidate_its_state_evaluation_and_diff_against_its_base(project: Path) -> None:
+    publish(harness(project / "a", "You are A."), "--approve")
+    config = load_config(project / "reef.yaml", env={})
+    with ExperienceStore(config.experience_db) as store:
+        workflow = ReleaseWorkflow(config, store)
+        proposed = workflow.propose("default", "harness", {"AGENTS.md": b"You are B.\n"})
+        workflow.reject(proposed.id, "B is not what we want")
+
+    code, output = reef("release", "show", proposed.id, "--json")
+    assert code == 0, output
+    shown = json.loads(output)
+    assert shown["id"] == proposed.id and shown["state"] == "rejected"
+    assert shown["base_release_id"] == "default@1"
+    assert "-You are A." in shown["diff"] and "+You are B." in shown["diff"]
+    code, output = reef("release", "show", proposed.id)
+    assert code == 0 and "rejected" in output and "B is not what we want" in output
+    code, output = reef("release", "show", "cand_nothing")
+    assert code != 0 and "no candidate 'cand_nothing'" in output

@@ -122,7 +122,11 @@ def list_releases(
 
 @app.command()
 def show(release_id: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """One release: its manifest and files."""
+    """One release: its manifest and files; or one candidate (cand_…): its state, evaluation,
+    files and diff against the release it was built on."""
+    if release_id.startswith("cand_"):
+        _show_candidate(release_id, config, as_json)
+        return
     with _workflow(config) as workflow:
         release = workflow.chain.get(release_id)
         files = workflow.chain.files(release_id)
@@ -140,6 +144,34 @@ def show(release_id: str, config: ConfigOption = None, as_json: JsonOption = Fal
     console.print(table)
     if release.diff:
         console.print(Syntax(release.diff, "diff", theme="ansi_dark"))
+
+
+def _show_candidate(candidate_id: str, config: Path | None, as_json: bool) -> None:
+    with _workflow(config) as workflow:
+        candidate = workflow.candidates.get(candidate_id)
+        files = read_folder(candidate.folder) if candidate.folder.is_dir() else {}
+        base = candidate.base_release_id
+        before = workflow.chain.stored_files(base) if base else {}
+    changes = text_diff(before, files, base or "base", candidate_id) if files else ""
+    if as_json:
+        sizes = {path: len(data) for path, data in files.items()}
+        _print_json({**candidate.to_json(), "files": sizes, "diff": changes})
+        return
+    console.print(
+        f"[bold]{candidate.id}[/] · {candidate.scenario} · {candidate.kind} · "
+        f"[bold]{candidate.state}[/] · built on {base or 'base'}",
+        highlight=False,
+    )
+    for label, text in (("reason", candidate.reason), ("decision", candidate.decision)):
+        if text:
+            console.print(f"{label}: {text}", highlight=False, markup=False)
+    if candidate.evaluation:
+        summary = {k: v for k, v in candidate.evaluation.items() if k != "results"}
+        console.print(f"evaluation: {json.dumps(summary)}", highlight=False, markup=False)
+    if not files:
+        console.print("its files were pruned (retention.candidates)", highlight=False)
+    elif changes:
+        console.print(Syntax(changes, "diff", theme="ansi_dark"))
 
 
 @app.command()
