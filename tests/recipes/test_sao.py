@@ -235,6 +235,22 @@ def test_a_reef_block_refuses_an_unknown_setting_naming_the_recipe_and_key(
         load_plans(load_config(tmp_path / "reef.yaml", env={}))
 
 
+def test_print_config_refuses_a_misspelt_recipe_setting_as_serve_would(tmp_path: Path) -> None:
+    """The source document's `reef:` block with `max_stalenes`: the real CLI's --print-config
+    checks the recipe's settings too, not only the schema around them."""
+    (tmp_path / "serve.yaml").write_text(
+        "reef:\n  recipe: recipes.sao.recipe:SAORecipe\n  max_stalenes: 3\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "reef", "serve", "-c", "serve.yaml", "--print-config"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "max_stalenes" in result.stderr and "unknown" in result.stderr
+
+
 def test_reef_and_learning_together_or_a_reef_block_without_recipe_are_refused(
     tmp_path: Path,
 ) -> None:

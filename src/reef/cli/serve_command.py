@@ -58,6 +58,10 @@ def serve(
     except ConfigError as error:
         fail(str(error), code=2)
     if print_config:
+        try:
+            load_plans(resolved)  # the recipes' own settings are the config too
+        except ReefError as error:
+            fail(error.message, code=2)
         # Written as it is: rich would wrap a long line (a deep path) at the terminal's width,
         # and the YAML would no longer read back.
         sys.stdout.write(yaml.safe_dump(resolved.redacted(), sort_keys=False))
