@@ -40,7 +40,7 @@ from reef.releases.chain import (
 from reef.releases.shadowing import start_shadow
 from reef.releases.workflow import ReleaseWorkflow
 from reef.store import ExperienceStore
-from reef.store.candidates import Candidate
+from reef.store.candidates import Candidate, is_candidate_id
 
 app = typer.Typer(
     help="Releases and candidates: list, show, diff, approve, roll back, publish.",
@@ -124,7 +124,7 @@ def list_releases(
 def show(release_id: str, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """One release: its manifest and files; or one candidate (cand_…): its state, evaluation,
     files and diff against the release it was built on."""
-    if release_id.startswith("cand_"):
+    if is_candidate_id(release_id):
         _show_candidate(release_id, config, as_json)
         return
     with _workflow(config) as workflow:

@@ -66,12 +66,12 @@ class EpisodeCgroup:
         name = f"reef-episode-{secrets.token_hex(6)}"
         self.version = found.version
         self.folders = {controller: parent / name for controller, parent in found.parents.items()}
-        for folder in set(self.folders.values()):
-            folder.mkdir()
         try:
+            for folder in set(self.folders.values()):
+                folder.mkdir()
             self._limit(memory_mb, processes, cpus)
         except OSError:
-            self.close()
+            self.close()  # the hierarchies made so far go too
             raise
 
     def procs_files(self) -> list[str]:

@@ -190,13 +190,15 @@ def _watch(
 ) -> str | None:
     """Poll until the process ends; the name of the limit it passed first, if it did."""
     next_disk = 0.0
+    # What the kernel does not count here: memfds (no cgroup), open deleted files (no tmpfs).
+    held_files = cgroup is None or not workspace.capped
     while process.poll() is None:
         now = time.monotonic()
         if now - started > limits.wall_time_s:
             return "wall_time"
         if cgroup is not None and (limit := _cgroup_limit(cgroup)):
             return limit
-        usage = tree_usage(process.pid)
+        usage = tree_usage(process.pid, held_files)
         if limits.memory_mb is not None and usage.memory_mb > limits.memory_mb:
             return "memory"
         if limits.cpu_time_s is not None and usage.cpu_s > limits.cpu_time_s:
@@ -280,9 +282,10 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def tree_usage(root: int) -> TreeUsage:
-    """Processes, memory and CPU time (theirs and their waited-for children's), and the
-    deleted files they hold open."""
+def tree_usage(root: int, held_files: bool = True) -> TreeUsage:
+    """Processes, memory and CPU time (theirs and their waited-for children's); with
+    `held_files`, the memfds (as memory) and the deleted files they hold open, which takes a
+    look at every descriptor of the tree."""
     ticks = os.sysconf("SC_CLK_TCK")
     page_mb = os.sysconf("SC_PAGE_SIZE") / MIB
     count, rss, cpu = 0, 0.0, 0.0
@@ -295,7 +298,7 @@ def tree_usage(root: int) -> TreeUsage:
         count += 1
         cpu += sum(int(value) for value in fields[11:15]) / ticks  # utime stime cutime cstime
         rss += int(fields[21]) * page_mb
-    memfds, deleted = held_files_mb(pids)
+    memfds, deleted = held_files_mb(pids) if held_files else (0.0, 0.0)
     return TreeUsage(processes=count, memory_mb=rss + memfds, cpu_s=cpu, deleted_mb=deleted)
 
 

@@ -17,6 +17,7 @@ wrote must never make the runner read a host file. So:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -161,7 +162,7 @@ def _read_regular(fd: int, limit: int) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise IsADirectoryError(0, "not a regular file")
+            raise OSError(errno.EISDIR, "not a regular file")
         if info.st_size > limit:
             raise OSError(0, f"larger than {limit} bytes")
         with os.fdopen(fd, "rb", closefd=False) as stream:
@@ -174,8 +175,8 @@ def _read_regular(fd: int, limit: int) -> bytes:
 
 
 def _why(error: OSError) -> str:
-    if error.errno == 40:  # ELOOP: O_NOFOLLOW met a link
+    if error.errno == errno.ELOOP:  # O_NOFOLLOW met a link
         return "a link, not a file"
-    if error.errno in (20, 21):  # ENOTDIR, EISDIR
+    if error.errno in (errno.ENOTDIR, errno.EISDIR):
         return "not a regular file"
     return error.strerror or str(error)

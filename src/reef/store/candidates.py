@@ -22,6 +22,14 @@ STATES = ("proposed", "evaluating", "released", "rejected", "held", "canary", "s
 OPEN_STATES = ("proposed", "evaluating", "held", "canary", "shadow")
 _JSON_FIELDS = ("evaluation", "consumed_record_ids", "metrics")
 
+CANDIDATE_PREFIX = "cand"  # every candidate's id: cand_<time>_<random>
+
+
+def is_candidate_id(text: str) -> bool:
+    """Whether `text` has the shape of a candidate's id (a release's is SCENARIO@N)."""
+    return text.startswith(f"{CANDIDATE_PREFIX}_")
+
+
 # The source of a candidate an agent proposed (POST /reef/harness/proposals), not a recipe.
 AGENT_SOURCE = "agent"
 
@@ -51,7 +59,7 @@ class Candidate:
     # True once its records went back to learning (it was unjudged, or the gate returns a
     # rejected candidate's records): later steps may train on them again.
     records_returned: bool = False
-    id: str = field(default_factory=lambda: new_id("cand"))
+    id: str = field(default_factory=lambda: new_id(CANDIDATE_PREFIX))
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 
