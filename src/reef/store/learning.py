@@ -27,15 +27,21 @@ def queue_instruction(
     """Queue a `reef train` instruction for the worker; returns its id. `provenance`: where it
     came from (`POST /reef/train`'s session, release_id and requires)."""
     request_id = new_id("train")
-    row = {
+    row = _request_row(request_id, scenario, instruction, provenance)
+    store.write(lambda db: db.insert("train_requests", row)).result()
+    return request_id
+
+
+def _request_row(
+    request_id: str, scenario: str, instruction: str, provenance: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
         "id": request_id,
         "scenario": scenario,
         "instruction": instruction,
         "created_at": time.time(),
         "provenance": json.dumps(provenance) if provenance else None,
     }
-    store.write(lambda db: db.insert("train_requests", row)).result()
-    return request_id
 
 
 @dataclass(frozen=True)
@@ -267,9 +273,7 @@ def queue_instruction_once(
                     code="agent_record_id_conflict",
                 )
             return False
-        fields = {"id": request_id, "scenario": scenario, "instruction": text}
-        kept = json.dumps(provenance) if provenance else None
-        db.insert("train_requests", {**fields, "created_at": time.time(), "provenance": kept})
+        db.insert("train_requests", _request_row(request_id, scenario, text, provenance))
         return True
 
     return bool(store.write(queue).result())

@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from reef.config import ReefConfig, load_config
 from reef.daemon.run import ReefServer, serve
-from reef.engines import build_engine
 from reef.engines.base import Engine
 from reef.releases.workflow import ReleaseWorkflow
 from reef.server.state import ServerState
@@ -48,35 +47,30 @@ class InProcessReef:
     def engine(self) -> Engine:
         return self.state.engine
 
-    def log(self) -> str:
-        return ""  # its log is this process's: pytest shows it with a failure
-
 
 @contextmanager
 def reef_in_process(
     cwd: Path,
-    engine: Engine | Literal["configured"] | None = None,
+    engine: Engine | None = None,
     env: dict[str, str] | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> Iterator[InProcessReef]:
     """Serve the project in `cwd` (its reef.yaml, written empty when there is none) until the
-    block ends. `engine`: what serves (a `ScriptedEngine` when None; "configured": the engine
-    reef.yaml names, an upstream or the real model). `env` replaces the environment the config
-    reads (tokens: REEF_TOKEN, REEF_ADMIN_TOKEN)."""
+    block ends. `engine`: what serves (a `ScriptedEngine` when None). `env` replaces the
+    environment the config reads (tokens: REEF_TOKEN, REEF_ADMIN_TOKEN). What the server logs
+    goes to Python's logging, where pytest's `caplog` reads it."""
     path = cwd / "reef.yaml"
     if not path.exists():
         path.write_text("{}\n")
     port = free_port()
     config = load_config(path, {**(overrides or {}), "server.port": port}, env=env or {})
-    if engine == "configured":
-        engine = build_engine(config.engine, config.server.max_queue, config.state_dir)
     store = ExperienceStore(config.experience_store, config.store.synchronous)
     state = ServerState(
         config=config,
         engine=engine or ScriptedEngine(),
         store=store,
         workflow=ReleaseWorkflow(config, store),
-        engine_reason="scripted in the test's process",
+        engine_reason="given by the test",
     )
     server = ReefServer(state)
     failure: list[BaseException] = []
