@@ -63,7 +63,9 @@ class ShadowRunner:
             maxsize=state.config.gate.shadow.queue
         )
         # llama.cpp runs background jobs on idle slots; other engines get a copy while idle.
-        self._background = isinstance(state.engine, Slotted) and state.engine.runs_background
+        # Asked once: a runtime protocol's isinstance reads every property of the engine.
+        self._slotted = state.engine if isinstance(state.engine, Slotted) else None
+        self._background = self._slotted is not None and self._slotted.runs_background
 
     def offer(self, scenario: str, record_id: str) -> None:
         """Queue a copy of the live call `record_id` for the scenario's shadows, if it has any."""
@@ -181,9 +183,8 @@ class ShadowRunner:
     def _busy(self) -> bool:
         """Whether a live request is in flight: the engine's count where it keeps one, else the
         server's count of HTTP requests being answered."""
-        engine = self.state.engine
-        if isinstance(engine, Slotted):
-            return engine.in_flight > 0
+        if self._slotted is not None:
+            return self._slotted.in_flight > 0
         return self.state.in_flight.count > 0
 
     def _scores(
