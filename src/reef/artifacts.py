@@ -118,3 +118,16 @@ def keep_serving_parts(
     own = {path: data for path, data in files.items() if part_of(path) in own_parts}
     merged = {**kept, **own}
     return kind_of(parts_of(merged)), merged
+
+
+def rebased(
+    files: Mapping[str, bytes], base: Mapping[str, bytes], head: Mapping[str, bytes]
+) -> tuple[str, dict[str, bytes]]:
+    """A candidate's `files`, built on release `base`, moved onto release `head`: each part it
+    changed from `base` as it made it, each part it left alone as `head` serves it. (kind,
+    files)."""
+    merged: dict[str, bytes] = {}
+    for part in (*PARTS, OTHER):
+        own = files_of(files, part)
+        merged.update(own if own != files_of(base, part) else files_of(head, part))
+    return kind_of(parts_of(merged)), merged

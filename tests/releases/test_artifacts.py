@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from reef.artifacts import rebased
 from reef.errors import ReefError
 from reef.inference.binding import BASE_BINDING, binding_for, compose_system_prompt
 from reef.protocol import ChatRequest
@@ -99,3 +100,17 @@ def test_a_new_candidate_may_not_carry_unknown_settings(tmp_path: Path) -> None:
     with pytest.raises(ReefError, match=r"unknown key\(s\) 'colour', 'top_k'"):
         binding_for("cand", "harness", folder, strict=True)
     assert binding_for("default@1", "harness", folder).settings["temperature"] == 0.2
+
+
+def test_a_rebased_candidate_keeps_what_it_changed_and_takes_the_rest_from_the_head() -> None:
+    base = {"AGENTS.md": b"Be kind.", "adapter.gguf": b"old weights"}
+    candidate = {"AGENTS.md": b"Be brief.", "adapter.gguf": b"old weights"}
+    head = {"AGENTS.md": b"Be kind.", "adapter.gguf": b"new weights"}
+    kind, files = rebased(candidate, base, head)
+    assert files == {"AGENTS.md": b"Be brief.", "adapter.gguf": b"new weights"}
+    assert kind == "agent"
+    # A part the head dropped and the candidate never touched goes with it.
+    assert rebased({"AGENTS.md": b"Be brief."}, {}, {"adapter.gguf": b"w"})[1] == {
+        "AGENTS.md": b"Be brief.",
+        "adapter.gguf": b"w",
+    }

@@ -16,7 +16,7 @@ from reef.errors import Conflict
 from reef.evaluation.runner import model_generate
 from reef.inference.model import LocalModel
 from reef.releases.chain import ReleaseConflict, read_folder
-from reef.releases.workflow import ReleaseWorkflow
+from reef.releases.workflow import GateScoredWorse, ReleaseWorkflow, StaleCandidate
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess
@@ -99,9 +99,7 @@ def test_a_crashing_evaluator_rejects(
     assert workflow.chain.head("default") is None
 
 
-def test_missing_eval_tasks_reject(
-    tmp_path: Path, store: ExperienceStore, engine: Engine
-) -> None:
+def test_missing_eval_tasks_reject(tmp_path: Path, store: ExperienceStore, engine: Engine) -> None:
     workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS), store)
     (tmp_path / "evals/default.jsonl").unlink()
     candidate = gate(workflow, engine, harness(tmp_path / "h", "Hi.", {"max_tokens": 2}))
@@ -135,9 +133,53 @@ def test_human_reject_and_approve_after_the_head_moved(
     assert rejected.state == "rejected" and "stale" in rejected.decision
 
 
-def test_floor_and_always_policies(
+def test_a_rejected_candidate_keeps_its_evaluation_and_the_reviewers_reason(
     tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
+    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
+    held = gate(workflow, engine, harness(tmp_path / "h", "Brief.", {"max_tokens": 3}))
+    assert held.evaluation is not None
+    rejected = workflow.reject(held.id, "it drops the greeting")
+    assert rejected.decision == "rejected by a human: it drops the greeting"
+    assert rejected.evaluation == held.evaluation  # the evidence the reviewer read stays
+
+
+def test_approving_a_candidate_the_gate_scored_worse_needs_force(
+    tmp_path: Path, store: ExperienceStore, engine: Engine
+) -> None:
+    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
+    short = gate(workflow, engine, harness(tmp_path / "s", "Brief.", {"max_tokens": 3}))
+    workflow.approve(short.id)
+    worse = gate(workflow, engine, harness(tmp_path / "l", "Long.", {"max_tokens": 48}))
+    assert worse.state == "held"
+    with pytest.raises(GateScoredWorse, match=r"scored 0.000 against the current 1.000 and lost 2"):
+        workflow.approve(worse.id)
+    assert workflow.candidates.get(worse.id).state == "held"
+    forced = workflow.approve(worse.id, "the user wants long stories", force=True)
+    assert forced.state == "released" and forced.release_id == "default@2"
+    assert "forced: it scored 0.000 against the current 1.000" in forced.decision
+
+
+def test_a_stale_held_candidate_is_regated_against_the_new_head(
+    tmp_path: Path, store: ExperienceStore, engine: Engine
+) -> None:
+    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
+    first = gate(workflow, engine, harness(tmp_path / "a", "A.", {"max_tokens": 3}))
+    second = gate(workflow, engine, harness(tmp_path / "b", "B.", {"max_tokens": 3}))
+    workflow.approve(first.id)
+    with pytest.raises(StaleCandidate, match=f"reef release regate {second.id}"):
+        workflow.approve(second.id)
+    old, new = workflow.rebase(second.id)
+    assert old.state == "rejected" and new.id in (old.decision or "")
+    assert new.base_release_id == "default@1" and new.state == "proposed"
+    assert read_folder(new.folder)["AGENTS.md"] == b"B.\n"
+    generate = model_generate(LocalModel(engine), workflow.eval_settings("default"))
+    regated = asyncio.run(workflow.gate(new, generate))
+    assert regated.state == "held"
+    assert workflow.approve(regated.id).release_id == "default@2"
+
+
+def test_floor_and_always_policies(tmp_path: Path, store: ExperienceStore, engine: Engine) -> None:
     workflow = ReleaseWorkflow(
         project(tmp_path, SHORT_TASKS, "  policy: floor\n  floor: 1.0\n"), store
     )

@@ -273,13 +273,36 @@ def candidates(
 def approve(
     candidate_id: str,
     reason: Annotated[str | None, typer.Option(help="Why, for the release's record.")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Release it though the gate scored it worse.")
+    ] = False,
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Release a held candidate, or promote one on a canary (exit 3 if the head moved since)."""
+    """Release a held candidate, or promote one on a canary. One the gate scored worse than
+    what serves needs --force; exit 3 if the head moved since (then `reef release regate`)."""
     with _workflow(config) as workflow:
-        candidate = workflow.approve(candidate_id, reason)
+        candidate = workflow.approve(candidate_id, reason, force)
     _report_candidate(candidate, as_json)
+
+
+@app.command()
+def regate(
+    candidate_id: str,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Gate a held candidate again against its scenario's head (one built on a head that has
+    moved since): proposed anew on the head, keeping the parts released meanwhile, and gated
+    with the model loaded here; the old candidate ends as superseded."""
+    with _workflow(config) as workflow:
+        old, candidate = workflow.rebase(candidate_id)
+        if not as_json:
+            console.print(f"{old.id}: {old.decision}", highlight=False, soft_wrap=True)
+        candidate = asyncio.run(_run_gate(workflow, candidate))
+    _report_candidate(candidate, as_json)
+    if candidate.state == "rejected":
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from reef.artifacts import ROUTING_FILE
+from reef.artifacts import ROUTING_FILE, rebased
 from reef.config import ReefConfig
 from reef.errors import Conflict, ReefError
 from reef.evaluation.runner import (
@@ -95,6 +95,52 @@ class CandidateRefused(ReefError):
 
     status = 400
     code = "candidate_refused"
+
+
+class GateScoredWorse(Conflict):
+    """A human approves a candidate the gate scored worse than what served, without --force."""
+
+    code = "gate_scored_worse"
+
+
+class StaleCandidate(ReleaseConflict):
+    """A candidate evaluated against a release that no longer heads its scenario."""
+
+    code = "stale_candidate"
+
+    def __init__(self, candidate: Candidate, current: str | None) -> None:
+        Conflict.__init__(
+            self,
+            f"candidate {candidate.id} was evaluated against "
+            f"{candidate.base_release_id or 'base'}, and the head of {candidate.scenario!r} is "
+            f"now {current or 'empty'}: re-gate it against the new head with `reef release "
+            f"regate {candidate.id}` (HTTP: POST .../candidates/{candidate.id}/regate)",
+        )
+        self.current = current
+
+
+# A candidate a human may still decide on, and so re-gate.
+REGATABLE = ("held", "proposed", SHADOW)
+
+
+def scored_worse(evaluation: dict[str, Any] | None) -> str | None:
+    """What a candidate's gate evaluation says it loses against what served, in words (its
+    mean below the current one's, tasks it lost), or None when it lost nothing."""
+    if not evaluation:
+        return None
+    candidate, current = evaluation.get("candidate_mean"), evaluation.get("current_mean")
+    lost = list(evaluation.get("lost") or [])
+    said = []
+    if (
+        isinstance(candidate, int | float)
+        and isinstance(current, int | float)
+        and candidate < current
+    ):
+        said.append(f"scored {candidate:.3f} against the current {current:.3f}")
+    if lost:
+        named = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        said.append(f"lost {len(lost)} task(s): {named}")
+    return " and ".join(said) or None
 
 
 class ReleaseWorkflow:
@@ -454,32 +500,90 @@ class ReleaseWorkflow:
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def approve(self, candidate_id: str, reason: str | None = None) -> Candidate:
+    def approve(
+        self, candidate_id: str, reason: str | None = None, force: bool = False
+    ) -> Candidate:
         """A human releases a held (or not yet evaluated) candidate or one in shadow, or
-        promotes a canary."""
+        promotes a canary. One the gate scored worse than what served is refused unless
+        `force`, saying what it loses; one built on a head that has moved since is refused,
+        saying to re-gate it (`regate`)."""
         candidate = self.candidates.get(candidate_id)
         why = reason or "approved by a human"
         if candidate.state == "canary":
             return self.canaries.end(candidate_id, promote=True, why=why)
-        approved = self._release(
-            candidate.id,
-            ("held", "proposed", SHADOW),
-            why,
-            candidate.evaluation,
-            on_conflict="raise",
-        )
+        worse = scored_worse(candidate.evaluation)
+        if worse and not force:
+            raise GateScoredWorse(
+                f"candidate {candidate_id} {worse}: approve it with --force (HTTP: "
+                '"force": true) to release it anyway'
+            )
+        if worse:
+            why += f" (forced: it {worse})"
+        try:
+            approved = self._release(
+                candidate.id,
+                ("held", "proposed", SHADOW),
+                why,
+                candidate.evaluation,
+                on_conflict="raise",
+            )
+        except ReleaseConflict as conflict:
+            raise StaleCandidate(candidate, conflict.current) from None
         self.housekeeping.prune_candidates()
         return approved
 
     def reject(self, candidate_id: str, reason: str) -> Candidate:
-        """A human rejects a candidate, or rolls a canary back."""
+        """A human rejects a candidate, or rolls a canary back; its evaluation is kept beside
+        the reviewer's reason."""
         candidate = self.candidates.get(candidate_id)
         why = f"rejected by a human: {reason}"
         if candidate.state == "canary":
             return self.canaries.end(candidate_id, promote=False, why=why)
-        rejected = self._reject(candidate, ("proposed", "held", SHADOW), why, None, judged=True)
+        allowed = ("proposed", "held", SHADOW)
+        rejected = self._reject(candidate, allowed, why, candidate.evaluation, judged=True)
         self.housekeeping.prune_candidates()
         return rejected
+
+    def rebase(self, candidate_id: str) -> tuple[Candidate, Candidate]:
+        """A held candidate proposed again on its scenario's head, to be gated against it: the
+        parts it changed from its own base, the head's parts it did not touch (a release since
+        may have brought an adapter or a harness it must keep). The old candidate is ended as
+        superseded, its records handed to the new one. (old, new)."""
+        old = self.candidates.get(candidate_id)
+        if old.state not in REGATABLE:
+            raise Conflict(
+                f"candidate {candidate_id} is {old.state}; only a held or proposed candidate, "
+                "or one in shadow, can be re-gated",
+                code="candidate_state",
+            )
+        if not old.folder.is_dir():
+            raise Conflict(f"candidate {candidate_id}'s files were pruned: it cannot be re-gated")
+        base = old.base_release_id
+        head = self.chain.head(old.scenario)
+        kind, files = rebased(
+            read_folder(old.folder),
+            self.chain.files(base) if base else {},
+            self.chain.files(head.release_id) if head else {},
+        )
+        new = self.propose(
+            old.scenario,
+            kind,
+            files,
+            source=old.source,
+            reason=old.reason,
+            consumed_record_ids=old.consumed_record_ids,
+            metrics={**(old.metrics or {}), "regated_from": old.id},
+        )
+        ended = self.candidates.move(
+            old.id,
+            REGATABLE,
+            "rejected",
+            decision=f"superseded: re-gated against {head.release_id if head else 'base'} "
+            f"as {new.id}",
+            evaluation=old.evaluation,
+            records_returned=False,
+        )
+        return ended, new
 
     def _release(
         self,

@@ -82,10 +82,10 @@ class HttpSource:
         found: dict[str, Any] = self._call("GET", f"/reef/records/{record_id}")
         return found
 
-    def approve(self, candidate_id: str, expected_head: str | None) -> str:
+    def approve(self, candidate_id: str, expected_head: str | None, force: bool = False) -> str:
         scenario = self.candidate(candidate_id).row.scenario
         self._check_head(scenario, expected_head)
-        body = {"reason": "approved in reef review"}
+        body = {"reason": "approved in reef review", "force": force}
         path = f"/reef/scenarios/{scenario}/candidates/{candidate_id}/approve"
         return str(self._call("POST", path, json=body)["release_id"])
 

@@ -77,11 +77,11 @@ class LocalSource:
             raise ReviewError(f"no record {record_id!r}", status=404)
         return found
 
-    def approve(self, candidate_id: str, expected_head: str | None) -> str:
+    def approve(self, candidate_id: str, expected_head: str | None, force: bool = False) -> str:
         with _decision():
             candidate = self.workflow.candidates.get(candidate_id)
             self._check_head(candidate.scenario, expected_head)
-            approved = self.workflow.approve(candidate_id, "approved in reef review")
+            approved = self.workflow.approve(candidate_id, "approved in reef review", force)
         return approved.release_id or ""
 
     def reject(self, candidate_id: str, reason: str) -> None:

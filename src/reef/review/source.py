@@ -42,8 +42,9 @@ class ReviewSource(Protocol):
 
     def record(self, record_id: str) -> dict[str, Any]: ...
 
-    def approve(self, candidate_id: str, expected_head: str | None) -> str:
-        """Release a held candidate; returns the new release id."""
+    def approve(self, candidate_id: str, expected_head: str | None, force: bool = False) -> str:
+        """Release a held candidate (one the gate scored worse only with `force`); returns the
+        new release id."""
         ...
 
     def reject(self, candidate_id: str, reason: str) -> None: ...

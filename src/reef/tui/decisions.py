@@ -65,12 +65,24 @@ def approve_consequence(row: CandidateRow, head: str | None) -> str:
         return (
             f"It was evaluated against {base or 'the base model'}, but the head of "
             f"{row.scenario} is now {head or 'empty'}: approving will be refused. Reject it, "
-            "or propose it again."
+            f"or re-gate it against the new head: reef release regate {row.id}"
         )
-    return (
+    serves = (
         f"{row.scenario} will serve {row.id} ({row.kind}) as a new release on top of "
         f"{head or 'the base model'}, which stops serving."
     )
+    worse = scored_worse(row)
+    return f"The gate scored it worse: it {worse}. {serves}" if worse else serves
+
+
+def scored_worse(row: CandidateRow) -> str | None:
+    """What the gate says the candidate loses against what served, in words, or None."""
+    lost = f"lost {row.lost} task(s)" if row.lost else ""
+    delta = row.delta
+    if delta is not None and delta < 0:
+        scores = f"scored {row.candidate_mean:.3f} against the current {row.current_mean:.3f}"
+        return f"{scores} and {lost}" if lost else scores
+    return lost or None
 
 
 def reject_consequence(row: CandidateRow, head: str | None) -> str:
@@ -119,7 +131,8 @@ class DecisionFlow:
             dialog = ConfirmDialog(f"Approve {row.id}?", approve_consequence(row, head))
         if await self.app.push_screen_wait(dialog):
             await self._decide(
-                lambda: self.source.approve(row.id, head),
+                # Told in the dialog what it loses, the reviewer's yes is the --force.
+                lambda: self.source.approve(row.id, head, force=True),
                 lambda release: f"{row.id} is released as {release}: {row.scenario} serves it",
             )
 

@@ -22,6 +22,8 @@ from reef.server.state import ServerState
 class ApproveBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str | None = Field(None, max_length=2000)
+    # Release a candidate the gate scored worse than what serves (refused without it).
+    force: bool = False
 
 
 class CanaryBody(BaseModel):
@@ -108,7 +110,9 @@ async def approve(request: Request) -> Response:
     body = parse(ApproveBody, await read_optional_json(request, limit))
     candidate_id = request.path_params["candidate_id"]
     await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
-    candidate = await run_in_threadpool(state.workflow.approve, candidate_id, body.reason)
+    candidate = await run_in_threadpool(
+        state.workflow.approve, candidate_id, body.reason, body.force
+    )
     return JSONResponse(candidate.to_json())
 
 
