@@ -110,7 +110,6 @@ class GEPA(PromptSearch):
                 f"{found.pool[0].mean:.2f} -> {best.mean:.2f} in {found.metric_calls} calls)"
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=self.gate_tasks(turns),
             metrics={
                 "metric_calls": found.metric_calls,
                 "pool": len(found.pool),

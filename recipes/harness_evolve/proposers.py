@@ -17,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from reef.sdk import (
+    CONTENT_CHECK,
     HARNESS,
+    NO_FEEDBACK_TEXT,
     Generate,
     Relabelled,
     ScorerSpec,
@@ -26,6 +28,7 @@ from reef.sdk import (
     demonstrations,
     hints,
     relabel,
+    wrong_fact,
 )
 
 from .mutations import EDITABLE, Mutation
@@ -82,6 +85,8 @@ class HindsightProposer:
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
         shown_by_user = [(t.prompt, text.strip()) for t in failures for text in demonstrations(t)]
         hinted = [t for t in failures if hints(t) and not demonstrations(t)]
+        silent = [t for t in failures if not hints(t) and not demonstrations(t)]
+        context.drop(NO_FEEDBACK_TEXT, len(silent))
         if not shown_by_user and not hinted:
             return "the failing turns carry no feedback text or demonstration to act on"
         answers = relabel(
@@ -93,12 +98,18 @@ class HindsightProposer:
             revisions=self.revisions,
             reviser=self.reviser,
             content_judge=self.content_judge,
+            dropped=context.dropped,
         )
         found = shown_by_user + [(item.turn.prompt, item.answer.strip()) for item in answers]
         if not found:
             return "no answer given under the feedback met the scorer and still answered"
         existing = context.files_of(HARNESS).get("examples.jsonl", b"").decode().splitlines()
         shown = [json.loads(line) for line in existing if line.strip()]
+        # An example the tree kept from before is checked again: facts a program can check
+        # are never carried on wrong (one released before this check, or written by hand).
+        wrong = [e for e in shown if wrong_fact(e["user"], e["assistant"])]
+        context.drop(CONTENT_CHECK, len(wrong))
+        shown = [e for e in shown if e not in wrong]
         for prompt, answer in found:
             shown = [e for e in shown if e["user"] != prompt]
             shown.append({"user": prompt, "assistant": answer})

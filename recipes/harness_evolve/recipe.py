@@ -4,8 +4,9 @@ A step takes the window of failing turns (score below `threshold`, or feedback w
 asks a proposer to reflect on them and propose one mutation (create, update or remove a rule,
 skill, example set or the prompt), and applies it to a copy of the current tree. The worker
 then gates the candidate: paired episodes of current and candidate on the scenario's eval tasks,
-plus the failing prompts when a `scorer` is set. Winners are released with their reason; losers
-stay as rejected candidates, and their reasons are shown to the proposer next time.
+plus the held-out failing calls (which no step learns from) when a `scorer` is set. Winners are
+released with their reason; losers stay as rejected candidates, and their reasons are shown to
+the proposer next time.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from reef.sdk import (
     asking,
     content_judge_for,
     demonstrations,
-    failing_prompts,
     files_of,
 )
 
@@ -54,7 +54,7 @@ class HarnessEvolveSettings(RecipeSettings):
     # Whether a hindsight answer still answers the question: by its words (within one language),
     # or as the proposer model judges it (in any language: for a preference such as French).
     content_check: Literal["words", "proposer"] = "words"
-    # Scores the failing prompts as extra gate tasks, and hindsight answers; without it only
+    # Scores the held-out failing calls as extra gate tasks, and hindsight answers; without it only
     # evals/<scenario>.jsonl runs and the served model judges hindsight answers.
     scorer: ScorerSpec | None = None
     # incumbent: mutate the current release; pareto: mutate a tree from the Pareto set of earlier
@@ -126,7 +126,6 @@ class HarnessEvolve(Recipe):
             files=files,
             reason=f"{proposal.op} {proposal.path}: {proposal.reason}",
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=failing_prompts(failures, self.settings.scorer),
         )
 
     def parent(self, context: StepContext) -> dict[str, bytes]:

@@ -132,7 +132,6 @@ class MetaHarness(PromptSearch):
                 f"confidence {sure:.2f} on {rests_on}"
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=self.gate_tasks(turns),
             metrics={
                 "nodes_written": written,
                 "retained": len(retained),

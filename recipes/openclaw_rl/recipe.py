@@ -271,7 +271,13 @@ class OpenClawRL(Recipe):
         if not wanting or not self.settings.revisions or context.generate is None:
             return []
         found = relabel(
-            wanting, context.generate, None, samples=0, keep=1, revisions=self.settings.revisions
+            wanting,
+            context.generate,
+            None,
+            samples=0,
+            keep=1,
+            revisions=self.settings.revisions,
+            dropped=context.dropped,
         )
         log.info("openclaw_rl: %d hindsight answer(s) for %d turn(s)", len(found), len(wanting))
         return found

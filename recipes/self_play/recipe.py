@@ -10,9 +10,10 @@ half the time, 0 for one always or never solved. The designer reads its past tas
 solve rates, the most rewarded first, when it designs the next round.
 
 The agent learns from the attempts at the edge (0 < p < 1): one solving answer of each such task
-becomes a worked example of the tree (`examples.jsonl`, the newest `examples_kept` kept), and
-those tasks join the gate's, scored by their programs. A round that finds no task at the edge
-proposes nothing. Rounds need no traffic: the worker asks every interval, and a round runs at
+becomes a worked example of the tree (`examples.jsonl`, the newest `examples_kept` kept). The
+gate judges the candidate on a fresh round of the designer's tasks, scored by their programs,
+never on a task whose answer the tree now shows. A round that finds no task at the edge proposes
+nothing. Rounds need no traffic: the worker asks every interval, and a round runs at
 most every `every_s` seconds.
 """
 
@@ -164,17 +165,28 @@ class SelfPlay(Recipe):
             )
         tree = context.files_of(HARNESS)
         examples = [{"user": a.task.prompt, "assistant": a.solved[0]} for a in edge]
+        kept = _examples(tree, examples, self.settings.examples_kept)
+        judged = self.fresh_tasks(context, {*_users(kept), *(t.prompt for t in designed)})
+        metrics["gate_tasks"] = len(judged)
         return Proposal(
             kind="harness",
-            files={**tree, EXAMPLES: _examples(tree, examples, self.settings.examples_kept)},
+            files={**tree, EXAMPLES: kept},
             reason=(
                 f"self_play: {len(edge)} of {len(designed)} designed task(s) at the edge "
                 f"(designer reward {reward:.2f}); their solving answers as worked examples"
             ),
             consumed_record_ids=[],
-            eval_tasks=[_eval_task(number, a.task) for number, a in enumerate(edge)],
+            eval_tasks=[_eval_task(number, task) for number, task in enumerate(judged)],
             metrics=metrics,
         )
+
+    def fresh_tasks(self, context: StepContext, seen: set[str]) -> list[Task]:
+        """Tasks the gate judges the candidate on: a fresh round from the same designer, none
+        of them a task of this round or one whose answer the tree shows (the candidate would
+        pass it by reading its own worked example)."""
+        designed, _ = self.design(context)
+        fresh = {task.prompt: task for task in designed if task.prompt not in seen}
+        return list(fresh.values())
 
     def design(self, context: StepContext) -> tuple[list[Task], int]:
         """The round's tasks, and how many the designer proposed that no program checks."""
@@ -234,6 +246,11 @@ def _examples(tree: dict[str, bytes], new: list[dict[str, str]], kept: int) -> b
         by_user.pop(example["user"], None)
         by_user[example["user"]] = example
     return "".join(json.dumps(e) + "\n" for e in list(by_user.values())[-kept:]).encode()
+
+
+def _users(examples: bytes) -> list[str]:
+    """The requests a worked-examples file answers."""
+    return [json.loads(line)["user"] for line in examples.decode().splitlines() if line.strip()]
 
 
 def _eval_task(number: int, task: Task) -> EvalTask:

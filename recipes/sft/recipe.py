@@ -41,9 +41,9 @@ the student's prompt is not one: it pulls toward the teacher's distributions, no
 completion's tokens, so the two losses run one after the other.) It exports
 it as a PEFT folder and a llama.cpp GGUF adapter, and proposes it as a `lora` candidate: the worker
 keeps the serving harness beside it (an `agent` release when there is one). The worker's gate then
-compares it with the current release on the scenario's eval tasks (and the failing prompts, when a
-scorer is set), on the serving engine. Training runs in the learning worker, never in the server:
-serving goes on meanwhile.
+compares it with the current release on the scenario's eval tasks (and the held-out failing
+calls, when a scorer is set), on the serving engine. Training runs in the learning worker, never
+in the server: serving goes on meanwhile.
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ from reef.sdk import (
     demonstrations,
     distill_example,
     distillation,
-    failing_prompts,
     feedback_of,
     hints,
     proposal_kind,
@@ -100,7 +99,7 @@ GENERAL_QUESTIONS = [
 class SFTSettings(LoraRecipeSettings):
     batch_size: int = 4  # learnable turns needed before a step
     threshold: float = 0.5  # a score at or above it is a good answer; below it, a failure
-    # Accepts hindsight answers (and scores the failing prompts as extra gate tasks).
+    # Accepts hindsight answers (and scores the held-out failing calls as extra gate tasks).
     scorer: ScorerSpec | None = None
     hindsight_samples: int = Field(4, ge=1, le=16)
     hindsight_keep: int = Field(2, ge=1, le=16)  # answers kept per failing turn
@@ -193,7 +192,6 @@ class SFT(Recipe):
             ),
             merge_into=base if self.settings.checkpoint else None,
         )
-        failing = [turn for turn in turns if self.failing_with_hint(turn)]
         ran = [
             f"{name} loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps"
             for name, losses in runs.items()
@@ -207,7 +205,6 @@ class SFT(Recipe):
                 + ", ".join(ran)
             ),
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=failing_prompts(failing, self.settings.scorer),
             metrics={
                 "loss": trained.losses,
                 "examples": learned + len(hinted),
@@ -272,6 +269,7 @@ class SFT(Recipe):
             revisions=self.settings.hindsight_revisions,
             reviser=asking(ask) if ask is not None else None,
             content_judge=content_judge_for(self.settings.content_check, context.ask),
+            dropped=context.dropped,
         ):
             pairs.append((item.turn, item.completion_token_ids or item.answer))
         log.info("sft: %d example(s) from %d turn(s)", len(pairs), len(turns))

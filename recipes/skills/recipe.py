@@ -268,7 +268,6 @@ class Skills(PromptSearch):
             files=grown,
             reason=f"skills: {said}; the day's tasks {before:.2f} -> {after:.2f}",
             consumed_record_ids=[r for t in batch for r in t.record_ids],
-            eval_tasks=self.gate_tasks(turns),
             metrics={
                 "decisions": [d.decision for d in night.decisions],
                 "pool_before": len(pool_of(tree)),

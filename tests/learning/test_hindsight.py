@@ -4,13 +4,18 @@ model's revisions are tested in test_revision.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from reef.evaluation.tasks import ScorerSpec
 from reef.protocol import Completion
 from reef.sdk.hindsight import (
+    CONTENT_CHECK,
+    NOTHING_MET,
     answers_the_question,
     asked_for,
     demonstrations,
     edits,
+    facts_kept,
     hints,
     meets,
     relabel,
@@ -185,3 +190,40 @@ def test_without_a_scorer_nothing_is_edited_and_the_model_judges() -> None:
     kept = relabel([turn("Start with 'Sure!'")], model, None, samples=1, keep=2, revisions=0)
     assert [(item.answer, item.source) for item in kept] == [("Sure! A pear.", "sample")]
     assert asked == ["sample", "judge"]
+
+
+def test_an_edit_of_a_wrong_answer_meets_a_form_feedback_and_is_dropped_and_counted() -> None:
+    """The issue's example: feedback about form ("end with the line: Cheers") on "10 minus 4 =
+    2" made "10 minus 4 = 2\n\nCheers", which meets the scorer and says what the first answer
+    said. A program can check it: dropped, and counted as the content check."""
+    wrong = turn(
+        "End your answer with the line: Cheers",
+        answer="10 minus 4 = 2",
+        question="What is 10 minus 4?",
+    )
+    cheers = ScorerSpec(type="regex", pattern=r"Cheers\W*$")
+    dropped: Counter[str] = Counter()
+    sampled = iter([reply("10 minus 4 = 2. Cheers"), reply("10 minus 4 is 6.\n\nCheers")])
+    kept = relabel(
+        [wrong], lambda body: next(sampled), cheers, samples=2, keep=1, revisions=0, dropped=dropped
+    )
+    assert [item.answer for item in kept] == ["10 minus 4 is 6.\n\nCheers"]
+    assert dropped[CONTENT_CHECK] >= 3  # the edits of the wrong answer, and the wrong sample
+    right = turn(
+        "End your answer with the line: Cheers", answer="Six.", question="What is 10 minus 4?"
+    )
+    assert [i.answer for i in relabel([right], no_model, cheers, samples=0, keep=1)] == [
+        "Six.\n\nCheers"
+    ]
+
+
+def test_an_answer_that_only_repeats_the_question_keeps_no_fact_and_is_dropped() -> None:
+    echo = turn(
+        "End with the line: Cheers", answer="ice made of is ice.", question="What is ice made of?"
+    )
+    assert not facts_kept("ice made of is ice.\n\nCheers", echo, "End with the line: Cheers")
+    assert facts_kept("Frozen water.\n\nCheers", echo, "End with the line: Cheers")
+    dropped: Counter[str] = Counter()
+    cheers = ScorerSpec(type="regex", pattern=r"Cheers\W*$")
+    assert relabel([echo], no_model, cheers, samples=0, keep=1, revisions=0, dropped=dropped) == []
+    assert dropped[NOTHING_MET] == 1 and dropped[CONTENT_CHECK] > 0

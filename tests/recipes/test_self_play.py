@@ -66,9 +66,13 @@ def test_each_kind_s_program_computes_and_checks_the_answer() -> None:
     assert len(held_out(("arithmetic", "count"), 6, seed=1)) == 6
 
 
+FRESH = {"kind": "uppercase", "text": "tiger"}
+
+
 def test_only_the_tasks_at_the_edge_teach_the_agent() -> None:
     asked: list[str] = []
-    proposal = recipe().propose([], context([[EASY, HARD, EDGE, {"kind": "poem"}]], asked))
+    designs = [[EASY, HARD, EDGE, {"kind": "poem"}], [EDGE, FRESH]]
+    proposal = recipe().propose([], context(designs, asked))
     assert proposal is not None and proposal.kind == "harness"
     examples = [json.loads(line) for line in proposal.files["examples.jsonl"].splitlines()]
     assert examples == [
@@ -77,8 +81,10 @@ def test_only_the_tasks_at_the_edge_teach_the_agent() -> None:
     assert proposal.metrics["solve_rates"] == [1.0, 0.0, 0.5]
     assert proposal.metrics["designed"] == 4 and proposal.metrics["checkable"] == 3
     assert proposal.metrics["designer_reward"] == pytest.approx(1 / 3)
+    # Judged on a fresh round, never on the task whose answer the tree now shows.
     (gate_task,) = proposal.eval_tasks
-    assert gate_task.scorer.pattern == "enots"
+    assert gate_task.messages[0]["content"] == task_of(FRESH).prompt
+    assert proposal.metrics["gate_tasks"] == 1
     assert proposal.consumed_record_ids == []
 
 
@@ -86,8 +92,8 @@ def test_a_round_with_no_task_at_the_edge_proposes_nothing_and_the_designer_reme
     asked: list[str] = []
     playing = recipe()
     with pytest.raises(ProposalRefused, match=r"no designed task at the edge .*\[1.0, 0.0\]"):
-        playing.propose([], context([[EASY, HARD], [EDGE]], asked))
-    playing.propose([], context([[EASY, HARD], [EDGE]], asked))
+        playing.propose([], context([[EASY, HARD], [EDGE], [FRESH]], asked))
+    playing.propose([], context([[EASY, HARD], [EDGE], [FRESH]], asked))
     assert "(none yet)" in asked[0]
     assert "What is 2 + 3? Answer with the number only. solved 100% of the time" in asked[1]
     assert "solved 0% of the time" in asked[1]

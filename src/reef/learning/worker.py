@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +40,9 @@ from reef.artifacts import keep_serving_parts
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.engines import served_model_path
 from reef.episodes.gate import EPISODE_TASK_PREFIX
+from reef.evaluation.held_out import prompt_key, task_prompt
 from reef.evaluation.runner import Generate, TaskResult, model_generate
+from reef.evaluation.tasks import EvalTask
 from reef.inference.binding import Binding
 from reef.inference.model import Model
 from reef.learning.leases import LeaseKeeper
@@ -48,7 +52,7 @@ from reef.learning.trackers import track_candidate
 from reef.protocol import ChatRequest
 from reef.releases.chain import read_folder
 from reef.releases.workflow import ReleaseWorkflow
-from reef.sdk.recipe import Evaluated, ProposalRefused, Recipe, StepContext
+from reef.sdk.recipe import Evaluated, Proposal, ProposalRefused, Recipe, StepContext
 from reef.sdk.view import ExperienceView, Trajectory
 from reef.store import ExperienceStore
 from reef.store.candidates import AGENT_SOURCE, Candidate
@@ -77,6 +81,8 @@ class StepResult:
     # the learner pauses before trying again.
     retry_later: bool = False
     metric_calls: int = 0  # answers the step asked for to score (`MetricCalls`)
+    # What became of the signal: turns learned from, and dropped by reason (`signal_of`).
+    signal: dict[str, Any] = field(default_factory=dict)
 
 
 def not_ready(recipe: Recipe, waiting: int) -> tuple[str, bool]:
@@ -227,9 +233,13 @@ class LearningWorker:
             consumed=self.workflow.candidates.consumed_record_ids(scenario, source=recipe.name),
             head_number=head.number if head else 0,
             max_staleness=recipe.settings.max_staleness,
-            # Good answers are held back for the gate's replay only where a gate evaluates:
-            # under `always` nothing replays them, and a recipe would lose a sample in four.
-            hold_back_at=gate.replay_threshold if gate.replay and gate.policy != "always" else None,
+            # Good answers are held back for the gate's replay, and a share of the scored
+            # calls held out for its feedback tasks, only where a gate evaluates: under
+            # `always` nothing judges on them, and a recipe would lose them for nothing.
+            hold_back_at=gate.replay_threshold if gate.policy != "always" else None,
+            hold_back=gate.replay > 0,
+            hold_out=gate.held_out,
+            hold_out_seed=gate.seed,
         )
         counts = view.counts
         save_counts(self.store, scenario, counts.waiting, counts.consumed, counts.stale_skipped)
@@ -275,11 +285,12 @@ class LearningWorker:
         started = time.time()
         fence = self.leases.fence(scenario)  # the lease's generation as the step begins
         tally = MetricCalls()
+        dropped: Counter[str] = Counter()
         try:
             attributes = {"reef.scenario": scenario, "reef.recipe": recipe.name}
             with traced(self.workflow.tracing, "reef.learning.step", **attributes) as span:
                 result = await self._propose_and_gate(
-                    learner, view, instruction, tally, fence, provenance
+                    learner, view, instruction, tally, fence, provenance, dropped
                 )
                 set_on(
                     span,
@@ -294,6 +305,7 @@ class LearningWorker:
             log.warning("learning step of %s on %s failed: %s", recipe.name, scenario, detail)
         result.recipe = recipe.name
         result.metric_calls = tally.calls
+        result.signal = signal_of(view, dropped, result.signal.get("learned_from", 0))
         if automatic and result.outcome == "no proposal":
             learner.idle_at = seen
         await asyncio.to_thread(self._save_step, result, started, instruction)
@@ -337,6 +349,7 @@ class LearningWorker:
         tally: MetricCalls,
         fence: Callable[[], None] | None = None,
         provenance: dict[str, Any] | None = None,
+        dropped: Counter[str] | None = None,
     ) -> StepResult:
         scenario, recipe = learner.scenario, learner.recipe
         if await asyncio.to_thread(self.workflow.candidates.list, scenario, "canary"):
@@ -345,6 +358,8 @@ class LearningWorker:
         batch = recipe.build_batch(view)
         context = await asyncio.to_thread(self._context, scenario, recipe, instruction)
         context.anchors = anchors(view, batch)
+        if dropped is not None:
+            context.dropped = dropped
         tally.count_in(context)
         proposal = await asyncio.to_thread(recipe.propose, batch, context)
         if proposal is None:
@@ -369,14 +384,39 @@ class LearningWorker:
             candidate,
             tally.counting_gate(generate),
             on_task=tally.counting_gate_episodes(self.config.gate_for(scenario).episodes),
-            extra_tasks=proposal.eval_tasks,
+            extra_tasks=self._judged_on(recipe, view, batch, proposal),
             fence=fence,
         )
         log.info("%s: candidate %s %s: %s", scenario, gated.id, gated.state, gated.decision)
         await asyncio.to_thread(self._track, recipe, candidate, gated)
         return StepResult(
-            scenario, gated.state, gated.decision or "", gated.id, retry_later=gated.unjudged
+            scenario,
+            gated.state,
+            gated.decision or "",
+            gated.id,
+            retry_later=gated.unjudged,
+            signal={"learned_from": len(set(proposal.consumed_record_ids))},
         )
+
+    def _judged_on(
+        self, recipe: Recipe, view: ExperienceView, batch: list[Trajectory], proposal: Proposal
+    ) -> list[EvalTask]:
+        """The gate's tasks beside the scenario's: the proposal's own, but never one whose
+        prompt the step learned from (a recipe that judges itself on its training prompts
+        passes by remembering them), and the held-out calls' (`Recipe.held_out_tasks`), the
+        newest `gate.held_out_tasks`."""
+        learned = {prompt_key(turn.prompt) for t in batch for turn in t.turns}
+        own = [t for t in proposal.eval_tasks if prompt_key(task_prompt(t)) not in learned]
+        if len(own) < len(proposal.eval_tasks):
+            log.info(
+                "%s: %d of %s's gate task(s) dropped: it learned from their prompts",
+                view.scenario,
+                len(proposal.eval_tasks) - len(own),
+                recipe.name,
+            )
+        newest = self.config.gate_for(view.scenario).held_out_tasks
+        held = recipe.held_out_tasks(view.held_out)[-newest:] if newest else []
+        return [*own, *held]
 
     def _track(self, recipe: Recipe, proposed: Candidate, gated: Candidate) -> None:
         """The candidate's curves and its gate's decision, to `learning.trackers`."""
@@ -496,11 +536,22 @@ class LearningWorker:
             "candidate_id": result.candidate_id,
             "instruction": instruction,
             "metric_calls": result.metric_calls,
+            "detail": result.detail or None,
+            "signal": json.dumps(result.signal) if result.signal else None,
         }
         save_step(self.store, row)
 
 
 ANCHORS = 16  # questions outside the batch a step offers its recipe
+
+
+def signal_of(view: ExperienceView, dropped: Counter[str], learned_from: int) -> dict[str, Any]:
+    """What became of a step's signal: the calls its candidate learned from, those held out for
+    the gate, and those dropped, by reason (stale, and what its recipe could not learn from)."""
+    reasons = dict(dropped)
+    if view.counts.stale_skipped:
+        reasons["stale"] = view.counts.stale_skipped
+    return {"learned_from": learned_from, "held_out": view.counts.held_out, "dropped": reasons}
 
 
 def _lane(plan: LoadedPlan) -> Lane:

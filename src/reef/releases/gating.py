@@ -19,7 +19,8 @@ from reef.artifacts import ROUTING_FILE
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.engines import resolve_kind
 from reef.episodes.gate import judge_by_episodes
-from reef.errors import NotFound
+from reef.errors import NotFound, ReefError
+from reef.evaluation.held_out import leaked, shown_prompts
 from reef.evaluation.reference import Reference, best_released, hold_to
 from reef.evaluation.replay import replay_tasks
 from reef.evaluation.runner import (
@@ -82,6 +83,7 @@ class CandidateEvaluation:
         concurrency = gate_concurrency(self.config)
         chat = gate.episodes is None or gate.episodes.with_chat
         tasks = self.tasks(candidate.scenario, extra_tasks) if chat else []
+        refuse_shown(tasks, candidate.folder)
         report = await run_paired(
             tasks, current, proposed, generate, settings, on_task, concurrency
         )
@@ -171,6 +173,27 @@ def _routed_releases(candidate: Candidate) -> list[tuple[str, str, int]]:
             name, share = routed.get(arm.release, (arm.name, 0))
             routed[arm.release] = (name, max(share, arm.share))
     return [(name, release, share) for release, (name, share) in routed.items()]
+
+
+class GatePromptShown(ReefError):
+    """A candidate whose worked examples answer a prompt the gate would judge it on."""
+
+    status = 400
+    code = "gate_prompt_shown"
+
+
+def refuse_shown(tasks: list[EvalTask], folder: Path) -> None:
+    """Refuse a candidate whose worked examples (`examples.jsonl`) answer one of the gate's
+    prompts: it would pass that task by showing the answer, which says nothing of the next
+    user's question."""
+    shown = leaked(tasks, shown_prompts(folder))
+    if shown:
+        named = ", ".join(task.id for task in shown[:5])
+        more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+        raise GatePromptShown(
+            f"its worked examples answer {len(shown)} of the gate's prompts ({named}{more}): "
+            "a candidate is never judged on an answer it shows"
+        )
 
 
 def gate_concurrency(config: ReefConfig) -> int:

@@ -59,7 +59,7 @@ from reef.releases.chain import (
     scenario_of,
 )
 from reef.releases.gate import decide
-from reef.releases.gating import CandidateEvaluation
+from reef.releases.gating import CandidateEvaluation, GatePromptShown
 from reef.releases.housekeeping import Housekeeping, evaluator_running, mark_used
 from reef.releases.remote import RemoteUnreachable
 from reef.releases.shadowing import SHADOW
@@ -369,6 +369,9 @@ class ReleaseWorkflow:
         try:
             with self._rejected_on_cancel(candidate):
                 report = await self.evaluation.evaluate(candidate, generate, on_task, extra_tasks)
+        except GatePromptShown as shown:  # judged: what it shows is what it is
+            why = f"refused: {shown.message}"
+            return self._reject(candidate, ("evaluating",), why, None, judged=True)
         except Exception as error:  # nothing was published: the remote need not be asked
             why = f"evaluation failed: {_named(error)}"
             return self._end_evaluation(candidate, why, reconcile=False)

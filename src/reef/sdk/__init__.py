@@ -11,16 +11,19 @@ module only, so its names are the ones a recipe may rely on:
 - experience: `ExperienceView`, its `Trajectory`s and their `Turn`s;
 - evaluation: `EvalTask`, `ScorerSpec`, `score(spec, answer, task)` (an answer scored as the
   gate scores it), `FEEDBACK_GROUP` (the group of a recipe's own tasks),
-  `failing_prompts` (the prompts a recipe learned from failing, as a proposal's extra tasks),
+  `failing_prompts` (failing prompts as eval tasks: the worker drops any a step learned from,
+  and judges on the held-out calls', `Recipe.held_out_tasks`), `wrong_fact` (what a program
+  can check is wrong in an answer: arithmetic),
   `Evaluated` (a candidate's scores, for recipes that search); `PromptSearch` and its
   `PromptSearchSettings`, the base of the recipes that score harness trees on a batch's scored
   prompts or, with `EpisodeSearch`, on episodes (`gepa`, `meta_harness`, `skills`), its
   `SearchTask`s, with `has_score`;
 - hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
   words, or else the user's next message), `relabel` (an answer that meets the feedback and
-  still answers the question), `with_hint`, `asking` (the proposer model as the model that
-  revises), `content_judge_for` (the model that says whether a rewrite still answers, for a
-  recipe's `content_check`);
+  still answers the question and keeps to facts, `facts_kept`), `with_hint`, the reasons a step
+  drops signal for (`CONTENT_CHECK`, `NOTHING_MET`, `NO_FEEDBACK_TEXT`, for `StepContext.drop`),
+  `asking` (the proposer model as the model that revises), `content_judge_for` (the model that
+  says whether a rewrite still answers, for a recipe's `content_check`);
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
   `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
@@ -47,6 +50,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, files_of
+from reef.evaluation.facts import wrong_fact
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.harness.mutations import EDITABLE, Mutation
@@ -56,11 +60,15 @@ from reef.harness.mutations import check as check_mutation
 from reef.inference.model import answer_text
 from reef.protocol import Completion, message_text
 from reef.sdk.hindsight import (
+    CONTENT_CHECK,
+    NO_FEEDBACK_TEXT,
+    NOTHING_MET,
     Generate,
     Relabelled,
     asking,
     content_judge_for,
     demonstrations,
+    facts_kept,
     feedback_of,
     hints,
     relabel,
@@ -148,9 +156,12 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ADAPTER",
     "CHECKPOINT",
+    "CONTENT_CHECK",
     "EDITABLE",
     "FEEDBACK_GROUP",
     "HARNESS",
+    "NOTHING_MET",
+    "NO_FEEDBACK_TEXT",
     "BaseWeights",
     "Completion",
     "DistillExample",
@@ -193,6 +204,7 @@ __all__ = [
     "distill_example",
     "distillation",
     "encode_completion",
+    "facts_kept",
     "failing_prompts",
     "feedback_of",
     "files_of",
@@ -216,4 +228,5 @@ __all__ = [
     "training_length",
     "training_source",
     "with_hint",
+    "wrong_fact",
 ]

@@ -18,7 +18,11 @@ the same path (`relabel`). Candidates, in order:
 - **samples**: the question asked again with the feedback beside the user's message (small
   models follow text there far better than in a system prompt), `samples` times, the first greedy.
 
-A candidate is kept when it still answers the question: beyond the feedback's own words, it says
+A candidate is kept first when it keeps to facts (`facts_kept`): it says something beyond the
+question's and the feedback's words, and nothing a program finds wrong (an arithmetic statement
+that does not hold, a wrong result to an arithmetic question: `reef.evaluation.facts`), since
+the feedback asked for a form, not for the content the model got wrong. Then when it still
+answers the question: beyond the feedback's own words, it says
 something, and mostly what the question or the first answer said (`answers_the_question`, with
 `evaluation.content.grounded`): "Sure!" alone meets "start with Sure" and says nothing, "Sure!
 Paris." keeps the answer. Words hold only within one language ("Le ciel est bleu." shares none
@@ -37,12 +41,14 @@ from __future__ import annotations
 
 import re
 import string
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Any, Literal
 
 from reef.evaluation.content import content_words, grounded
+from reef.evaluation.facts import wrong_fact
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import Completion, message_text
@@ -221,6 +227,21 @@ def accepted(
     return bool(answer.strip()) and follows(judge, answer, turn, hint)
 
 
+CONTENT_CHECK = "content check"  # why a relabelled answer was dropped (`StepContext.drop`)
+NOTHING_MET = "no answer met the scorer"  # why a turn with feedback taught nothing
+NO_FEEDBACK_TEXT = "no feedback text"  # a failing turn nobody said anything about
+
+
+def facts_kept(answer: str, turn: Turn, hint: str) -> bool:
+    """Whether a relabelled answer keeps to facts as far as a program can tell: it says
+    something beyond the question's and the feedback's own words ("ice made of is ice." to
+    "What is ice made of?" says nothing), and nothing a checker finds wrong ("10 minus 4 = 2",
+    `reef.evaluation.facts`). Hindsight may change the form the feedback asked for, never
+    teach content the model got wrong."""
+    beyond = says_more_than(answer, f"{hint} {turn.prompt}")
+    return beyond and wrong_fact(turn.prompt, answer) is None
+
+
 def keeps(
     answer: str,
     turn: Turn,
@@ -229,10 +250,13 @@ def keeps(
     reviser: Generate,
     content_judge: Generate | None = None,
 ) -> bool:
-    """Whether `relabel` keeps `answer`: it still answers the question and meets the feedback.
-    Whether it answers is judged by words (`answers_the_question`) or, with a `content_judge`,
-    by that model (it says more than the feedback, and the judge says it answers: the check
-    that holds in another language than the question's). Cheap checks first, models last."""
+    """Whether `relabel` keeps `answer`: it keeps to facts (`facts_kept`), still answers the
+    question and meets the feedback. Whether it answers is judged by words
+    (`answers_the_question`) or, with a `content_judge`, by that model (it says more than the
+    feedback, and the judge says it answers: the check that holds in another language than the
+    question's). Cheap checks first, models last."""
+    if not facts_kept(answer, turn, hint):
+        return False
     if content_judge is None:
         return answers_the_question(answer, turn, hint) and accepted(
             scorer, reviser, answer, turn, hint
@@ -420,17 +444,24 @@ def relabel(
     revisions: int = 2,
     reviser: Generate | None = None,
     content_judge: Generate | None = None,
+    dropped: Counter[str] | None = None,
 ) -> list[Relabelled]:
     """Up to `keep` distinct answers per turn with feedback (`feedback_of`: its reports' words,
     else the user's next message) that still answer the question and meet the feedback: edits
     of the first answer (with a scorer), then `revisions` rewrites by `reviser` (default: the
     `generate` model), then `samples` answers of `generate` under the hint; each asked only
     while fewer than `keep` are kept. Without a scorer, the reviser judges (`follows`). Whether
-    a candidate still answers is judged by words, or by `content_judge` when given (`keeps`)."""
+    a candidate still answers is judged by words, or by `content_judge` when given (`keeps`).
+    `dropped` counts what taught nothing, by reason: answers that failed `facts_kept`, turns
+    with no kept answer, turns with no feedback text."""
     reviser = reviser or generate
+    dropped = Counter() if dropped is None else dropped
     kept: list[Relabelled] = []
     for turn in turns:
-        for hint in feedback_of(turn)[:1]:
+        said = feedback_of(turn)[:1]
+        if not said:
+            dropped[NO_FEEDBACK_TEXT] += 1
+        for hint in said:
             found = candidates(
                 turn, hint, generate, reviser, scorer, samples, revisions, temperature, max_tokens
             )
@@ -438,12 +469,17 @@ def relabel(
             for candidate in found:
                 if candidate.answer in answers or candidate.answer == turn.answer_text.strip():
                     continue  # a repeat, or the very answer the feedback found wanting
+                if not facts_kept(candidate.answer, turn, hint):
+                    dropped[CONTENT_CHECK] += 1
+                    continue
                 if not keeps(candidate.answer, turn, hint, scorer, reviser, content_judge):
                     continue
                 answers.add(candidate.answer)
                 kept.append(candidate)
                 if len(answers) >= keep:
                     break
+            if not answers:
+                dropped[NOTHING_MET] += 1
     return kept
 
 

@@ -29,7 +29,6 @@ from reef.sdk.recipe import (
     RecipeError,
     RecipeSettings,
     StepContext,
-    failing_prompts,
 )
 from reef.sdk.view import ExperienceView, Trajectory, Turn
 
@@ -134,12 +133,12 @@ class PromptSearch(Recipe):
         said = "the task's test checks the result (its output follows each run)"
         return [SearchTask(task.instruction.strip(), said, episode=task) for task in tasks]
 
-    def gate_tasks(self, turns: list[Turn]) -> list[EvalTask]:
-        """The proposal's extra gate tasks: the failing prompts, on chat tasks (an episode
-        search leaves judging to the scenario's gate, whose episodes it names)."""
+    def held_out_tasks(self, turns: list[Turn]) -> list[EvalTask]:
+        """The held-out calls the gate judges on, on chat tasks (an episode search leaves
+        judging to the scenario's gate, whose episodes it names)."""
         if self.settings.episodes is not None:
             return []
-        return failing_prompts([t for t in turns if self.failing(t)], self.settings.scorer)
+        return super().held_out_tasks(turns)
 
     def answer(
         self, context: StepContext, tree: dict[str, bytes], task: SearchTask

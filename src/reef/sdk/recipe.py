@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef.artifacts import files_of
 from reef.errors import ReefError, describe_validation_error
+from reef.evaluation.held_out import HELD_OUT_PREFIX
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.protocol import Completion
 from reef.sdk.view import ExperienceView, Trajectory, Turn
@@ -124,6 +126,15 @@ class StepContext:
     # The messages of the scenario's latest calls outside the batch, newest first: questions on
     # which a recipe can keep the agent answering as it does (replay against forgetting).
     anchors: list[list[dict[str, Any]]] = field(default_factory=list)
+    # What the step dropped of its signal, by reason (`drop`): shown as the scenario's signal
+    # yield in `reef status`, so a user sees why feedback did not reach a candidate.
+    dropped: Counter[str] = field(default_factory=Counter)
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        """Count `count` turns or answers of the batch the step could not learn from, and why
+        ("no feedback text", "no answer met the scorer", "content check", ...)."""
+        if count > 0:
+            self.dropped[reason] += count
 
     def files_of(self, part: str) -> dict[str, bytes]:
         """The current release's files of one part: `harness` (the tree a harness recipe
@@ -145,14 +156,18 @@ class Proposal:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def failing_prompts(turns: list[Turn], scorer: ScorerSpec | None) -> list[EvalTask]:
-    """The prompts of `turns` (those a recipe learned from failing) as a proposal's extra eval
-    tasks, scored by `scorer`, in the `FEEDBACK_GROUP`; none without a scorer."""
+def failing_prompts(
+    turns: list[Turn], scorer: ScorerSpec | None, prefix: str = "failing:"
+) -> list[EvalTask]:
+    """The prompts of failing `turns` as eval tasks, scored by `scorer`, in the
+    `FEEDBACK_GROUP`; none without a scorer. The gate judges a recipe on the held-out calls'
+    (`Recipe.held_out_tasks`); a proposal's own tasks made of the prompts it learned from are
+    dropped by the worker: a candidate is never judged on what it was built from."""
     if scorer is None:
         return []
     return [
         EvalTask(
-            id=f"failing:{turn.record_id}",
+            id=f"{prefix}{turn.record_id}",
             messages=turn.messages,
             scorer=scorer,
             group=FEEDBACK_GROUP,
@@ -188,6 +203,15 @@ class Recipe:
         """A candidate artifact built from the batch, or None to propose nothing this step
         (raise ProposalRefused to say why)."""
         raise NotImplementedError
+
+    def held_out_tasks(self, turns: list[Turn]) -> list[EvalTask]:
+        """The gate's tasks from the held-out calls (`ExperienceView.held_out`, which no recipe
+        learns from): those scored below the recipe's `threshold` (default 0.5), scored by its
+        `scorer`; none for a recipe without one (nothing could judge them)."""
+        scorer = getattr(self.settings, "scorer", None)
+        threshold = getattr(self.settings, "threshold", 0.5)
+        failing = [turn for turn in turns if turn.score is not None and turn.score < threshold]
+        return failing_prompts(failing, scorer, prefix=HELD_OUT_PREFIX)
 
 
 def recipe_class(reference: str, base_dir: Path | None = None) -> type[Recipe]:

@@ -12,7 +12,10 @@ Every recipe gets the same processing:
 - **staleness**: with `max_staleness: N`, records served more than N releases before the
   current head are skipped and counted;
 - **held back**: one in four good answers (see `evaluation.replay`) is kept out of learning, so
-  that the gate can ask a candidate those questions again.
+  that the gate can ask a candidate those questions again;
+- **held out**: a share of the prompts users scored low (`gate.held_out`, see
+  `evaluation.held_out`) is kept out of learning too, in `held_out`: the gate judges a recipe's
+  candidates on them, prompts it never saw.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from reef.evaluation.held_out import held_out
 from reef.evaluation.replay import good, held_back, trains
 from reef.protocol import message_text
 from reef.store import ExperienceStore
@@ -83,6 +87,7 @@ class ExperienceCounts:
     consumed: int = 0
     stale_skipped: int = 0
     held_back: int = 0
+    held_out: int = 0
 
 
 class ExperienceView:
@@ -96,18 +101,30 @@ class ExperienceView:
         head_number: int = 0,
         max_staleness: int | None = None,
         hold_back_at: float | None = None,
+        hold_back: bool = True,
+        hold_out: float = 0.0,
+        hold_out_seed: int = 0,
     ) -> None:
         """`hold_back_at`: the score at which a good answer may be held back for the gate's
-        replay (None: none is)."""
+        replay (unless not `hold_back`), and below which a call fails (None: none is held back
+        or out); `hold_out`: the
+        share of failing prompts kept out for the gate (`held_out`), chosen with
+        `hold_out_seed`."""
         self.scenario = scenario
         self.counts = ExperienceCounts()
+        self.held_out: list[Turn] = []  # scored calls no recipe learns from, oldest first
         records = _deduplicated(_all_records(store, scenario))
         fresh = []
         for record in records:
             if record["id"] in consumed:
                 self.counts.consumed += 1
-            elif hold_back_at is not None and _held_back(record, hold_back_at):
+            elif hold_back and hold_back_at is not None and _held_back(record, hold_back_at):
                 self.counts.held_back += 1
+            elif hold_back_at is not None and _held_out(
+                record, hold_back_at, hold_out, hold_out_seed
+            ):
+                self.counts.held_out += 1
+                self.held_out.append(_turn(record))
             elif (
                 max_staleness is not None
                 and head_number - _number(record["release_id"]) > max_staleness
@@ -143,6 +160,14 @@ class ExperienceView:
 def _held_back(record: dict[str, Any], threshold: float) -> bool:
     outside_sessions = record.get("session") is None
     return outside_sessions and held_back(record["id"]) and good(record, threshold)
+
+
+def _held_out(record: dict[str, Any], threshold: float, share: float, seed: int) -> bool:
+    """A failing call outside sessions whose prompt is one of the held-out share."""
+    scored = any(r.get("score") is not None and trains(r) for r in record.get("reports", []))
+    if not scored or record.get("session") is not None or good(record, threshold):
+        return False
+    return held_out(_turn(record).prompt, share, seed)
 
 
 def _all_records(store: ExperienceStore, scenario: str) -> list[dict[str, Any]]:

@@ -151,6 +151,8 @@ def learning_status(store: ExperienceStore) -> dict[str, Any]:
                 "metric_calls": row["spent"],
                 "last_step": _step(row),
             }
+    for scenario, found in signal_yield(store).items():
+        status.setdefault(scenario, {})["signal"] = found
     for name, lease in lease_holders(store).items():
         kind, _, scenario = name.partition(":")
         if kind == "learner":  # which worker learns on it, of all sharing the store
@@ -176,12 +178,36 @@ def _step(row: dict[str, Any]) -> dict[str, Any]:
         "recipe": row["recipe"],
         "outcome": row["outcome"],
         "error": row["error"],
+        # Why it ended so: a step that proposed nothing, or whose gate decided, says why.
+        "detail": row["detail"],
         "candidate_id": row["candidate_id"],
         "finished_at": row["finished_at"],
         "metric_calls": row["metric_calls"] or 0,
         # A training recipe's loss per step, when its candidate recorded one.
         "loss": metrics.get("loss") if isinstance(metrics, dict) else None,
     }
+
+
+def signal_yield(store: ExperienceStore) -> dict[str, dict[str, Any]]:
+    """Per scenario, what became of the feedback: reports received, calls a candidate learned
+    from (`learned_from`, summed over steps), calls held out for the gate now (the newest step's
+    count), and turns dropped by reason over its steps (a turn a step could not learn from is
+    counted at each step that tried)."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in store.query("SELECT scenario, COUNT(*) AS n FROM reports GROUP BY scenario"):
+        found[row["scenario"]] = {"reports": row["n"], "learned_from": 0, "dropped": {}}
+    for row in store.query(
+        "SELECT scenario, signal FROM learning_steps WHERE signal IS NOT NULL ORDER BY seq"
+    ):
+        signal = json.loads(row["signal"])
+        totals = found.setdefault(
+            row["scenario"], {"reports": 0, "learned_from": 0, "dropped": {}}
+        )
+        totals["learned_from"] += int(signal.get("learned_from") or 0)
+        totals["held_out"] = int(signal.get("held_out") or 0)
+        for reason, count in (signal.get("dropped") or {}).items():
+            totals["dropped"][reason] = totals["dropped"].get(reason, 0) + int(count)
+    return found
 
 
 def save_annotation(

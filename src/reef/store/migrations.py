@@ -316,6 +316,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE learning_steps ADD COLUMN metric_calls INTEGER;
         """,
     ),
+    (
+        "0022_learning_steps_detail_signal",
+        # Why a step ended as it did (a step that proposed nothing says why), and what became of
+        # its signal (learned from, held out, dropped by reason), as JSON.
+        """
+        ALTER TABLE learning_steps ADD COLUMN detail TEXT;
+        ALTER TABLE learning_steps ADD COLUMN signal TEXT;
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.

@@ -1,0 +1,36 @@
+"""What a program checks of an answer's facts: arithmetic statements, and the result an
+arithmetic question asks for."""
+
+from __future__ import annotations
+
+import pytest
+
+from reef.evaluation.facts import expected_result, wrong_claims, wrong_fact
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "wrong"),
+    [
+        ("What is 10 minus 4?", "10 minus 4 = 2\n\nCheers", "says 10 minus 4 = 2 (it is 6)"),
+        ("What is 5+5?", "Four.", "does not give the result 10"),
+        ("What is 5+5?", "5 + 5 = 10. Cheers", None),
+        ("What is 10 minus 4?", "Six.\n\nCheers", None),
+        ("What is 3 times 4?", "3 times 4 is 12", None),
+        ("What is 2-3?", "2 - 3 = -1", None),
+        ("What is 7 * 8?", "It is 56, since 7 x 8 makes 56.", None),
+        ("What is 12 divided by 4?", "12 / 4 = 4", "says 12 / 4 = 4 (it is 3)"),
+        ("What is the capital of France?", "Paris. Cheers", None),  # nothing to check
+        ("Name a year.", "2020-12-01, a Tuesday.", None),  # a date is not a subtraction
+        ("How many legs does a cat have?", "A cat has 4 legs: 2 x 2 is 5.", "says 2 x 2 is 5"),
+    ],
+)
+def test_what_a_program_can_check_is_checked(question: str, answer: str, wrong: str | None) -> None:
+    found = wrong_fact(question, answer)
+    assert found == wrong if wrong is None else (found or "").startswith(wrong)
+
+
+def test_an_answer_without_numbers_to_an_arithmetic_question_says_nothing_checkable() -> None:
+    assert wrong_fact("What is 5+5?", "I would rather not say.") is None
+    assert expected_result("What is 10 minus 4?") == 6
+    assert expected_result("Is 3 + 4 more than 2 + 2?") is None  # two expressions: not one result
+    assert wrong_claims("1,000 + 1 = 1,001 and 7 / 0 = 1") == []  # thousands; no division by zero

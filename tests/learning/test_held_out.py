@@ -1,0 +1,104 @@
+"""The gate judges a recipe on what it never learned from: held-out failing prompts never reach
+a recipe and become its gate's tasks; a proposal's own tasks made of the prompts it learned from
+are dropped; a candidate whose worked examples answer a gate prompt is refused. On a scripted
+engine, real SQLite and a real git chain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from reef.config import load_config
+from reef.evaluation.held_out import held_out
+from reef.evaluation.runner import model_generate
+from reef.inference.model import LocalModel
+from reef.learning.plans import LoadedPlan
+from reef.learning.worker import LearningWorker
+from reef.releases.workflow import ReleaseWorkflow
+from reef.sdk.recipe import Proposal, Recipe, RecipeSettings, StepContext, failing_prompts
+from reef.sdk.view import ExperienceView, Trajectory
+from reef.store import ExperienceStore
+from reef.store.learning import learning_status
+from reef.testing.scripted_engine import ScriptedEngine
+from reef.testing.scripted_user import eval_tasks
+from tests.learning.test_learning_worker import scored_call
+
+LEARNED = "Hi"  # not of the held-out share (gate.seed 0, share 0.25)
+HELD = "What is the capital of France?"  # of it
+FORMAL = {"type": "regex", "pattern": "Good day"}
+
+
+class Greeter(RecipeSettings):
+    scorer: dict = FORMAL  # type: ignore[type-arg]
+
+
+class GreetFormally(Recipe):
+    """Proposes a formal greeting, and asks to be judged on the very prompts it learned from,
+    as gepa, meta_harness and skills did."""
+
+    name = "greet_formally"
+    Settings = Greeter
+
+    def __init__(self, settings: RecipeSettings) -> None:
+        super().__init__(settings)
+        self.seen: list[str] = []
+
+    def ready(self, view: ExperienceView) -> bool:
+        return bool(view.turns())
+
+    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal:
+        turns = [turn for trajectory in batch for turn in trajectory.turns]
+        self.seen.extend(turn.prompt for turn in turns)
+        consumed = [turn.record_id for turn in turns]
+        tasks = failing_prompts(turns, self.settings.scorer)  # type: ignore[attr-defined]
+        return Proposal("harness", {"AGENTS.md": b"Say Good day."}, self.name, consumed, tasks)
+
+
+def test_held_out_prompts_never_reach_a_recipe_and_are_what_its_gate_judges(
+    tmp_path: Path,
+) -> None:
+    assert held_out(HELD, 0.25) and not held_out(LEARNED, 0.25)
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals/default.jsonl").write_text(eval_tasks(["Bye"], "."))
+    (tmp_path / "reef.yaml").write_text(f"state_dir: {tmp_path}/.reef\ngate:\n  max_tokens: 4\n")
+    config = load_config(tmp_path / "reef.yaml", env={})
+    store = ExperienceStore(config.experience_db)
+    recipe = GreetFormally(Greeter())
+    plan = LoadedPlan("default", "auto", [recipe])
+    learner = LearningWorker(config, store, LocalModel(ScriptedEngine("Hey.")), plans=[plan])
+    learned = scored_call(store, LEARNED, "Yo", 0.0, "greet me formally")
+    held = scored_call(store, HELD, "Rome.", 0.0, "wrong")
+
+    view = learner.view("default", recipe)
+    assert [turn.record_id for turn in view.turns()] == [learned]
+    assert [turn.record_id for turn in view.held_out] == [held] and view.counts.held_out == 1
+    step = asyncio.run(learner.step("default"))
+    assert recipe.seen == [LEARNED]  # the held-out prompt never reached it
+
+    candidate = learner.workflow.candidates.get(step.candidate_id or "")
+    judged = [result["task_id"] for result in candidate.evaluation["results"]]
+    assert f"held-out:{held}" in judged
+    assert f"failing:{learned}" not in judged  # its own task on a prompt it learned from
+    signal = learning_status(store)["default"]["signal"]
+    assert signal["reports"] == 2 and signal["learned_from"] == 1 and signal["held_out"] == 1
+    store.close()
+
+
+def test_a_candidate_whose_examples_answer_a_gate_prompt_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals/default.jsonl").write_text(eval_tasks(["What is 10 minus 4?", "Bye"], "6"))
+    (tmp_path / "reef.yaml").write_text(f"state_dir: {tmp_path}/.reef\n")
+    config = load_config(tmp_path / "reef.yaml", env={})
+    with ExperienceStore(config.experience_db) as store:
+        workflow = ReleaseWorkflow(config, store)
+        shown = {"user": "what is 10  MINUS 4?", "assistant": "6"}
+        files = {"examples.jsonl": (json.dumps(shown) + "\n").encode()}
+        candidate = workflow.propose("default", "harness", files)
+        generate = model_generate(
+            LocalModel(ScriptedEngine("6")), workflow.eval_settings("default")
+        )
+        gated = asyncio.run(workflow.gate(candidate, generate))
+    assert gated.state == "rejected"
+    assert gated.decision.startswith("refused: its worked examples answer 1 of the gate's prompts")
+    assert workflow.chain.head("default") is None
