@@ -293,7 +293,10 @@ async def test_scenarios_help_palette_and_a_small_terminal(
         await switch_tab(pilot, "2", "scenarios")
         await until(pilot, lambda: table(app, "scenarios").ordered_keys() == ["default"])
         row = table(app, "scenarios").get_row("default")
-        assert row[1:6] == ["default@1", "default@1", "2", "2", "0.50"]
+        assert row[1:6] == ["default@1", "default@1", "2", "2", "1/2 50% [9%-91%]"]
+        # Is it learning: each release's live pass rate, with its interval.
+        progress = app.query_one("#releases-progress", KeyedTable)
+        assert progress.get_row("default/default@1")[1:4] == ["default@1", "2", "1/2 50% [9%-91%]"]
         assert app.query_one("#curve-default")
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen))

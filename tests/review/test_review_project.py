@@ -181,6 +181,9 @@ def test_scenarios_and_releases(workflow: ReleaseWorkflow) -> None:
     )
     assert (summary.records, summary.reports, summary.waiting) == (2, 2, 1)
     assert summary.recent_mean == 0.5 and [p.score for p in summary.scores] == [1.0, 0.0]
+    (served,) = summary.releases  # the two calls default@1 answered, one passed
+    assert served["release_id"] == "default@1" and served["served"] == 2
+    assert (served["reports"]["passed"], served["reports"]["count"]) == (1, 2)
     (release,) = queries.release_rows(workflow)
     assert release.release_id == "default@1" and release.serving and release.candidate_mean == 1.0
     assert "+You are terse." in queries.release_diff(workflow, "default@1")

@@ -9,6 +9,7 @@ from reef.cli import (
     import_command,
     init_command,
     learning_commands,
+    learning_curve_command,
     model_commands,
     release_commands,
     review_command,
@@ -36,6 +37,7 @@ app.command("train")(learning_commands.train)
 app.command("review")(review_command.review)
 app.add_typer(release_commands.app, name="release")
 app.add_typer(learning_commands.recipe_app, name="recipe")
+app.add_typer(learning_curve_command.app, name="learning")
 app.add_typer(store_commands.app, name="store")
 app.add_typer(model_commands.app, name="model")
 app.add_typer(tasks_command.app, name="tasks")

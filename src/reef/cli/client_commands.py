@@ -87,9 +87,15 @@ def status(
             name, serving.get(name, "base"), str(counts["records"]), str(counts["reports"])
         )
     console.print(table)
-    learning = _learning_table(data.get("learning", {}).get("scenarios", {}))
+    scenarios = data.get("learning", {}).get("scenarios", {})
+    learning = _learning_table(scenarios)
     if learning.row_count:
         console.print(learning)
+    progress = _progress_table(scenarios)
+    if progress.row_count:
+        console.print(progress)
+    for line in _signal_lines(scenarios):
+        console.print(line, highlight=False, markup=False)
 
 
 def _learning_table(scenarios: dict[str, Any]) -> Table:
@@ -104,13 +110,56 @@ def _learning_table(scenarios: dict[str, Any]) -> Table:
             step = recipes.get(configured["name"], {})
             last = step.get("last_step") or {}
             outcome = str(last.get("outcome", "-"))
-            if last.get("error"):
-                outcome += f": {last['error']}"
+            if last.get("error") or last.get("detail"):
+                outcome += f": {last.get('error') or last['detail']}"
             steps = str(step.get("steps", 0))
             learner = str(found.get("learner") or "-")
             row = (name, found.get("mode", ""), learner, configured["recipe"], steps, outcome)
             table.add_row(*row)
     return table
+
+
+def _progress_table(scenarios: dict[str, Any]) -> Table:
+    """Is it learning: each release's live pass rate, users' reports and the recipe's scorer,
+    each as passed/calls, the rate and its 95% interval."""
+    table = Table("scenario", "release", "served", "reports passed", "scorer accepts")
+    table.title = "live pass rate per release (95% interval)"
+    for name, found in sorted(scenarios.items()):
+        for release in found.get("progress") or []:
+            table.add_row(
+                name,
+                release["release_id"],
+                str(release["served"]),
+                _rate(release["reports"]),
+                _rate(release["scorer"]),
+            )
+    return table
+
+
+def _rate(found: dict[str, Any] | None) -> str:
+    if not found or not found["count"]:
+        return "-"
+    rate = found["passed"] / found["count"]
+    return (
+        f"{found['passed']}/{found['count']} {rate:.0%} "
+        f"[{found['low']:.0%}-{found['high']:.0%}]"
+    )
+
+
+def _signal_lines(scenarios: dict[str, Any]) -> list[str]:
+    """What became of each scenario's feedback: reports, learned from, held out, dropped."""
+    lines = []
+    for name, found in sorted(scenarios.items()):
+        signal = found.get("signal")
+        if not signal:
+            continue
+        dropped = ", ".join(f"{n} {why}" for why, n in sorted(signal["dropped"].items()))
+        lines.append(
+            f"signal {name}: {signal['reports']} report(s), {signal['learned_from']} call(s) "
+            f"learned from, {signal.get('held_out', 0)} held out for the gate, dropped: "
+            f"{dropped or 'none'}"
+        )
+    return lines
 
 
 def _remote_line(remote: dict[str, Any]) -> str:

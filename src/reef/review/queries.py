@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reef.errors import ReefError
+from reef.evaluation.live import ReleaseProgress, live_progress, recipe_scorer
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.learning.trackers import run_folder
 from reef.protocol import last_user_text, response_text
@@ -73,9 +74,16 @@ def scenario_summaries(
                 last_step=steps.get(name, {}).get("last_step"),
                 scores=scores,
                 switches=_switches(workflow, head, scores),
+                releases=[r.to_json() for r in _progress(workflow, name)],
             )
         )
     return summaries
+
+
+def _progress(workflow: ReleaseWorkflow, scenario: str) -> list[ReleaseProgress]:
+    config = workflow.config
+    threshold = config.gate_for(scenario).replay_threshold
+    return live_progress(_store(workflow), scenario, threshold, recipe_scorer(config, scenario))
 
 
 def score_points(store: ExperienceStore, scenario: str) -> list[ScorePoint]:

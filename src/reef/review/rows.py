@@ -40,6 +40,13 @@ class ScenarioSummary:
     last_step: dict[str, Any] | None
     scores: list[ScorePoint] = field(default_factory=list)
     switches: list[tuple[float, str]] = field(default_factory=list)  # (time, release id)
+    # Each release's live pass rates (`reef.evaluation.live.ReleaseProgress.to_json`).
+    releases: list[dict[str, Any]] = field(default_factory=list)
+
+    def pass_rate_of(self, release_id: str) -> dict[str, Any] | None:
+        """The live pass rate of users' reports on `release_id`'s calls, if it served any."""
+        found = next((r for r in self.releases if r["release_id"] == release_id), None)
+        return found["reports"] if found else None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScenarioSummary:

@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reef.engines.base import ServesChildMetrics, Slotted
 from reef.errors import BadRequest, ReefError, Unauthorized
+from reef.evaluation.live import learning_progress
 from reef.server.auth import provided_token
 from reef.server.metrics import PREFIX
 from reef.server.state import ServerState
@@ -43,6 +44,7 @@ from reef.store.learning import (
     candidate_totals,
     learning_counts,
     newest_candidate_metrics,
+    signal_yield,
     step_totals,
 )
 from reef.store.writer import Buckets
@@ -284,6 +286,7 @@ class LearningCollector:
         yield from (steps, seconds)
         yield from self._candidates(store)
         yield from self._status(store)
+        yield from self._progress(store)
 
     def _candidates(self, store: ExperienceStore) -> Iterator[Metric]:
         candidates = GaugeMetricFamily(
@@ -337,6 +340,45 @@ class LearningCollector:
             if value is not None:
                 loss.add_metric([row["scenario"], row["source"] or ""], value)
         yield loss
+
+
+    def _progress(self, store: ExperienceStore) -> Iterator[Metric]:
+        """Is it learning: each release's live pass rate and its calls, by signal (users'
+        reports, the recipe's scorer); and what became of the feedback (`signal_yield`)."""
+        rate = GaugeMetricFamily(
+            f"{PREFIX}live_pass_rate",
+            "Share of a release's live calls that passed (reports: mean score at or above the "
+            "gate's replay_threshold; scorer: the recipe's scorer accepts the answer)",
+            labels=["scenario", "release", "signal"],
+        )
+        calls = GaugeMetricFamily(
+            f"{PREFIX}live_pass_rate_calls",
+            "The calls each live pass rate is over",
+            labels=["scenario", "release", "signal"],
+        )
+        for scenario, releases in learning_progress(store, self.state.config).items():
+            for release in releases:
+                for signal, found in (("reports", release.reports), ("scorer", release.scorer)):
+                    if found is None or not found.count:
+                        continue
+                    labels = [scenario, release.release_id, signal]
+                    rate.add_metric(labels, found.passed / found.count)
+                    calls.add_metric(labels, found.count)
+        learned = GaugeMetricFamily(
+            f"{PREFIX}learning_signal_learned_from",
+            "Calls the scenario's candidates learned from, over its steps",
+            labels=["scenario"],
+        )
+        dropped = GaugeMetricFamily(
+            f"{PREFIX}learning_signal_dropped",
+            "Turns or answers the scenario's steps could not learn from, by reason",
+            labels=["scenario", "reason"],
+        )
+        for scenario, totals in signal_yield(store).items():
+            learned.add_metric([scenario], totals["learned_from"])
+            for reason, count in sorted(totals["dropped"].items()):
+                dropped.add_metric([scenario, reason], count)
+        yield from (rate, calls, learned, dropped)
 
 
 def _last_loss(metrics: str | None) -> float | None:

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from reef.config import ReefConfig
 from reef.engines.base import Slotted
 from reef.errors import BadRequest, Conflict, NotFound
+from reef.evaluation.live import learning_progress
 from reef.inference.binding import Binding
 from reef.inference.routing import Routing
 from reef.releases.canary import running_canary_of
@@ -239,6 +240,8 @@ def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
     """The store's counts and the learning worker's status (blocking: reads the store, and
     loads the configured recipes for their names)."""
     learning = _with_plans(state.config, state.scenarios, learning_status(state.store))
+    for scenario, releases in learning_progress(state.store, state.config).items():
+        learning.setdefault(scenario, {})["progress"] = [r.to_json() for r in releases]
     return state.store.stats(), learning
 
 

@@ -1,10 +1,14 @@
-"""Each scenario: what serves, its traffic and feedback, the learning worker, a score curve."""
+"""Each scenario: what serves, its traffic and feedback, the learning worker, a score curve, and
+each release's live pass rate (is it learning?)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
+from reef.evaluation.live import PassRate
 from reef.review.rows import ScenarioSummary
 from reef.review.source import ReviewSource
 from reef.tui.screens.pane import Pane
@@ -18,10 +22,11 @@ COLUMNS = (
     "serving",
     "records",
     "reports",
-    "recent score",
+    "serving passes",
     "waiting",
     "learning",
 )
+RELEASE_COLUMNS = ("scenario", "release", "served", "reports passed", "scorer accepts")
 
 
 def scenario_cells(summary: ScenarioSummary) -> list[Cell]:
@@ -31,10 +36,34 @@ def scenario_cells(summary: ScenarioSummary) -> list[Cell]:
         summary.serving,
         str(summary.records),
         str(summary.reports),
-        cells.score(summary.recent_mean),
+        pass_rate(summary.pass_rate_of(summary.serving)),
         str(summary.waiting),
         _last_step(summary.last_step),
     ]
+
+
+def release_rows(summary: ScenarioSummary) -> list[tuple[str, list[Cell]]]:
+    """One row per release that served the scenario's calls, base first."""
+    return [
+        (
+            f"{summary.scenario}/{release['release_id']}",
+            [
+                summary.scenario,
+                release["release_id"],
+                str(release["served"]),
+                pass_rate(release["reports"]),
+                pass_rate(release["scorer"]),
+            ],
+        )
+        for release in summary.releases
+    ]
+
+
+def pass_rate(found: dict[str, Any] | None) -> str:
+    """"2/6 33% [10%-70%]": passed of the calls, the rate and its 95% interval."""
+    if not found or not found.get("count"):
+        return "-"
+    return PassRate(int(found["passed"]), int(found["count"])).said()
 
 
 def _last_step(step: dict[str, object] | None) -> str:
@@ -44,19 +73,25 @@ def _last_step(step: dict[str, object] | None) -> str:
     at = cells.when(float(finished)) if isinstance(finished, int | float) else ""
     recipe = f"{step['recipe']}: " if step.get("recipe") else ""
     outcome = f"{recipe}{step.get('outcome')} {at}".strip()
-    return f"{outcome}: {step['error']}" if step.get("error") else outcome
+    said = step.get("error") or step.get("detail")
+    return f"{outcome}: {said}" if said else outcome
 
 
 class ScenariosPane(Pane):
     def compose(self) -> ComposeResult:
         yield KeyedTable(COLUMNS, id="scenarios-table")
+        yield KeyedTable(RELEASE_COLUMNS, id="releases-progress")
         yield VerticalScroll(id="curves")
 
     def fetch(self, source: ReviewSource) -> list[ScenarioSummary]:
         return source.scenarios()
 
     def show(self, data: list[ScenarioSummary]) -> None:
-        self.query_one(KeyedTable).sync([(s.scenario, scenario_cells(s)) for s in data])
+        self.query_one("#scenarios-table", KeyedTable).sync(
+            [(s.scenario, scenario_cells(s)) for s in data]
+        )
+        rows = [row for summary in data for row in release_rows(summary)]
+        self.query_one("#releases-progress", KeyedTable).sync(rows)
         curves = self.query_one("#curves", VerticalScroll)
         for summary in data:
             found = curves.query(f"#curve-{summary.scenario}")

@@ -1,0 +1,170 @@
+"""Is it learning? Each release's pass rate on the live traffic it served, with its uncertainty.
+
+The gate says whether a candidate beat what served on tasks; a user wants to know whether the
+release helps on their own traffic. Per scenario and per release, from the calls that release
+answered (every record names the release that produced it, so a release's calls are exactly
+those since it began serving, until the next one did):
+
+- `reports`: the calls users scored, a call passing when its reports' mean score is at or above
+  the gate's `replay_threshold` (0.5: a 1/0 score's pass);
+- `scorer`: where the scenario's recipe has a scorer a program runs (not a judge model), the
+  share of all the calls it answered that the scorer accepts, scored or not;
+
+each as a count, a rate and its 95% Wilson interval, so that 2 of 6 is read as the wide guess it
+is. The base model's row ("base") is what served before any release: the same users, earlier.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from reef.config import ReefConfig
+from reef.evaluation.replay import trains
+from reef.evaluation.scorers import score
+from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.protocol import response_text
+from reef.store import ExperienceStore
+
+Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
+# Scorers a program runs on each live answer (a judge would ask a model per call).
+LIVE_SCORERS = ("exact", "contains", "regex", "python")
+PROGRESS_CALLS = 2000  # the newest calls of a scenario its progress is read from
+
+
+def wilson(passed: int, count: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of `passed` of `count` (0..1 for no count)."""
+    if count == 0:
+        return 0.0, 1.0
+    rate = passed / count
+    centre = rate + z * z / (2 * count)
+    spread = z * math.sqrt(rate * (1 - rate) / count + z * z / (4 * count * count))
+    scale = 1 + z * z / count
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
+
+
+@dataclass(frozen=True)
+class PassRate:
+    passed: int
+    count: int
+
+    @property
+    def rate(self) -> float | None:
+        return self.passed / self.count if self.count else None
+
+    def to_json(self) -> dict[str, Any]:
+        low, high = wilson(self.passed, self.count)
+        rate = self.rate
+        return {
+            "passed": self.passed,
+            "count": self.count,
+            "rate": None if rate is None else round(rate, 4),
+            "low": round(low, 4),
+            "high": round(high, 4),
+        }
+
+    def said(self) -> str:
+        """"2/6 33% [10%-70%]", or "-" with no calls."""
+        if not self.count:
+            return "-"
+        low, high = wilson(self.passed, self.count)
+        return f"{self.passed}/{self.count} {self.passed / self.count:.0%} [{low:.0%}-{high:.0%}]"
+
+
+@dataclass(frozen=True)
+class ReleaseProgress:
+    release_id: str
+    served: int  # calls it answered (of the newest looked at)
+    first_at: float  # when it first answered one
+    reports: PassRate
+    scorer: PassRate | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "release_id": self.release_id,
+            "served": self.served,
+            "first_at": self.first_at,
+            "reports": self.reports.to_json(),
+            "scorer": self.scorer.to_json() if self.scorer else None,
+        }
+
+
+def live_progress(
+    store: ExperienceStore,
+    scenario: str,
+    threshold: float,
+    scorer: ScorerSpec | None = None,
+    limit: int = PROGRESS_CALLS,
+) -> list[ReleaseProgress]:
+    """Each release's pass rates on the newest `limit` calls of `scenario`, in the order the
+    releases began serving (base first)."""
+    judged = scorer if scorer is not None and scorer.type in LIVE_SCORERS else None
+    calls: dict[str, list[dict[str, Any]]] = {}
+    for call in store.latest_records(scenario, limit):
+        calls.setdefault(call["release_id"], []).append(call)
+    progress = [
+        _release_progress(release, found, threshold, judged) for release, found in calls.items()
+    ]
+    return sorted(progress, key=lambda p: (p.release_id != "base", p.first_at))
+
+
+def _release_progress(
+    release_id: str, calls: list[dict[str, Any]], threshold: float, scorer: ScorerSpec | None
+) -> ReleaseProgress:
+    scored = [scores for call in calls if (scores := _scores(call))]
+    reports = PassRate(sum(statistics.fmean(s) >= threshold for s in scored), len(scored))
+    accepted = None
+    if scorer is not None:
+        accepted = PassRate(sum(_accepts(scorer, call) for call in calls), len(calls))
+    first = min(call["created_at"] for call in calls)
+    return ReleaseProgress(release_id, len(calls), first, reports, accepted)
+
+
+def _scores(call: dict[str, Any]) -> list[float]:
+    """The scores a call's reports gave (those that may be learned from)."""
+    return [r["score"] for r in call.get("reports", []) if r.get("score") is not None and trains(r)]
+
+
+def _accepts(scorer: ScorerSpec, call: dict[str, Any]) -> bool:
+    try:
+        messages = call["request"].get("messages") or []
+        task = EvalTask(id=call["id"], messages=messages, scorer=scorer)
+        return score(scorer, response_text(call["response"]), task) >= 0.5
+    except Exception:  # a scorer that fails on one answer fails that answer, not the table
+        return False
+
+
+def recipe_scorer(config: ReefConfig, scenario: str) -> ScorerSpec | None:
+    """The scorer of the first of `scenario`'s recipes that sets one, or None."""
+    for plan in config.learning_plans():
+        if plan.scenario != scenario:
+            continue
+        for choice in plan.recipes:
+            spec = choice.settings().get("scorer")
+            if spec:
+                try:
+                    return ScorerSpec.model_validate(spec)
+                except ValueError:  # the worker refuses it and says why
+                    return None
+    return None
+
+
+def learning_progress(
+    store: ExperienceStore, config: ReefConfig, limit: int = PROGRESS_CALLS
+) -> dict[str, list[ReleaseProgress]]:
+    """The releases of each scenario that learns or was reported on, with their live pass
+    rates (`live_progress`), over its newest `limit` calls."""
+    reported = [name for name, n in store.stats()["scenarios"].items() if n["reports"]]
+    learning = [plan.scenario for plan in config.learning_plans()]
+    return {
+        scenario: live_progress(
+            store,
+            scenario,
+            config.gate_for(scenario).replay_threshold,
+            recipe_scorer(config, scenario),
+            limit,
+        )
+        for scenario in sorted({*learning, *reported})
+    }

@@ -1,0 +1,88 @@
+"""Is it learning: each release's pass rate on the live calls it answered, with its 95% Wilson
+interval, from users' reports and from the recipe's scorer; in `/reef/status`, `reef status`
+and `/metrics`, on Reef served in the test's process (a scripted engine) and real SQLite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reef.evaluation.live import PassRate, live_progress, wilson
+from reef.evaluation.tasks import ScorerSpec
+from reef.store import ExperienceStore, Record, Report
+from reef.testing.in_process import reef_in_process
+from reef.testing.scripted_engine import ScriptedEngine
+
+CHEERS = ScorerSpec(type="regex", pattern=r"Cheers\W*$")
+
+
+def call(store: ExperienceStore, release: str, answer: str, score: float | None) -> str:
+    record = Record(
+        scenario="default",
+        request={"messages": [{"role": "user", "content": f"Q {answer}"}]},
+        response={"choices": [{"message": {"role": "assistant", "content": answer}}]},
+        engine="test",
+        release_id=release,
+    )
+    record_id = store.add_record(record).result()
+    if score is not None:
+        store.add_report(Report("default", [record_id], score=score)).result()
+    return record_id
+
+
+def test_the_wilson_interval_reads_two_of_six_as_the_wide_guess_it_is() -> None:
+    low, high = wilson(2, 6)
+    assert low == pytest.approx(0.0968, abs=1e-3) and high == pytest.approx(0.7000, abs=1e-3)
+    assert wilson(0, 0) == (0.0, 1.0)
+    assert PassRate(2, 6).said() == "2/6 33% [10%-70%]" and PassRate(0, 0).said() == "-"
+
+
+def test_each_release_is_judged_on_the_calls_it_answered(tmp_path: Path) -> None:
+    with ExperienceStore(tmp_path / "experience.db") as store:
+        for answer, score in (("Four.", 0.0), ("Paris.", 0.0), ("Blue.", 1.0)):
+            call(store, "base", answer, score)
+        for answer, score in (("Six.\n\nCheers", 1.0), ("Rome.\n\nCheers", 1.0), ("Red.", None)):
+            call(store, "default@1", answer, score)
+        base, first = live_progress(store, "default", 0.5, CHEERS)
+    assert base.release_id == "base" and first.release_id == "default@1"
+    assert (base.reports.passed, base.reports.count, base.served) == (1, 3, 3)
+    assert (first.reports.passed, first.reports.count, first.served) == (2, 2, 3)
+    assert base.scorer is not None and (base.scorer.passed, base.scorer.count) == (0, 3)
+    assert first.scorer is not None and (first.scorer.passed, first.scorer.count) == (2, 3)
+
+
+def test_status_metrics_and_the_cli_say_whether_a_release_helps(tmp_path: Path) -> None:
+    (tmp_path / "reef.yaml").write_text(f"state_dir: {tmp_path}/.reef\n")
+    with reef_in_process(tmp_path, ScriptedEngine("Four.")) as server:
+        for _ in range(2):
+            answered = httpx.post(
+                f"{server.url}/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "What is 2+2?"}]},
+            )
+            record_id = answered.headers["x-reef-agent-record-id"]
+            reported = httpx.post(
+                f"{server.url}/reef/report", json={"references": [record_id], "score": 0}
+            )
+            assert reported.status_code < 300, reported.text
+        status = httpx.get(f"{server.url}/reef/status").json()
+        (base,) = status["learning"]["scenarios"]["default"]["progress"]
+        assert base["release_id"] == "base" and base["reports"]["passed"] == 0
+        assert base["reports"]["count"] == 2 and base["reports"]["high"] < 0.9
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert (
+            'reef:live_pass_rate_calls{release="base",scenario="default",signal="reports"} 2.0'
+            in metrics
+        )
+        printed = subprocess.run(
+            [sys.executable, "-m", "reef", "status", "--url", server.url],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": "/usr/bin:/bin", "COLUMNS": "160"},
+        ).stdout
+    assert "live pass rate per release" in printed
+    assert "0/2 0% [0%-66%]" in printed
