@@ -2,10 +2,10 @@
 preference x recipe round by round (`run`): what `bench.learning.preferences` measures, and
 `bench.learning.feedback_latency` and `bench.learning.harness_episodes` reuse."""
 
-
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 import time
@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from bench.common.taught import TAUGHT, Table
+from reef.evaluation.facts import wrong_claims
 from reef.protocol import response_text
 from reef.sdk.hindsight import answers_the_question, with_hint
 from reef.sdk.view import Turn
@@ -124,7 +125,9 @@ def phrased(preference: Preference, phrasing: str) -> Preference:
     return Preference(name, feedback, preference.pattern, preference.parts, phrasing)
 
 
-SFT = {"recipe": "sft", "batch_size": 6, "steps": 30, "max_tokens": 48}
+# Batches of 4: of the 6 training prompts, 2 are held out for the gate (gate.held_out, by the
+# prompt's words: the capital of France and the sky's colour), so 4 failing calls are learnable.
+SFT = {"recipe": "sft", "batch_size": 4, "steps": 30, "max_tokens": 48}
 # sft replaying more of what the model already does (its answers to other questions, cut ones
 # too) beside the preference's examples: does it forget less?
 SFT_REPLAY = {**SFT, "replay": 12, "replay_cut_answers": True}
@@ -145,9 +148,9 @@ SAO = {"recipe": "sao", "batch_size": 1, "max_staleness": 18}
 SDPO = {"recipe": "sdpo", "batch_size": 3, "steps": 8}
 ATTEMPTS = {"sdpo": 4}
 # GEPA on the same budget of metric calls a harness_evolve step's gate spends on its own tasks.
-GEPA = {"recipe": "gepa", "batch_size": 6, "max_metric_calls": 48, "minibatch_size": 3}
-META_HARNESS = {"recipe": "meta_harness", "batch_size": 6, "max_nodes": 6}
-SKILLS = {"recipe": "skills", "batch_size": 6}
+GEPA = {"recipe": "gepa", "batch_size": 4, "max_metric_calls": 48, "minibatch_size": 3}
+META_HARNESS = {"recipe": "meta_harness", "batch_size": 4, "max_nodes": 6}
+SKILLS = {"recipe": "skills", "batch_size": 4}
 RECIPES = {
     "sft": [SFT],
     "sft_replay": [SFT_REPLAY],
@@ -403,17 +406,20 @@ def run(
     path: str = "alone",
     taught: tuple[Table, str] | None = None,
     metric_calls: int | None = None,
+    src: Path | None = None,
 ) -> dict:
     """One run from the base; with `taught`, the taught model's table and URL, which answers
     only while the user trains (never while the student is measured). With `metric_calls`, the
     rounds go on (up to `rounds`) until the recipe's steps have spent that many, and the held-out
-    pass rate is measured after each round: the run's `curve`, (metric calls, pass rate)."""
+    pass rate is measured after each round: the run's `curve`, (metric calls, pass rate). With
+    `src`, the server runs another source tree of Reef (a baseline: `PYTHONPATH` put first)."""
     table, taught_url = taught if taught else (Table(answering=False), None)
     table.preference, table.answering = preference.name.split("/")[0], False
     folder = Path(tempfile.mkdtemp(prefix="reef-pref-"))
     project(folder, preference, recipe, policy, path, taught_url)
     decisions = []
-    with reef_serve(folder, free_port()).start() as server:
+    env = {**os.environ, "PYTHONPATH": str(src)} if src else None
+    with reef_serve(folder, free_port(), env=env).start() as server:
         before, right_before, _ = held_out_rates(server.url, preference)
         knew = correct(server.url, TOKENS)
         told, told_answering = told_rates(server.url, preference)
@@ -442,7 +448,9 @@ def run(
                 break
         table.answering = False
         release = serving(server.url)
-        parts = httpx.get(f"{server.url}/reef/harness").json()["parts"]
+        harness = httpx.get(f"{server.url}/reef/harness").json()
+        parts = harness["parts"]
+        examples = examples_of(harness["files"].get("examples.jsonl") or "")
         after, right_after, answers = held_out_rates(server.url, preference)
         knows = correct(server.url, TOKENS)
         last = latest_decided(server)
@@ -471,4 +479,30 @@ def run(
         "round_seconds": round_seconds,
         "metric_calls": spent,
         "curve": curve,
+        "examples": examples,  # the worked examples that serve at the end
+        "wrong_facts": [e for e in examples if wrong_example(e)],
     }
+
+
+# The training prompts whose right answer a pattern can check (an example that answers one of
+# them and misses it teaches a wrong fact), beside the held-out ones of `RIGHT`.
+TRAINING_RIGHT = {
+    "What is the capital of France?": r"(?i)\bparis\b",
+    "What is 2+2?": r"(?i)\b(4|four|quatre)\b",
+    "What colour is the sky?": r"(?i)\b(blue|bleu)\b",
+    "What is the largest ocean?": r"(?i)\b(pacific|pacifique)\b",
+}
+
+
+def examples_of(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wrong_example(example: dict) -> bool:
+    """Whether a worked example teaches a wrong fact: it answers a prompt whose right answer a
+    pattern checks and misses it, or it states arithmetic that does not hold."""
+    question, answer = str(example.get("user", "")), str(example.get("assistant", ""))
+    pattern = TRAINING_RIGHT.get(question) or RIGHT.get(question)
+    if pattern and not re.search(pattern, answer):
+        return True
+    return bool(wrong_claims(answer))

@@ -30,6 +30,8 @@ import httpx
 
 from bench.common.preferences import PREFERENCES, RECIPES, ask_in, project
 from bench.common.results import OUT
+from reef.config import GateConfig
+from reef.evaluation.held_out import held_out
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 from reef.testing.scripted_user import TRAINING, meets
 
@@ -41,6 +43,9 @@ POLL_S = 0.2
 # pool: 60 ms of CPU here against 3) cost more than half a core at 5 looks a second, taken from
 # the learner it measures.
 STATUS = httpx.Client(timeout=30)
+
+
+HELD_OUT_SHARE = GateConfig().held_out  # the default share, as the bench's projects use it
 
 
 def serving(url: str) -> str:
@@ -66,7 +71,9 @@ def report_misses(server: ServerProcess, needed: int) -> float:
             report["feedback"] = preference.feedback
         httpx.post(f"{server.url}/reef/report", json=report, timeout=60).raise_for_status()
         acknowledged = time.monotonic()
-        misses += not hit
+        # A miss on a prompt the gate holds out (gate.held_out, by its words) never reaches the
+        # recipe: it needs `needed` misses it can learn from.
+        misses += not hit and not held_out(prompt, HELD_OUT_SHARE)
         if misses >= needed:
             break
     return acknowledged

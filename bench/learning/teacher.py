@@ -102,7 +102,7 @@ def config(teacher_url: str) -> str:
     return (
         "engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n"
         "gate:\n  policy: floor\n  floor: 0.0\n  max_tokens: 24\n"
-        "learning:\n  recipe: sft\n  interval_s: 0.5\n  batch_size: 6\n  steps: 30\n"
+        "learning:\n  recipe: sft\n  interval_s: 0.5\n  batch_size: 4\n  steps: 30\n"
         f"  scorer: {{type: regex, pattern: '{PATTERN}'}}\n"
         f"teacher:\n  url: {teacher_url}\n  scorer: {{type: regex, pattern: '{PATTERN}'}}\n"
     )

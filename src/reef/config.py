@@ -282,8 +282,8 @@ class GateConfig(_Section):
     # this many, the newest.
     replay: int = Field(8, ge=0)
     replay_threshold: float = Field(0.5, ge=0, le=1)
-    # The share of the prompts users scored below `replay_threshold` (calls outside sessions)
-    # that no recipe ever learns from, chosen by the prompt's words and `seed`
+    # The share of the calls and sessions users scored below `replay_threshold` that no recipe
+    # ever learns from, chosen by the words of the prompt they open with and `seed`
     # (`reef.evaluation.held_out`): the gate's `feedback` tasks, at most `held_out_tasks`, the
     # newest. 0: recipes learn from every call, and are judged on the eval files and replay.
     held_out: float = Field(0.25, ge=0, lt=1)

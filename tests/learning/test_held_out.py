@@ -18,7 +18,7 @@ from reef.learning.worker import LearningWorker
 from reef.releases.workflow import ReleaseWorkflow
 from reef.sdk.recipe import Proposal, Recipe, RecipeSettings, StepContext, failing_prompts
 from reef.sdk.view import ExperienceView, Trajectory
-from reef.store import ExperienceStore
+from reef.store import ExperienceStore, Record, Report
 from reef.store.learning import learning_status
 from reef.testing.scripted_engine import ScriptedEngine
 from reef.testing.scripted_user import eval_tasks
@@ -102,3 +102,29 @@ def test_a_candidate_whose_examples_answer_a_gate_prompt_is_refused(tmp_path: Pa
     assert gated.state == "rejected"
     assert gated.decision.startswith("refused: its worked examples answer 1 of the gate's prompts")
     assert workflow.chain.head("default") is None
+
+
+def test_a_session_opening_with_a_held_out_prompt_is_held_out_whole(tmp_path: Path) -> None:
+    with ExperienceStore(tmp_path / "experience.db") as store:
+        first = [{"role": "user", "content": HELD}]
+        then = [
+            *first,
+            {"role": "assistant", "content": "Rome."},
+            {"role": "user", "content": "No."},
+        ]
+        for messages, answer in ((first, "Rome."), (then, "Lyon.")):
+            record = Record(
+                scenario="default",
+                request={"messages": messages},
+                response={"choices": [{"message": {"role": "assistant", "content": answer}}]},
+                engine="test",
+                release_id="base",
+                session="s1",
+            )
+            store.add_record(record).result()
+            store.add_report(Report("default", [record.id], score=0.0)).result()
+        scored_call(store, LEARNED, "Yo", 0.0)
+        view = ExperienceView(store, "default", set(), hold_back_at=0.5, hold_out=0.25)
+    assert [t.prompt for t in view.turns()] == [LEARNED]
+    assert [t.answer_text for t in view.held_out] == ["Rome.", "Lyon."]
+    assert (view.counts.held_out, view.counts.waiting) == (2, 1)

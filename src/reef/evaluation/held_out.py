@@ -1,15 +1,16 @@
-"""Held out: a share of the scored calls is never learned from, so the gate judges on it.
+"""Held out: a share of the failing calls is never learned from, so the gate judges on it.
 
 A recipe that searches, trains on, or shows as an example the very prompts the gate then scores
 it on passes its gate by remembering them: its gate cannot see that it learned nothing that
-carries to the next user. So a share of the prompts of a scenario's failing calls (`gate.held_out`:
-calls outside any session that users scored below `gate.replay_threshold`) is kept out of every
-recipe's experience, chosen by the prompt's words and the gate's seed: every process and every
-step agrees, and a prompt asked twice is held out both times, never learned from once and judged
-on the other. They become the gate's `feedback` tasks for the recipes that have a scorer to
-judge them (`reef.sdk.recipe.Recipe.held_out_tasks`). Good answers are held back apart, for the
-gate's replay (`reef.evaluation.replay`). The gate never asks a candidate a prompt its own
-worked examples show (`shown_prompts`): a candidate whose examples hold a gate prompt is refused.
+carries to the next user. So a share of a scenario's failing trajectories (`gate.held_out`: a
+call or a session with a turn users scored below `gate.replay_threshold`) is kept out of every
+recipe's experience, whole, chosen by the words of the prompt it opens with and the gate's seed:
+every process and every step agrees, and a prompt asked twice is held out both times, never
+learned from once and judged on the other. Their failing turns become the gate's `feedback`
+tasks for the recipes that have a scorer to judge them (`reef.sdk.recipe.Recipe.held_out_tasks`).
+Good answers are held back apart, for the gate's replay (`reef.evaluation.replay`). The gate
+never asks a candidate a prompt its own worked examples show (`shown_prompts`): a candidate
+whose examples hold a gate prompt is refused.
 """
 
 from __future__ import annotations

@@ -416,7 +416,7 @@ class LearningWorker:
             )
         newest = self.config.gate_for(view.scenario).held_out_tasks
         held = recipe.held_out_tasks(view.held_out)[-newest:] if newest else []
-        return [*own, *held]
+        return [*own, *(t for t in held if prompt_key(task_prompt(t)) not in learned)]
 
     def _track(self, recipe: Recipe, proposed: Candidate, gated: Candidate) -> None:
         """The candidate's curves and its gate's decision, to `learning.trackers`."""

@@ -13,9 +13,10 @@ Every recipe gets the same processing:
   current head are skipped and counted;
 - **held back**: one in four good answers (see `evaluation.replay`) is kept out of learning, so
   that the gate can ask a candidate those questions again;
-- **held out**: a share of the prompts users scored low (`gate.held_out`, see
-  `evaluation.held_out`) is kept out of learning too, in `held_out`: the gate judges a recipe's
-  candidates on them, prompts it never saw.
+- **held out**: a share of the trajectories users scored low, by the prompt they open with
+  (`gate.held_out`, see `evaluation.held_out`), is kept out of learning too, whole: their failing
+  turns are in `held_out`, and the gate judges a recipe's candidates on them, prompts it never
+  saw.
 """
 
 from __future__ import annotations
@@ -120,11 +121,6 @@ class ExperienceView:
                 self.counts.consumed += 1
             elif hold_back and hold_back_at is not None and _held_back(record, hold_back_at):
                 self.counts.held_back += 1
-            elif hold_back_at is not None and _held_out(
-                record, hold_back_at, hold_out, hold_out_seed
-            ):
-                self.counts.held_out += 1
-                self.held_out.append(_turn(record))
             elif (
                 max_staleness is not None
                 and head_number - _number(record["release_id"]) > max_staleness
@@ -132,8 +128,24 @@ class ExperienceView:
                 self.counts.stale_skipped += 1
             else:
                 fresh.append(record)
-        self.counts.waiting = len(fresh)
         self.trajectories = merge_sessions(fresh)
+        if hold_back_at is not None and hold_out > 0:
+            self._hold_out(hold_back_at, hold_out, hold_out_seed)
+        self.counts.waiting = sum(len(t.turns) for t in self.trajectories)
+
+    def _hold_out(self, threshold: float, share: float, seed: int) -> None:
+        """Keep the trajectories that failed (a turn scored below `threshold`) and open with a
+        prompt of the held-out `share` out of learning, whole: their failing turns are the
+        gate's (`held_out`)."""
+        kept = []
+        for trajectory in self.trajectories:
+            failing = [t for t in trajectory.turns if t.score is not None and t.score < threshold]
+            if failing and held_out(trajectory.turns[0].prompt, share, seed):
+                self.counts.held_out += len(trajectory.turns)
+                self.held_out += failing
+            else:
+                kept.append(trajectory)
+        self.trajectories = kept
 
     def turns(self) -> list[Turn]:
         return [turn for trajectory in self.trajectories for turn in trajectory.turns]
@@ -160,14 +172,6 @@ class ExperienceView:
 def _held_back(record: dict[str, Any], threshold: float) -> bool:
     outside_sessions = record.get("session") is None
     return outside_sessions and held_back(record["id"]) and good(record, threshold)
-
-
-def _held_out(record: dict[str, Any], threshold: float, share: float, seed: int) -> bool:
-    """A failing call outside sessions whose prompt is one of the held-out share."""
-    scored = any(r.get("score") is not None and trains(r) for r in record.get("reports", []))
-    if not scored or record.get("session") is not None or good(record, threshold):
-        return False
-    return held_out(_turn(record).prompt, share, seed)
 
 
 def _all_records(store: ExperienceStore, scenario: str) -> list[dict[str, Any]]:

@@ -28,7 +28,9 @@ from tests.conftest import TOKEN
 
 SIGN_OFF = "Cheers, Reef"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
-TRAINING = ["What is the capital of France?", "Name an animal.", "What is 2+2?"]
+# The first is held out (gate.held_out, by its words): the gate judges on it, the recipe learns
+# from the other three.
+TRAINING = ["What is the capital of France?", "Name an animal.", "What is 2+2?", "Name a tree."]
 EVALS = ["What colour is grass?", "Name a planet.", "What is 3+3?"]
 HELD_OUT = ["What is the capital of Italy?", "Name a fruit.", "What is 5+5?", "Name a colour."]
 CONFIG = f"""
@@ -152,8 +154,15 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
         candidates = httpx.get(
             f"{server.url}/reef/scenarios/default/candidates", headers=HEADERS
         ).json()["data"]
-        trained_on = {r["id"] for r in records_of(server.url) if r["reports"]}
+        learned = {p: a for p, a in demonstrated.items() if p != TRAINING[0]}  # one held out
+        trained_on = {
+            r["id"]
+            for r in records_of(server.url)
+            if r["reports"] and r["request"]["messages"][-1]["content"] in learned
+        }
         assert set(candidates[0]["consumed_record_ids"]) == trained_on  # the feedback's records
+        judged = [t["task_id"] for t in candidates[0]["evaluation"]["results"]]
+        assert any(task.startswith("held-out:") for task in judged)  # the held-out prompt
 
         releases = httpx.get(
             f"{server.url}/reef/scenarios/default/releases", headers=HEADERS
@@ -162,9 +171,7 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
         assert SIGN_OFF in releases["data"][0]["diff"]  # released with its diff
         harness = httpx.get(f"{server.url}/reef/harness", headers=HEADERS).json()
         examples = [json.loads(line) for line in harness["files"]["examples.jsonl"].splitlines()]
-        assert {(e["user"], e["assistant"]) for e in examples} == {
-            (prompt, answer) for prompt, answer in demonstrated.items()
-        }
+        assert {(e["user"], e["assistant"]) for e in examples} == set(learned.items())
 
         # The server switched without a restart: the next call is served under the release,
         # and the model read the user's worked examples in front of the question.
@@ -173,7 +180,7 @@ def test_feedback_evolves_the_harness_and_the_server_serves_it(tmp_path: Path) -
         record_id = served.headers["x-reef-agent-record-id"]
         record = httpx.get(f"{server.url}/reef/records/{record_id}", headers=HEADERS).json()
         prompt_text = detokenize(record["prompt_token_ids"])
-        assert all(answer in prompt_text for answer in demonstrated.values())
+        assert all(answer in prompt_text for answer in learned.values())
         assert prompt_text.rstrip().endswith("assistant") and HELD_OUT[0] in prompt_text
     for pid in worker_pids:  # Ctrl-C stopped the worker too
         assert (

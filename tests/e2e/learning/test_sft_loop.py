@@ -33,7 +33,7 @@ gate:
 learning:
   recipe: sft
   interval_s: 0.5
-  batch_size: 6
+  batch_size: 4  # of the 6 training prompts, 2 are held out for the gate (gate.held_out)
   scorer: {{type: regex, pattern: '{PATTERN}'}}
   steps: 30
 """
