@@ -31,14 +31,18 @@ FIVE = "sure,short,sign-off,bullet,french"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-src", type=Path, required=True)
+    parser.add_argument(
+        "--this-src", type=Path, help="this tree's src/ pinned elsewhere (default: this checkout)"
+    )
     parser.add_argument("--preferences", default=FIVE)
     parser.add_argument("--recipe", default="harness_evolve")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--budget", type=float, default=240.0, help="seconds per round")
     parser.add_argument("--json", type=Path, default=OUT / "trust.json")
     args = parser.parse_args()
-    if not (args.baseline_src / "reef" / "__init__.py").is_file():
-        parser.error(f"--baseline-src {args.baseline_src} holds no reef package")
+    for src in (args.baseline_src, args.this_src):
+        if src is not None and not (src / "reef" / "__init__.py").is_file():
+            parser.error(f"{src} holds no reef package")
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
     print(
         f"{'preference':10} {'tree':9} {'held-out':>13} {'and right':>13} {'correct':>9} "
@@ -47,7 +51,7 @@ def main() -> None:
     )
     rows = []
     for preference in chosen:
-        for tree, src in (("this", None), ("baseline", args.baseline_src)):
+        for tree, src in (("this", args.this_src), ("baseline", args.baseline_src)):
             row = run(preference, args.recipe, "no_regression", args.rounds, args.budget, src=src)
             row["tree"] = tree
             rows.append(row)

@@ -9,21 +9,19 @@ every process and every step agrees, and a prompt asked twice is held out both t
 learned from once and judged on the other. Their failing turns become the gate's `feedback`
 tasks for the recipes that have a scorer to judge them (`reef.sdk.recipe.Recipe.held_out_tasks`).
 Good answers are held back apart, for the gate's replay (`reef.evaluation.replay`). The gate
-never asks a candidate a prompt its own worked examples show (`shown_prompts`): a candidate
-whose examples hold a gate prompt is refused.
+never asks a candidate a prompt its worked examples answer and the current release's do not
+(`shown_prompts`): such a candidate is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
+from collections.abc import Iterable
 
 from reef.evaluation.tasks import EvalTask
 from reef.protocol import message_text
 
 HELD_OUT_PREFIX = "held-out:"  # the id of a gate task made from a held-out call
-EXAMPLES_FILE = "examples.jsonl"
 
 
 def held_out(prompt: str, share: float, seed: int = 0) -> bool:
@@ -48,20 +46,9 @@ def task_prompt(task: EvalTask) -> str:
     return ""
 
 
-def shown_prompts(folder: Path) -> set[str]:
-    """The prompts (`prompt_key`) a harness tree's worked examples answer."""
-    path = folder / EXAMPLES_FILE
-    if not path.is_file():
-        return set()
-    shown = set()
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            example = json.loads(line)
-        except ValueError:
-            continue  # the binding refuses a malformed file before the gate runs
-        if isinstance(example, dict) and isinstance(example.get("user"), str):
-            shown.add(prompt_key(example["user"]))
-    return shown
+def shown_prompts(examples: Iterable[tuple[str, str]]) -> set[str]:
+    """The prompts (`prompt_key`) worked examples, (user, assistant) pairs, answer."""
+    return {prompt_key(user) for user, _ in examples}
 
 
 def leaked(tasks: list[EvalTask], shown: set[str]) -> list[EvalTask]:

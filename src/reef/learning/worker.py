@@ -233,7 +233,7 @@ class LearningWorker:
             consumed=self.workflow.candidates.consumed_record_ids(scenario, source=recipe.name),
             head_number=head.number if head else 0,
             max_staleness=recipe.settings.max_staleness,
-            # Good answers are held back for the gate's replay, and a share of the scored
+            # Good answers are held back for the gate's replay, and a share of the failing
             # calls held out for its feedback tasks, only where a gate evaluates: under
             # `always` nothing judges on them, and a recipe would lose them for nothing.
             hold_back_at=gate.replay_threshold if gate.policy != "always" else None,

@@ -83,7 +83,7 @@ class CandidateEvaluation:
         concurrency = gate_concurrency(self.config)
         chat = gate.episodes is None or gate.episodes.with_chat
         tasks = self.tasks(candidate.scenario, extra_tasks) if chat else []
-        refuse_shown(tasks, candidate.folder)
+        refuse_shown(tasks, proposed, current)
         report = await run_paired(
             tasks, current, proposed, generate, settings, on_task, concurrency
         )
@@ -182,11 +182,12 @@ class GatePromptShown(ReefError):
     code = "gate_prompt_shown"
 
 
-def refuse_shown(tasks: list[EvalTask], folder: Path) -> None:
+def refuse_shown(tasks: list[EvalTask], proposed: Binding, current: Binding) -> None:
     """Refuse a candidate whose worked examples (`examples.jsonl`) answer one of the gate's
-    prompts: it would pass that task by showing the answer, which says nothing of the next
-    user's question."""
-    shown = leaked(tasks, shown_prompts(folder))
+    prompts that the current release's do not: it would pass that task by showing the answer,
+    which says nothing of the next user's question. (An example both show favours neither.)"""
+    new = shown_prompts(proposed.examples) - shown_prompts(current.examples)
+    shown = leaked(tasks, new)
     if shown:
         named = ", ".join(task.id for task in shown[:5])
         more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""

@@ -114,7 +114,7 @@ class StaleCandidate(ReleaseConflict):
             f"candidate {candidate.id} was evaluated against "
             f"{candidate.base_release_id or 'base'}, and the head of {candidate.scenario!r} is "
             f"now {current or 'empty'}: re-gate it against the new head with `reef release "
-            f"regate {candidate.id}` (HTTP: POST .../candidates/{candidate.id}/regate)",
+            f"regate {candidate.id}`",
         )
         self.current = current
 
@@ -509,7 +509,7 @@ class ReleaseWorkflow:
         """A human releases a held (or not yet evaluated) candidate or one in shadow, or
         promotes a canary. One the gate scored worse than what served is refused unless
         `force`, saying what it loses; one built on a head that has moved since is refused,
-        saying to re-gate it (`regate`)."""
+        saying to re-gate it (`rebase`, then a gate: `reef release regate`)."""
         candidate = self.candidates.get(candidate_id)
         why = reason or "approved by a human"
         if candidate.state == "canary":

@@ -107,13 +107,12 @@ class ExperienceView:
         hold_out_seed: int = 0,
     ) -> None:
         """`hold_back_at`: the score at which a good answer may be held back for the gate's
-        replay (unless not `hold_back`), and below which a call fails (None: none is held back
-        or out); `hold_out`: the
-        share of failing prompts kept out for the gate (`held_out`), chosen with
-        `hold_out_seed`."""
+        replay (unless not `hold_back`), and below which a call fails (None: nothing is held
+        back or out); `hold_out`: the share of failing trajectories kept out for the gate
+        (`held_out`), chosen with `hold_out_seed`."""
         self.scenario = scenario
         self.counts = ExperienceCounts()
-        self.held_out: list[Turn] = []  # scored calls no recipe learns from, oldest first
+        self.held_out: list[Turn] = []  # failing turns no recipe learns from, oldest first
         records = _deduplicated(_all_records(store, scenario))
         fresh = []
         for record in records:
