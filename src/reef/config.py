@@ -240,6 +240,10 @@ class ShadowConfig(_Section):
 
     scorer: dict[str, Any] | None = None
     queue: int = Field(64, ge=1)  # copies waiting for idle capacity; more are dropped
+    # Percent of the live chat calls of a scenario serving a release that the base model also
+    # answers, as a shadow (never heard), scored by the recipe's scorer (else `scorer`): the
+    # base's pass rate on the same stream, beside each release's ("is it learning?"). 0: off.
+    base_share: int = Field(0, ge=0, le=100)
 
 
 class EpisodeGateConfig(_Section):

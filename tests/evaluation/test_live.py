@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -86,3 +87,53 @@ def test_status_metrics_and_the_cli_say_whether_a_release_helps(tmp_path: Path) 
         ).stdout
     assert "live pass rate per release" in printed
     assert "0/2 0% [0%-66%]" in printed
+
+
+STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+# 20 words: cut at 3 tokens it is short (tests.support.scorers:short), whole it is not.
+STORY_TOLD = (
+    "Once upon a time a lighthouse keeper watched the sea every night and wrote down what the "
+    "waves told him."
+)
+
+
+def test_the_base_shadows_a_share_of_a_release_s_calls_on_the_same_stream(
+    tmp_path: Path,
+) -> None:
+    """With `gate.shadow.base_share`, the base model answers copies of the calls a release
+    answered, never heard, scored by the same scorer: the release (its settings cap answers at
+    3 tokens) passes the short-answer scorer, the base on the very same call does not."""
+    (tmp_path / "reef.yaml").write_text(
+        f"state_dir: {tmp_path}/.reef\ngate:\n  policy: always\n  shadow:\n    base_share: 100\n"
+        "    scorer: {type: python, function: 'tests.support.scorers:short'}\n"
+    )
+    with reef_in_process(tmp_path, ScriptedEngine(STORY_TOLD)) as server:
+        workflow = server.state.workflow
+        proposed = workflow.propose("default", "harness", {"settings.json": b'{"max_tokens": 3}'})
+        assert workflow.approve(proposed.id).release_id == "default@1"
+        until(lambda: serving(server.url) == "default@1")
+        answered = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": STORY})
+        assert answered.json()["choices"][0]["message"]["content"] == "Once upon a"
+        assert answered.headers["x-reef-release-id"] == "default@1"
+
+        def progress() -> dict:
+            status = httpx.get(f"{server.url}/reef/status").json()
+            return status["learning"]["scenarios"].get("default", {}).get("progress", [{}])[-1]
+
+        until(lambda: (progress().get("base_shadow") or {}).get("count") == 1)
+        release = progress()
+        assert release["release_id"] == "default@1"
+        assert (release["shadowed"]["passed"], release["base_shadow"]["passed"]) == (1, 0)
+        status = httpx.get(f"{server.url}/reef/status").json()
+        assert status["shadows"]["base:default"]["answered"] == 1
+
+
+def serving(url: str) -> str | None:
+    return httpx.get(f"{url}/reef/status").json()["serving"].get("default")
+
+
+def until(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true in time"
+        time.sleep(0.05)

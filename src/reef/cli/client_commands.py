@@ -122,7 +122,8 @@ def _learning_table(scenarios: dict[str, Any]) -> Table:
 def _progress_table(scenarios: dict[str, Any]) -> Table:
     """Is it learning: each release's live pass rate, users' reports and the recipe's scorer,
     each as passed/calls, the rate and its 95% interval."""
-    table = Table("scenario", "release", "served", "reports passed", "scorer accepts")
+    columns = ("scenario", "release", "served", "reports passed", "scorer accepts")
+    table = Table(*columns, "vs the base on its calls")
     table.title = "live pass rate per release (95% interval)"
     for name, found in sorted(scenarios.items()):
         for release in found.get("progress") or []:
@@ -132,8 +133,16 @@ def _progress_table(scenarios: dict[str, Any]) -> Table:
                 str(release["served"]),
                 _rate(release["reports"]),
                 _rate(release["scorer"]),
+                _beside_base(release),
             )
     return table
+
+
+def _beside_base(release: dict[str, Any]) -> str:
+    """The release's scorer pass rate on the calls the base shadowed, beside the base's."""
+    if not release.get("base_shadow"):
+        return "-"
+    return f"{_rate(release['shadowed'])} vs base {_rate(release['base_shadow'])}"
 
 
 def _rate(found: dict[str, Any] | None) -> str:

@@ -14,6 +14,11 @@ skipped (and counted). The answer is stored as a
 shadow record beside the live one (`reef.store.shadows`), both scored by `gate.shadow.scorer`
 when the scenario has one, and never returned to anyone.
 
+With `gate.shadow.base_share` set, the base model shadows that percent of the live calls of a
+scenario that serves a release (chosen by record id), its answers stored as shadow records of
+the candidate `base` and scored by the scenario's recipe's scorer (else `gate.shadow.scorer`):
+the base's pass rate on the very calls each release answered (`reef.evaluation.live`).
+
 Only chat completions calls are copied: a call recorded in another API's shape (Responses,
 Messages, text completions) is skipped.
 """
@@ -21,6 +26,7 @@ Messages, text completions) is skipped.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,9 +36,10 @@ from pydantic import ValidationError
 
 from reef.engines.base import Preempted, Slotted
 from reef.errors import Overloaded, ReefError
+from reef.evaluation.live import BASE_SHADOW, recipe_scorer
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
-from reef.inference.binding import Binding, binding_for
+from reef.inference.binding import BASE_BINDING, BASE_RELEASE, Binding, binding_for
 from reef.inference.model import answer_text
 from reef.protocol import ChatRequest, Completion
 from reef.server.state import ServerState
@@ -59,7 +66,9 @@ class ShadowRunner:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.shadowing: dict[str, list[Shadowing]] = {}  # scenario -> its candidates in shadow
-        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(
+        self.base_shadows: dict[str, Shadowing] = {}  # scenario -> the base answering a share
+        # A live call's copy: its scenario, its record, the shadows that answer it.
+        self._queue: asyncio.Queue[tuple[str, str, list[Shadowing]]] = asyncio.Queue(
             maxsize=state.config.gate.shadow.queue
         )
         # llama.cpp runs background jobs on idle slots; other engines get a copy while idle.
@@ -68,22 +77,38 @@ class ShadowRunner:
         self._background = self._slotted is not None and self._slotted.runs_background
 
     def offer(self, scenario: str, record_id: str) -> None:
-        """Queue a copy of the live call `record_id` for the scenario's shadows, if it has any."""
-        shadows = self.shadowing.get(scenario)
+        """Queue a copy of the live call `record_id` for the scenario's shadows, if it has any
+        (the base among them for its share of the calls)."""
+        shadows = list(self.shadowing.get(scenario, []))
+        if self._base_shadows(scenario, record_id):
+            shadows.append(
+                self.base_shadows.setdefault(scenario, Shadowing(BASE_SHADOW, BASE_BINDING))
+            )
         if not shadows:
             return
         try:
-            self._queue.put_nowait((scenario, record_id))
+            self._queue.put_nowait((scenario, record_id, shadows))
         except asyncio.QueueFull:  # no idle capacity for a while: this copy is not made
             for shadow in shadows:
                 shadow.counts["dropped"] += 1
 
+    def _base_shadows(self, scenario: str, record_id: str) -> bool:
+        """Whether the base answers a copy of `record_id`: its scenario serves a release, and
+        the record is of the `gate.shadow.base_share` percent chosen by id."""
+        share = self.state.config.gate_for(scenario).shadow.base_share
+        serving = self.state.bindings.get(scenario)
+        if share <= 0 or serving is None or serving.release_id == BASE_RELEASE:
+            return False
+        return hashlib.sha256(record_id.encode()).digest()[0] * 100 < share * 256
+
     def status(self) -> dict[str, Any]:
-        return {
-            shadow.candidate_id: {"scenario": scenario, **shadow.counts}
-            for scenario, shadows in self.shadowing.items()
-            for shadow in shadows
-        }
+        shadows = [
+            (scenario, shadow) for scenario, found in self.shadowing.items() for shadow in found
+        ]
+        status = {s.candidate_id: {"scenario": scenario, **s.counts} for scenario, s in shadows}
+        for scenario, base in self.base_shadows.items():
+            status[f"{BASE_SHADOW}:{scenario}"] = {"scenario": scenario, **base.counts}
+        return status
 
     # -- the tasks ------------------------------------------------------------------------------
 
@@ -119,8 +144,8 @@ class ShadowRunner:
 
     async def _answer_copies(self) -> None:
         while True:
-            scenario, record_id = await self._queue.get()
-            for shadow in list(self.shadowing.get(scenario, [])):
+            scenario, record_id, shadows = await self._queue.get()
+            for shadow in shadows:
                 try:
                     await self._answer(shadow, scenario, record_id)
                 except Exception:  # one bad copy never stops the shadows
@@ -140,7 +165,7 @@ class ShadowRunner:
             return
         latency_ms = (time.perf_counter() - started) * 1000
         live_score, shadow_score = await asyncio.to_thread(
-            self._scores, scenario, asked, record, completion
+            self._scores, shadow, scenario, asked, record, completion
         )
         usage = completion.usage or {}
         stored = ShadowRecord(
@@ -188,13 +213,23 @@ class ShadowRunner:
         return self.state.in_flight.count > 0
 
     def _scores(
-        self, scenario: str, asked: ChatRequest, record: dict[str, Any], completion: Completion
+        self,
+        shadow: Shadowing,
+        scenario: str,
+        asked: ChatRequest,
+        record: dict[str, Any],
+        completion: Completion,
     ) -> tuple[float | None, float | None]:
-        spec = self.state.config.gate_for(scenario).shadow.scorer
-        if spec is None:
+        """The live answer's score and the shadow's, by `gate.shadow.scorer`; the base's by the
+        scenario's recipe's scorer first (what "is it learning?" reads each release by)."""
+        config = self.state.config
+        spec = config.gate_for(scenario).shadow.scorer
+        scorer = ScorerSpec.model_validate(spec) if spec is not None else None
+        if shadow.candidate_id == BASE_SHADOW:
+            scorer = recipe_scorer(config, scenario) or scorer
+        if scorer is None:
             return None, None
-        task = EvalTask(messages=[m.model_dump() for m in asked.messages], scorer=spec)
-        scorer = ScorerSpec.model_validate(spec)
+        task = EvalTask(messages=[m.model_dump() for m in asked.messages], scorer=scorer)
         live = answer_text(Completion(response=record["response"], model=""))
         return score(scorer, live, task), score(scorer, answer_text(completion), task)
 

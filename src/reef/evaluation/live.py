@@ -12,6 +12,9 @@ those since it began serving, until the next one did):
 
 each as a count, a rate and its 95% Wilson interval, so that 2 of 6 is read as the wide guess it
 is. The base model's row ("base") is what served before any release: the same users, earlier.
+With `gate.shadow.base_share`, the base also answers a share of each release's calls as a shadow
+(`reef.daemon.shadow`, never heard): `base_shadow` is its pass rate on those very calls and
+`shadowed` the release's own on them, both by the recipe's scorer: the same stream, side by side.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import response_text
 from reef.store import ExperienceStore
+from reef.store.shadows import shadow_scores_by_release
 
 Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
 # Scorers a program runs on each live answer (a judge would ask a model per call).
 LIVE_SCORERS = ("exact", "contains", "regex", "python")
 PROGRESS_CALLS = 2000  # the newest calls of a scenario its progress is read from
+BASE_SHADOW = "base"  # the candidate id of the base model's shadow answers (`reef.daemon.shadow`)
 
 
 def wilson(passed: int, count: int, z: float = Z95) -> tuple[float, float]:
@@ -80,6 +85,9 @@ class ReleaseProgress:
     first_at: float  # when it first answered one
     reports: PassRate
     scorer: PassRate | None
+    # On the calls the base shadowed: the release's own answers and the base's, by the scorer.
+    shadowed: PassRate | None = None
+    base_shadow: PassRate | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +96,8 @@ class ReleaseProgress:
             "first_at": self.first_at,
             "reports": self.reports.to_json(),
             "scorer": self.scorer.to_json() if self.scorer else None,
+            "shadowed": self.shadowed.to_json() if self.shadowed else None,
+            "base_shadow": self.base_shadow.to_json() if self.base_shadow else None,
         }
 
 
@@ -104,14 +114,36 @@ def live_progress(
     calls: dict[str, list[dict[str, Any]]] = {}
     for call in store.latest_records(scenario, limit):
         calls.setdefault(call["release_id"], []).append(call)
+    shadowed = _base_shadowed(store, scenario, limit)
     progress = [
-        _release_progress(release, found, threshold, judged) for release, found in calls.items()
+        _release_progress(release, found, threshold, judged, shadowed.get(release))
+        for release, found in calls.items()
     ]
     return sorted(progress, key=lambda p: (p.release_id != "base", p.first_at))
 
 
+def _base_shadowed(
+    store: ExperienceStore, scenario: str, limit: int
+) -> dict[str, tuple[PassRate, PassRate]]:
+    """Per release, on the calls the base shadowed: its answers' pass rate and the base's."""
+    pairs: dict[str, list[tuple[float | None, float]]] = {}
+    for row in shadow_scores_by_release(store, scenario, BASE_SHADOW, limit):
+        pairs.setdefault(row["release_id"], []).append((row["live_score"], row["shadow_score"]))
+    return {
+        release: (
+            PassRate(sum((live or 0.0) >= 0.5 for live, _ in found), len(found)),
+            PassRate(sum(base >= 0.5 for _, base in found), len(found)),
+        )
+        for release, found in pairs.items()
+    }
+
+
 def _release_progress(
-    release_id: str, calls: list[dict[str, Any]], threshold: float, scorer: ScorerSpec | None
+    release_id: str,
+    calls: list[dict[str, Any]],
+    threshold: float,
+    scorer: ScorerSpec | None,
+    shadow: tuple[PassRate, PassRate] | None,
 ) -> ReleaseProgress:
     scored = [scores for call in calls if (scores := _scores(call))]
     reports = PassRate(sum(statistics.fmean(s) >= threshold for s in scored), len(scored))
@@ -119,7 +151,8 @@ def _release_progress(
     if scorer is not None:
         accepted = PassRate(sum(_accepts(scorer, call) for call in calls), len(calls))
     first = min(call["created_at"] for call in calls)
-    return ReleaseProgress(release_id, len(calls), first, reports, accepted)
+    shadowed, base = shadow or (None, None)
+    return ReleaseProgress(release_id, len(calls), first, reports, accepted, shadowed, base)
 
 
 def _scores(call: dict[str, Any]) -> list[float]:
@@ -154,9 +187,9 @@ def recipe_scorer(config: ReefConfig, scenario: str) -> ScorerSpec | None:
 def learning_progress(
     store: ExperienceStore, config: ReefConfig, limit: int = PROGRESS_CALLS
 ) -> dict[str, list[ReleaseProgress]]:
-    """The releases of each scenario that learns or was reported on, with their live pass
-    rates (`live_progress`), over its newest `limit` calls."""
-    reported = [name for name, n in store.stats()["scenarios"].items() if n["reports"]]
+    """The releases of each scenario that learns or has calls, with their live pass rates
+    (`live_progress`), over its newest `limit` calls."""
+    reported = [name for name, n in store.stats()["scenarios"].items() if n["records"]]
     learning = [plan.scenario for plan in config.learning_plans()]
     return {
         scenario: live_progress(

@@ -67,3 +67,19 @@ def shadow_summary(store: ExperienceStore, candidate_id: str) -> dict[str, Any]:
         "live_mean": statistics.fmean(r["live_score"] for r in scored) if scored else None,
         "shadow_mean": statistics.fmean(r["shadow_score"] for r in scored) if scored else None,
     }
+
+
+def shadow_scores_by_release(
+    store: ExperienceStore, scenario: str, candidate_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """The newest `limit` scored shadow records of `candidate_id` in `scenario`, each with the
+    release that answered the live call it copied: `release_id`, `live_score`,
+    `shadow_score`."""
+    return store.query(
+        "SELECT r.release_id AS release_id, s.live_score AS live_score, "
+        "s.shadow_score AS shadow_score FROM shadow_records s "
+        "JOIN records r ON r.id = s.live_record_id "
+        "WHERE s.candidate_id = ? AND s.scenario = ? AND s.shadow_score IS NOT NULL "
+        "ORDER BY s.seq DESC LIMIT ?",
+        [candidate_id, scenario, limit],
+    )

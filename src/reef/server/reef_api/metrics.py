@@ -348,7 +348,9 @@ class LearningCollector:
         rate = GaugeMetricFamily(
             f"{PREFIX}live_pass_rate",
             "Share of a release's live calls that passed (reports: mean score at or above the "
-            "gate's replay_threshold; scorer: the recipe's scorer accepts the answer)",
+            "gate's replay_threshold; scorer: the recipe's scorer accepts the answer; shadowed "
+            "and base_shadow: the release's and the base's answers to the calls the base "
+            "shadowed, by the scorer)",
             labels=["scenario", "release", "signal"],
         )
         calls = GaugeMetricFamily(
@@ -358,7 +360,13 @@ class LearningCollector:
         )
         for scenario, releases in learning_progress(store, self.state.config).items():
             for release in releases:
-                for signal, found in (("reports", release.reports), ("scorer", release.scorer)):
+                signals = (
+                    ("reports", release.reports),
+                    ("scorer", release.scorer),
+                    ("shadowed", release.shadowed),
+                    ("base_shadow", release.base_shadow),
+                )
+                for signal, found in signals:
                     if found is None or not found.count:
                         continue
                     labels = [scenario, release.release_id, signal]

@@ -26,7 +26,14 @@ COLUMNS = (
     "waiting",
     "learning",
 )
-RELEASE_COLUMNS = ("scenario", "release", "served", "reports passed", "scorer accepts")
+RELEASE_COLUMNS = (
+    "scenario",
+    "release",
+    "served",
+    "reports passed",
+    "scorer accepts",
+    "vs the base on its calls",
+)
 
 
 def scenario_cells(summary: ScenarioSummary) -> list[Cell]:
@@ -53,10 +60,17 @@ def release_rows(summary: ScenarioSummary) -> list[tuple[str, list[Cell]]]:
                 str(release["served"]),
                 pass_rate(release["reports"]),
                 pass_rate(release["scorer"]),
+                _beside_base(release),
             ],
         )
         for release in summary.releases
     ]
+
+
+def _beside_base(release: dict[str, Any]) -> str:
+    if not release.get("base_shadow"):
+        return "-"
+    return f"{pass_rate(release['shadowed'])} vs base {pass_rate(release['base_shadow'])}"
 
 
 def pass_rate(found: dict[str, Any] | None) -> str:
