@@ -87,9 +87,23 @@ def test_held_candidates_then_approve_conflict_exits_3(project: Path) -> None:
     code, output = reef("release", "approve", one["id"])
     assert code == 0 and "default@1" in output
     code, output = reef("release", "approve", two["id"])
-    assert code == 3 and "default@1" in output
+    assert code == 3 and "default@1" in output and f"reef release regate {two['id']}" in output
     code, output = reef("release", "reject", two["id"], "--reason", "superseded")
     assert code == 0 and "rejected" in output
+
+
+def test_a_stale_held_candidate_is_regated_against_the_new_head(project: Path) -> None:
+    one = publish(harness(project / "a", "A.", {"max_tokens": 2}))
+    two = publish(harness(project / "b", "B.", {"max_tokens": 2}))
+    assert reef("release", "approve", one["id"])[0] == 0
+    code, output = reef("release", "regate", two["id"], "--json")
+    assert code == 0, output
+    regated = json.loads(output)
+    assert regated["state"] == "held" and regated["base_release_id"] == "default@1"
+    code, output = reef("release", "show", two["id"], "--json")
+    assert json.loads(output)["decision"].startswith("superseded: re-gated against default@1")
+    code, output = reef("release", "approve", regated["id"])
+    assert code == 0 and "default@2" in output
 
 
 def test_unknown_ids_and_bad_kinds_are_clear(project: Path) -> None:
