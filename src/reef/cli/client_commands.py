@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -201,22 +201,59 @@ def records(
     if as_json:
         console.print_json(data=rows)
         return
+    if console.width >= WIDE_RECORDS:
+        console.print(_records_table(rows))
+    else:  # a table's texts would be cut to a few letters: one block per record instead
+        for row in rows:
+            console.print(_record_block(row), highlight=False, markup=False, soft_wrap=False)
+
+
+# Terminals at least this wide show the records as a table; narrower, one block per record.
+WIDE_RECORDS = 120
+
+
+def _record_columns(rows: list[dict[str, Any]]) -> dict[str, Callable[[dict[str, Any]], str]]:
+    """What is shown of each record, by header: a column only where some row has something to
+    say in it (the scenario when there are several, what a recipe concluded when one did)."""
+    columns: dict[str, Callable[[dict[str, Any]], str]] = {
+        "time": lambda row: datetime.fromtimestamp(row["created_at"]).strftime("%H:%M:%S"),
+        "scenario": lambda row: row["scenario"],
+        "release": lambda row: row["release_id"],
+        "prompt": lambda row: _short(last_user_text(row["request"].get("messages", []))),
+        "answer": lambda row: _short(response_text(row["response"])),
+        "feedback": lambda row: _short("; ".join(_describe_report(r) for r in row["reports"])),
+        "learned as": lambda row: _short(
+            "; ".join(_describe_annotation(a) for a in row.get("annotations", []))
+        ),
+    }
+    if len({row["scenario"] for row in rows}) <= 1:
+        del columns["scenario"]
+    if not any(row.get("annotations") for row in rows):
+        del columns["learned as"]
+    return columns
+
+
+def _records_table(rows: list[dict[str, Any]]) -> Table:
+    """The records as a table: ids whole (they are pasted into `reef report`)."""
+    columns = _record_columns(rows)
     table = Table(show_lines=False)
     add_id_column(table, "record", (row["id"] for row in rows))
-    for header in ("time", "scenario", "release", "prompt", "answer", "feedback", "learned as"):
-        table.add_column(header)
+    for header in columns:
+        table.add_column(header, no_wrap=header in ("time", "release", "scenario"))
     for row in rows:
-        table.add_row(
-            row["id"],
-            datetime.fromtimestamp(row["created_at"]).strftime("%H:%M:%S"),
-            row["scenario"],
-            row["release_id"],
-            _short(last_user_text(row["request"].get("messages", []))),
-            _short(response_text(row["response"])),
-            _short("; ".join(_describe_report(r) for r in row["reports"])),
-            _short("; ".join(_describe_annotation(a) for a in row.get("annotations", []))),
-        )
-    console.print(table)
+        table.add_row(row["id"], *(cell(row) for cell in columns.values()))
+    return table
+
+
+def _record_block(row: dict[str, Any]) -> str:
+    """One record in a few lines, for a narrow terminal: its id, time, scenario and release,
+    then each text on its own line, wrapped by the terminal."""
+    columns = _record_columns([row])
+    said = {header: cell(row) for header, cell in columns.items()}
+    head = " · ".join(said.pop(h) for h in ("time", "release") if h in said)
+    lines = [f"{row['id']}  {row['scenario']} · {head}"]
+    lines += [f"  {header}: {text}" for header, text in said.items() if text]
+    return "\n".join(lines)
 
 
 def _all_records(client: ReefClient, scenario: str | None) -> Iterator[dict[str, Any]]:
