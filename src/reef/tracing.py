@@ -8,8 +8,9 @@ answer (`chat <model>`, with the GenAI semantic conventions' attributes:
 write (`reef.store.write`). Under the answer, its phases where the engine measures them
 (`reef.queue`: waiting for a slot; `reef.prompt`: reading the prompt to the first token;
 `reef.decode`: the rest), and the teacher's answer when it took the call (`reef.teacher`). The
-record keeps its trace id in the tag `otel_trace_id`. Prompts and answers are exported only
-with `otel.capture_content: true`.
+record keeps its trace id in the tag `otel_trace_id`; with tracing off, the caller's, read from
+its `traceparent` header (`caller_trace_id`), so a record is found from a trace either way.
+Prompts and answers are exported only with `otel.capture_content: true`.
 
 The learning worker traces its work too: each learning step (`reef.learning.step`), the gate
 that judges its candidate (`reef.gate`) and the publish that releases it (`reef.publish`), one
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -35,6 +37,20 @@ from reef.protocol import ChatRequest, Completion
 
 log = logging.getLogger("reef.tracing")
 TRACE_TAG = "otel_trace_id"
+# W3C Trace Context: version-trace_id-parent_id-flags, lowercase hex (version ff is invalid).
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+
+
+def caller_trace_id(headers: Mapping[str, str]) -> str | None:
+    """The trace id of a call's W3C `traceparent` header, or None when it has none or a
+    malformed one (all zeros, version ff, a later version's trailing fields are allowed)."""
+    found = _TRACEPARENT.fullmatch(headers.get("traceparent", "").strip())
+    if found is None:
+        return None
+    version, trace_id, parent_id, _, rest = found.groups()
+    if version == "ff" or (version == "00" and rest) or set(trace_id) == {"0"}:
+        return None
+    return None if set(parent_id) == {"0"} else trace_id
 PROVIDER_NAME = {"llamacpp": "llama.cpp", "vllm": "vllm", "upstream": "openai"}
 
 

@@ -29,9 +29,10 @@ from reef.releases.workflow import ReleaseWorkflow
 from reef.server.state import ServerState
 from reef.server.teacher import teachers_of
 from reef.store import ExperienceStore
+from reef.testing.in_process import reef_in_process
 from reef.testing.processes import free_port, reef_serve
 from reef.testing.threaded import served_in_thread
-from reef.tracing import TRACE_TAG, Tracing, start_tracing
+from reef.tracing import TRACE_TAG, Tracing, caller_trace_id, start_tracing
 from tests.conftest import SMALL_ENGINE, TOKEN
 from tests.support.in_process import serving
 from tests.support.scripted_chat import answer
@@ -266,3 +267,24 @@ def test_reef_serve_exports_its_spans_to_an_otlp_http_collector(
     service = [a.value.string_value for a in resource.attributes if a.key == "service.name"]
     assert service == ["reef-under-test"]
     assert collector.headers[0]["x-collector-key"] == "k-123"
+
+
+def test_with_tracing_off_the_record_still_keeps_the_caller_s_trace_id(tmp_path: Path) -> None:
+    """A record is found from a trace whatever the exporter: the caller's `traceparent` trace id
+    is kept in the record's tags with otel off; a malformed header keeps nothing."""
+    with reef_in_process(tmp_path) as server:
+        assert server.state.tracing is None
+        kept = chat(server.url, {"traceparent": TRACEPARENT})
+        malformed = chat(server.url, {"traceparent": f"00-{'0' * 32}-00f067aa0ba902b7-01"})
+        records = {
+            response.headers["x-reef-agent-record-id"]: server.state.store.get_record(
+                response.headers["x-reef-agent-record-id"]
+            )
+            for response in (kept, malformed)
+        }
+    tags = [(record["metadata"] or {}).get("tags") or {} for record in records.values()]
+    assert tags[0].get(TRACE_TAG) == CALLER_TRACE
+    assert TRACE_TAG not in tags[1]
+    assert caller_trace_id({"traceparent": f"ff-{CALLER_TRACE}-00f067aa0ba902b7-01"}) is None
+    later = f"01-{CALLER_TRACE}-00f067aa0ba902b7-01-more"
+    assert caller_trace_id({"traceparent": later}) == CALLER_TRACE

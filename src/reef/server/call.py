@@ -33,6 +33,8 @@ class CallContext:
     failed_arm: str | None = None  # the arm whose answer the teacher replaced
     # The client's `x-reef-tag-<name>` headers (`tags_of`), stored with the record.
     tags: dict[str, str] = field(default_factory=dict)
+    # The caller's trace (its W3C `traceparent`), kept in the record when Reef traces nothing.
+    caller_trace_id: str | None = None
 
     @property
     def release_id(self) -> str:

@@ -143,7 +143,8 @@ def _builder(
 ) -> functools.partial[Record]:
     """`record_of`, for the store's writer thread to call, with the latency taken now."""
     latency_ms = (time.perf_counter() - started) * 1000
-    trace_id = state.tracing.trace_id() if state.tracing is not None else None
+    tracing = state.tracing
+    trace_id = tracing.trace_id() if tracing is not None else call.caller_trace_id
     return functools.partial(
         record_of,
         state,

@@ -23,7 +23,7 @@ from reef.server.in_flight import InFlight
 from reef.server.metrics import ServingMetrics
 from reef.server.teacher import Teacher
 from reef.store import ExperienceStore
-from reef.tracing import Tracing
+from reef.tracing import Tracing, caller_trace_id
 
 
 class Shadows(Protocol):
@@ -95,7 +95,16 @@ class ServerState:
             arm = binding.routing.choose(headers, session)
             route, binding = (binding.routing.release_id, arm.name), arm.binding
         cap = self.max_tokens_for(scenario)
-        return CallContext(scenario, session, capture, binding, cap, route, tags=tags_of(headers))
+        return CallContext(
+            scenario,
+            session,
+            capture,
+            binding,
+            cap,
+            route,
+            tags=tags_of(headers),
+            caller_trace_id=caller_trace_id(headers),
+        )
 
     def episode_binding(self, scenario: str, candidate_id: str) -> Binding:
         """What serves an episode's calls under a candidate of `scenario` while it is judged
