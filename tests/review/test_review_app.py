@@ -193,6 +193,13 @@ async def test_shadow_key_and_the_shadow_answers_beside_the_live_ones(
         await until(pilot, lambda: bool(app.screen.query("#shadows TaskBlock")))
         (pair,) = app.screen.query("#shadows TaskBlock")
         assert isinstance(pair, TaskBlock) and pair.sides == ("live", "shadow")
+        # The detail tabs, from the keyboard wherever the focus is: `]` next, `[` previous.
+        tabs = app.screen.query_one("#candidate-tabs", TabbedContent)
+        first = tabs.active
+        await pilot.press("right_square_bracket")
+        await until(pilot, lambda: tabs.active != first)
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: tabs.active == first)
         assert pair.result.task_id == live["id"] and pair.result.candidate_answer == "Bonjour."
         assert (pair.result.current_score, pair.result.candidate_score) == (0.0, 1.0)
 

@@ -10,7 +10,16 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static, TabbedContent
+from textual.widgets import (
+    DataTable,
+    Footer,
+    Header,
+    Label,
+    Sparkline,
+    Static,
+    TabbedContent,
+    TabPane,
+)
 
 from reef.review.rows import CandidateDetail, ReviewError, TaskView
 from reef.review.source import ReviewSource
@@ -71,6 +80,8 @@ class CandidateScreen(Screen[None]):
         Binding("escape", "app.pop_screen", "Back", id="candidate.back"),
         Binding("a", "approve", "Approve", id="candidate.approve"),
         Binding("r", "reject", "Reject", id="candidate.reject"),
+        Binding("left_square_bracket", "tab(-1)", "Previous tab", id="candidate.previous_tab"),
+        Binding("right_square_bracket", "tab(1)", "Next tab", id="candidate.next_tab"),
     ]
 
     def __init__(self, candidate_id: str, source: ReviewSource) -> None:
@@ -140,6 +151,14 @@ class CandidateScreen(Screen[None]):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "candidate-records" and event.row_key.value:
             self.post_message(OpenRecord(str(event.row_key.value)))
+
+    def action_tab(self, step: int) -> None:
+        """Show the detail tab `step` places after the one shown (before, when negative),
+        wherever the focus is: an arrow moves between tabs only once the tab row has it."""
+        tabbed = self.query_one("#candidate-tabs", TabbedContent)
+        panes = [pane.id for pane in tabbed.query(TabPane) if pane.id]
+        if tabbed.active in panes:
+            tabbed.active = panes[(panes.index(tabbed.active) + step) % len(panes)]
 
     def action_approve(self) -> None:
         if self.detail is not None:
