@@ -105,7 +105,8 @@ def test_harness_pull_versions_and_an_older_version(server: ServerProcess, tmp_p
     assert (tree / "skills/SKILL.md").read_text() == SKILL_2
     assert (tree / "NOTES.md").exists()
 
-    versions = client.harness_versions("default")
+    base, *versions = client.harness_versions("default")
+    assert base["release_id"] == "base" and base["operation"] == "start"  # where it started
     assert [v["release_id"] for v in versions] == ["default@1", "default@2"]  # newest last
     assert [v["artifact_version"] for v in versions] == ["default@1", "default@2"]
     assert versions[0]["gate"] is None  # published without an evaluation
@@ -142,14 +143,30 @@ def test_the_manifest_has_upstream_fields_and_a_release_header(http: httpx.Clien
 
     releases = http.get("/reef/harness/releases", headers={"x-reef-scenario": "default"}).json()
     assert releases["scenario"] == "default"
-    assert [r["release_id"] for r in releases["releases"]] == ["default@1", "default@2"]
+    assert [r["release_id"] for r in releases["releases"]] == ["base", "default@1", "default@2"]
 
     # A scenario without releases serves the base: no files, and says so.
     empty = http.get("/reef/harness", headers={"x-reef-scenario": "nothing-yet"})
     assert empty.status_code == 200 and empty.headers["x-reef-release-id"] == "base"
     assert empty.json()["files"] == {} and empty.json()["gate"] is None
     versions = http.get("/reef/harness/versions", headers={"x-reef-scenario": "nothing-yet"})
-    assert versions.json()["versions"] == []
+    (start,) = versions.json()["versions"]  # its starting point, as upstream's catalog lists it
+    assert start["release_id"] == "base" and start["serving"] and start["head"]
+
+
+def test_a_fresh_scenario_lists_and_pulls_its_starting_point(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """reef-client on a scenario with no release yet: one version, the base, pulled as an
+    empty tree (the sidecar says which version it is)."""
+    client = ReefClient(server.url, token=TOKEN)
+    (start,) = client.harness_versions("fresh")
+    assert start["artifact_version"] == "base" and start["version"] == 0
+    tree = tmp_path / "fresh"
+    assert client.harness_pull("fresh", tree) == "base"
+    assert client.harness_pull("fresh", tree, version="base") == "base"
+    sidecar = json.loads((tree / ".reef-harness-version").read_text())
+    assert sidecar == {"artifact_version": "base", "files": []}
 
 
 def test_bad_harness_requests_say_what_to_fix(http: httpx.Client) -> None:

@@ -184,12 +184,37 @@ def release_row(release: Release, serving_id: str, head_id: str | None) -> dict[
     }
 
 
+def base_row(serving_id: str, head_id: str | None) -> dict[str, Any]:
+    """Where every scenario starts, as upstream's catalog lists a scenario's starting release:
+    the base model with no harness (an empty tree), pullable as `?release_id=base`."""
+    return {
+        "release_id": BASE_RELEASE,
+        "artifact_version": BASE_RELEASE,
+        "version": 0,
+        "parent_release_id": None,
+        "kind": "base",
+        "parts": [],
+        "created_at": None,
+        "content_id": content_hash({}),
+        "candidate_id": None,
+        "records_consumed": 0,
+        "reason": "the base model with no harness: where the scenario starts",
+        "operation": "start",
+        "copy_of": None,
+        "gate": None,
+        "serving": serving_id == BASE_RELEASE,
+        "head": head_id is None,
+        "page": None,
+    }
+
+
 def _harness_releases(state: ServerState, scenario: str) -> list[dict[str, Any]]:
-    """The scenario's releases that carry a harness, oldest first (blocking)."""
+    """The scenario's releases that carry a harness, oldest first, after its starting point,
+    the base (blocking)."""
     releases = state.workflow.chain.releases(scenario)  # newest first
     serving_id = state.bindings.get(scenario, BASE_BINDING).release_id
     head_id = releases[0].release_id if releases else None
-    return [
+    return [base_row(serving_id, head_id)] + [
         release_row(release, serving_id, head_id)
         for release in reversed(releases)
         if HARNESS in release.carried_parts

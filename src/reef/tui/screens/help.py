@@ -19,8 +19,9 @@ stores live (every second); the cursor stays on the row you selected.
 **Candidates**: held candidates first, then newest first. `enter` opens one: the evaluation task
 by task, the diff against its parent release, weights and training loss, the records it was built
 from, each a tab: `]` shows the next tab and `[` the previous one (the arrows move between tabs
-once the tab row has the focus: `shift+tab` gives it). `a` approves (it becomes a new release and serves), `r` rejects with a reason, `c` puts
-it on a canary (a share of sessions, judged on their reports; its summary shows the arms, the
+once the tab row has the focus: `shift+tab` gives it). `a` approves (it becomes a new release
+and serves; the confirmation says what the gate found it loses), `r` rejects with a reason, `c`
+puts it on a canary (a share of sessions, judged on their reports; its summary shows the arms, the
 estimate and what happens next), `h` puts it in shadow (it answers copies of live calls, never
 heard; its Shadow tab shows them beside the live answers), `s` cycles the state filter, `/`
 filters the rows by text. On a canary, `a` promotes it and `r` rolls it back.
