@@ -282,6 +282,8 @@ def report(
     with open_client(server_url(url, config)) as client:
         stored = client.report(receipts, score, feedback, scenario=scenario, report_id=report_id)
     console.print(f"[green]reported[/] {stored['id']} on {len(stored['references'])} record(s)")
+    for warning in stored.get("warnings") or []:
+        console.print(f"[yellow]note[/] {escape(warning)}", highlight=False)
 
 
 def export(

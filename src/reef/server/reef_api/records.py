@@ -123,7 +123,24 @@ async def report(request: Request) -> Response:
         state.metrics.reports.labels(scenario).inc()
     # Upstream Reef's answer beside Reef's own: the report's id is its record id there.
     answer = {**stored, "agent_record_id": stored["id"], "request_type": "report"}
+    warning = _outside_range(state, scenario, body.score)
+    if warning:
+        answer["warnings"] = [warning]
     return JSONResponse(answer, status_code=201 if created else 200)
+
+
+def _outside_range(state: ServerState, scenario: str, score: float | None) -> str | None:
+    """What becomes of a score outside the range the scenario declares (its contract's
+    `report.score_range`, `gate.canary.score_range`), in words; None for one inside it."""
+    low, high = state.config.gate_for(scenario).canary.score_range
+    if score is None or low <= score <= high:
+        return None
+    edge = high if score > high else low
+    return (
+        f"score {score:g} is outside {scenario}'s score range [{low:g}, {high:g}] "
+        f"(gate.canary.score_range): it is stored as sent, a canary reads it as {edge:g}, and "
+        "recipes and the live pass rate compare it with their thresholds as it is"
+    )
 
 
 def _check_canary_score(
