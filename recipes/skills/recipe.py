@@ -9,14 +9,16 @@ A step is a night after a day. The day is the batch's scored turns, run as tasks
 current pool on the served model and scored by `scorer`. The night groups the day's turns by the
 skill each one concerns (the skill whose name and description share the most word stems with its
 request, common words aside; none: the no-skill bucket) and makes one decision per group, asked
-of the proposer with the group's skill and its turns (request, answer, score, what the user
-said): `create` a skill, `improve` the group's skill, `merge` it into another, or `skip`. The
-decisions apply as one composite change of the tree, or not at all: one that breaks a rule (a
-name that is taken or not a skill name, a merge into a skill that is not there, a pool past
-`max_skills`) refuses the whole night. The next day, the same tasks against the new pool, is
-scored in the step, and the gate judges the candidate on the scenario's tasks and the day's
-failing ones. With `episodes` set, the day is a suite of Harbor tasks run by the agent under
-the pool (`reef.sdk.prompt_search`)."""
+of the proposer with the group's skill and its turns (request, the day's answer, or with
+`episodes` the run's trace: the agent's steps and the test's output, its score, and what the
+user said; each answer at most `answer_chars`, the cuts counted in the step's metrics): `create`
+a skill, `improve` the group's skill, `merge` it into another, or `skip`. The decisions apply as
+one composite change of the tree, or not at all: one that breaks a rule (a name that is taken or
+not a skill name, a merge into a skill that is not there, a pool past `max_skills`) refuses the
+whole night. The next day, the same tasks against the new pool, is scored in the step, and the
+gate judges the candidate on the scenario's tasks and the held-out failing calls (never the
+day's). With `episodes` set, the day is a suite of Harbor tasks run by the agent under the pool
+(`reef.sdk.prompt_search`)."""
 
 from __future__ import annotations
 
@@ -106,7 +108,8 @@ DECISION_SCHEMA = {
 NIGHT_PROMPT = """You keep the skills an AI assistant may use: short notes on how to do one kind \
 of task well. The skills it has: {catalog}
 {group}
-Here is how the assistant did today on these requests (1 is what the users want):
+Here is how the assistant did today on these requests (1 is what the users want), with what \
+it answered:
 {turns}
 Decide one thing: "create" a new skill for these requests, "improve" the skill above, "merge" \
 it into another skill ("merge_into"), or "skip". A skill has a short lowercase name, a one-line \
@@ -117,6 +120,7 @@ description, and a body saying what to do. Reply with only a JSON object: {{"dec
 class SkillsSettings(PromptSearchSettings):
     max_skills: int = Field(12, ge=1)  # the most skills the pool may hold after a night
     turns_shown: int = Field(4, ge=1)  # of a group, in the night's question
+    answer_chars: int = Field(400, ge=0)  # of each day's answer (or run's trace) the night reads
 
 
 @dataclass
@@ -158,6 +162,8 @@ class NightDecision:
 @dataclass
 class Night:
     decisions: list[NightDecision] = field(default_factory=list)
+    answers_shown: int = 0  # the day's answers (or traces) its questions showed
+    answers_cut: int = 0  # of those, cut to `answer_chars`
 
     def applied(self, tree: dict[str, bytes], max_skills: int) -> dict[str, bytes]:
         """The tree with every decision applied, as one change; `TreeChangeRefused` (nothing
@@ -251,6 +257,7 @@ class Skills(PromptSearch):
         tree = context.files_of(HARNESS)
         day = self._day(context, tree, tasks)
         night = self._night(context, tree, tasks, day)
+        scores = [scored for _, scored in day]
         acting = [d for d in night.decisions if d.decision != "skip"]
         if not acting:
             raise ProposalRefused(f"every group's decision was skip ({len(night.decisions)})")
@@ -260,9 +267,9 @@ class Skills(PromptSearch):
             raise ProposalRefused(
                 f"the night is refused, nothing applied: {refused.message}"
             ) from None
-        next_day = self._day(context, grown, tasks)
+        next_day = [scored for _, scored in self._day(context, grown, tasks)]
         said = ", ".join(f"{d.decision} {_subject(d)}" for d in acting)
-        before, after = statistics.fmean(day), statistics.fmean(next_day)
+        before, after = statistics.fmean(scores), statistics.fmean(next_day)
         return Proposal(
             kind="harness",
             files=grown,
@@ -275,38 +282,51 @@ class Skills(PromptSearch):
                 "day_mean": before,
                 "next_day_mean": after,
                 "tasks": len(tasks),
+                # What the night read of the day: the answers it showed, and those it cut.
+                "night_answers": night.answers_shown,
+                "night_answers_cut": night.answers_cut,
             },
         )
 
     def _day(
         self, context: StepContext, tree: dict[str, bytes], tasks: list[SearchTask]
-    ) -> list[float]:
-        return [self.answer(context, tree, task)[1] for task in tasks]
+    ) -> list[tuple[str, float]]:
+        """Each task's answer under `tree` (with `episodes`, its runs' traces) and score."""
+        return [self.answer(context, tree, task) for task in tasks]
 
     def _night(
         self,
         context: StepContext,
         tree: dict[str, bytes],
         tasks: list[SearchTask],
-        day: list[float],
+        day: list[tuple[str, float]],
     ) -> Night:
         pool = pool_of(tree)
-        groups: dict[str, list[tuple[SearchTask, float]]] = {}
-        for task, scored in zip(tasks, day, strict=True):
-            groups.setdefault(group_of(task.prompt, pool), []).append((task, scored))
+        groups: dict[str, list[tuple[SearchTask, str, float]]] = {}
+        for task, (answer, scored) in zip(tasks, day, strict=True):
+            groups.setdefault(group_of(task.prompt, pool), []).append((task, answer, scored))
         night = Night()
         for group, members in sorted(groups.items()):
-            decision = self._decide(context, pool, group, members)
+            decision = self._decide(context, pool, group, members, night)
             if decision is not None:
                 night.decisions.append(decision)
         return night
+
+    def _shown(self, answer: str, night: Night) -> str:
+        """A day's answer as the night reads it: whole, or cut to `answer_chars` and counted."""
+        limit = self.settings.answer_chars
+        if len(answer) <= limit:
+            return answer
+        night.answers_cut += 1
+        return answer[:limit] + "…"
 
     def _decide(
         self,
         context: StepContext,
         pool: dict[str, Skill],
         group: str,
-        members: list[tuple[SearchTask, float]],
+        members: list[tuple[SearchTask, str, float]],
+        night: Night,
     ) -> NightDecision | None:
         assert context.ask is not None
         catalog = ", ".join(f"{s.name} ({s.description})" for s in pool.values()) or "none yet"
@@ -316,11 +336,14 @@ class Skills(PromptSearch):
             if shown
             else "No skill concerns these requests."
         )
+        shown_members = members[: self.settings.turns_shown]
         lines = "\n".join(
-            f"- {task.prompt[:160]!r} -> score {scored:g}; the user said: {task.said[:160]}"
-            for task, scored in members[: self.settings.turns_shown]
+            f"- {task.prompt[:160]!r} -> score {scored:g}; it answered: "
+            f"{self._shown(answer, night)!r}; the user said: {task.said[:160]}"
+            for task, answer, scored in shown_members
         )
         prompt = NIGHT_PROMPT.format(catalog=catalog, group=about, turns=lines)
+        night.answers_shown += len(shown_members)
         reply = context.ask(
             [{"role": "user", "content": prompt}], json_schema=DECISION_SCHEMA, max_tokens=600
         )

@@ -91,6 +91,10 @@ def test_a_night_s_decisions_apply_as_one_change_of_the_tree() -> None:
     assert proposal is not None and proposal.kind == "harness"
     assert len(asked) == 2  # one decision per group: the arithmetic skill, the no-skill bucket
     assert "Work digit by digit." in next(q for q in asked if "arithmetic:" in q)
+    # The night reads what the model answered, not only its score (SkillClaw's night reads the
+    # day's traffic).
+    assert all("it answered: '42.'" in question for question in asked)
+    assert proposal.metrics["night_answers"] == 3 and proposal.metrics["night_answers_cut"] == 0
     pool = pool_of(proposal.files)
     assert sorted(pool) == ["arithmetic", "polite"]
     assert pool["arithmetic"].body == "Add the units first."
@@ -143,3 +147,12 @@ def test_the_pool_s_catalog_reaches_a_served_request(tmp_path: Path) -> None:
     system = served.messages[0]
     assert system.role == "system"
     assert "- arithmetic: adding and multiplying numbers" in str(system.content)
+
+
+def test_the_night_reads_each_answer_within_its_budget_and_counts_the_cuts() -> None:
+    asked: list[str] = []
+    proposal = recipe(answer_chars=2).propose(
+        batch(), context({"": CREATE, "arithmetic": IMPROVE}, asked)
+    )
+    assert all("it answered: '42…'" in question for question in asked)
+    assert proposal is not None and proposal.metrics["night_answers_cut"] == 3
