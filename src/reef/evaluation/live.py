@@ -189,7 +189,7 @@ def learning_progress(
 ) -> dict[str, list[ReleaseProgress]]:
     """The releases of each scenario that learns or has calls, with their live pass rates
     (`live_progress`), over its newest `limit` calls."""
-    reported = [name for name, n in store.stats()["scenarios"].items() if n["records"]]
+    with_calls = [name for name, n in store.stats()["scenarios"].items() if n["records"]]
     learning = [plan.scenario for plan in config.learning_plans()]
     return {
         scenario: live_progress(
@@ -199,5 +199,5 @@ def learning_progress(
             recipe_scorer(config, scenario),
             limit,
         )
-        for scenario in sorted({*learning, *reported})
+        for scenario in sorted({*learning, *with_calls})
     }
