@@ -3,10 +3,15 @@
 A step turns the batch's scored turns into tasks (as `gepa` does: each prompt, scored by
 `scorer`, with the user's feedback on it) and grows a history of trees, each scored on every
 task. Each new node is a complete tree the proposer model writes (its `AGENTS.md` and a rule
-file) after reading the history: in `full_history` mode every retained node (its files, its
-mean, its score on each task, a few of its answers and their feedback), in `incumbent_only` mode
-the best node alone. At most `max_candidates` nodes are retained (the best by mean, the seed
-always), and at most `max_nodes` are written in a step.
+file) after reading the history: in `full_history` mode every node written in the step (its
+files, its mean, its score on each task, and the raw answers or episode traces of its failures,
+with what was said about them) and the scenario's earlier candidates (their files and gate
+scores: the history kept across steps in the candidate store), in `incumbent_only` mode the best
+node alone. The history is what fits the proposer's context (`history_chars`, by default what the
+served model's context window leaves): every design is named with its scores, then the designs'
+files and failures are given whole, the most informative first (the best, then the worst, then
+the rest by mean), and what did not fit is said. At most `max_candidates` nodes are retained for
+the proposal (the best by mean, the seed always), and at most `max_nodes` are written in a step.
 
 The best node is proposed only when the evidence says it beats the current tree: its paired
 per-task differences against the seed give a one-sided confidence (a normal approximation to the
@@ -28,6 +33,7 @@ from pydantic import Field
 
 from reef.sdk import (
     HARNESS,
+    Evaluated,
     PromptSearch,
     PromptSearchSettings,
     Proposal,
@@ -35,6 +41,7 @@ from reef.sdk import (
     SearchTask,
     StepContext,
     Trajectory,
+    files_of,
 )
 
 RULE_PATH = "rules/meta_harness.md"
@@ -63,9 +70,12 @@ class MetaHarnessSettings(PromptSearchSettings):
     # The one-sided confidence, from the paired per-task differences, that the best node beats
     # the current tree; below it the step proposes nothing.
     min_confidence: float = Field(0.9, gt=0.5, lt=1.0)
-    # The longest history the proposer is shown, in characters (about 4 a token): the designs
-    # that do not fit are left out, the best kept.
-    history_chars: int = Field(1800, ge=200)
+    # The longest history the proposer is shown, in characters; None: what the proposer's
+    # context window leaves (`StepContext.proposer_context_tokens`, at 3 characters a token,
+    # after its reply). Every design is named; what does not fit of their files and failures
+    # is left out, the most informative kept, and said.
+    history_chars: int | None = Field(None, ge=200)
+    earlier_shown: int = Field(8, ge=0)  # the scenario's earlier candidates in the history
 
 
 @dataclass
@@ -103,14 +113,17 @@ class MetaHarness(PromptSearch):
         turns = self.scored_turns(batch)
         tasks = self.search_tasks(turns, context)
         seed = self._node(context, context.files_of(HARNESS), tasks)
-        retained, written = [seed], 0
+        retained, written, tried = [seed], 0, [seed]
         for _ in range(self.settings.max_nodes):
-            shown = retained if self.settings.mode == "full_history" else [_best(retained)]
-            tree = self._write_tree(context, shown, tasks)
+            full = self.settings.mode == "full_history"
+            shown = tried if full else [_best(retained)]
+            tree = self._write_tree(context, shown, tasks, context.evaluated if full else [])
             if tree is None:
                 continue
             written += 1
-            retained.append(self._node(context, tree, tasks))
+            node = self._node(context, tree, tasks)
+            tried.append(node)
+            retained.append(node)
             retained = [seed, *sorted(retained[1:], key=lambda n: -n.mean)][
                 : self.settings.max_candidates
             ]
@@ -146,10 +159,16 @@ class MetaHarness(PromptSearch):
         return Node(tree, [scored for _, scored in answered], [answer for answer, _ in answered])
 
     def _write_tree(
-        self, context: StepContext, shown: list[Node], tasks: list[SearchTask]
+        self,
+        context: StepContext,
+        shown: list[Node],
+        tasks: list[SearchTask],
+        earlier: list[Evaluated],
     ) -> dict[str, bytes] | None:
         assert context.ask is not None
-        prompt = PROPOSER_PROMPT.format(history=self._history(shown, tasks))
+        budget = self.settings.history_chars or history_budget(context.proposer_context_tokens)
+        history = search_history(shown, tasks, earlier[: self.settings.earlier_shown], budget)
+        prompt = PROPOSER_PROMPT.format(history=history)
         reply = context.ask(
             [{"role": "user", "content": prompt}], json_schema=TREE_SCHEMA, max_tokens=1400
         )
@@ -165,35 +184,84 @@ class MetaHarness(PromptSearch):
             tree[RULE_PATH] = (rules[:MAX_FILE_CHARS] + "\n").encode()
         return tree
 
-    def _history(self, shown: list[Node], tasks: list[SearchTask]) -> str:
-        """The designs as the proposer reads them, the best first, within `history_chars` (a
-        small model's context holds about a thousand tokens): designs past it are left out."""
-        ranked = sorted(enumerate(shown), key=lambda item: -item[1].mean)
-        parts: list[str] = []
-        for number, node in ranked:
-            described = _described(number, node, tasks)
-            if parts and sum(map(len, parts)) + len(described) > self.settings.history_chars:
-                break
-            parts.append(described[: self.settings.history_chars])
-        return "\n".join(parts)
 
 
 def _best(nodes: list[Node]) -> Node:
     return max(nodes, key=lambda node: node.mean)  # the earliest of a tie: the seed first
 
 
-def _described(number: int, node: Node, tasks: list[SearchTask], shown_answers: int = 2) -> str:
-    """One node as the proposer reads it: its files, its scores, its worst answers."""
-    files = "\n".join(
-        f"  --- {path}\n  {data.decode(errors='replace')[:300]}"
-        for path, data in sorted(node.tree.items())
-    )
+# What the proposer's reply and the prompt's own words take of its context, in tokens.
+REPLY_TOKENS = 1400 + 300
+CHARS_PER_TOKEN = 3  # a cautious count: code and JSON are denser than prose
+REMOTE_CONTEXT_TOKENS = 16_384  # a proposer at `learning.proposer_url`, its window unknown
+
+
+def history_budget(context_tokens: int | None) -> int:
+    """The characters of history that fit the proposer's context window after its reply."""
+    tokens = context_tokens if context_tokens is not None else REMOTE_CONTEXT_TOKENS
+    return max(200, (tokens - REPLY_TOKENS) * CHARS_PER_TOKEN)
+
+
+def search_history(
+    shown: list[Node], tasks: list[SearchTask], earlier: list[Evaluated], budget: int
+) -> str:
+    """The search so far as the proposer reads it, within `budget` characters: first every
+    design named with its mean and its score on each request (this step's, then the scenario's
+    earlier candidates with their gate scores), then each design's files and failures whole,
+    the most informative first (the best, the worst, then the rest by mean), as many as fit;
+    a last line says whose details were left out."""
+    ranked = sorted(range(len(shown)), key=lambda i: -shown[i].mean)
+    order = ranked[:1] + ranked[-1:] + ranked[1:-1] if len(ranked) > 1 else ranked
+    names = [_named(number, shown[number]) for number in range(len(shown))]
+    names += [_earlier_named(number, found) for number, found in enumerate(earlier)]
+    parts, used = ["\n".join(names)], len("\n".join(names))
+    left_out = []
+    details = [(f"Design {n}", _details(n, shown[n], tasks)) for n in order]
+    details += [(f"Earlier {n}", _earlier_details(n, e)) for n, e in enumerate(earlier)]
+    for name, detail in details:
+        if used + len(detail) > budget:
+            left_out.append(name)
+            continue
+        parts.append(detail)
+        used += len(detail)
+    if left_out:
+        parts.append(f"(left out for room, scores above only: {', '.join(left_out)})")
+    return "\n".join(parts)
+
+
+def _named(number: int, node: Node) -> str:
     per_task = ", ".join(f"{s:g}" for s in node.scores)
-    worst = sorted(range(len(node.scores)), key=lambda i: node.scores[i])[:shown_answers]
-    answers = "\n".join(
-        f"  - request {tasks[i].prompt[:120]!r} -> {node.answers[i][:120]!r} (score "
-        f"{node.scores[i]:g}; the user said: {tasks[i].said[:160]})"
-        for i in worst
+    return f"Design {number}: mean {node.mean:.2f}; per request: {per_task}"
+
+
+def _details(number: int, node: Node, tasks: list[SearchTask]) -> str:
+    """A design's files whole, and each of its failures: the request, the raw answer (or
+    episode trace) and what was said about it."""
+    files = "\n".join(
+        f"  --- {path}\n{data.decode(errors='replace')}" for path, data in sorted(node.tree.items())
     )
-    files = files or "  (no files: the model as it is)"
-    return f"Design {number}: mean {node.mean:.2f}; per request: {per_task}\n{files}\n{answers}\n"
+    failures = "\n".join(
+        f"  - request {tasks[i].prompt!r} -> {node.answers[i]!r} (score {node.scores[i]:g}; "
+        f"the user said: {tasks[i].said})"
+        for i in range(len(node.scores))
+        if node.scores[i] < 1.0
+    )
+    return (
+        f"Design {number}, its files:\n{files or '  (no files: the model as it is)'}\n"
+        f"Its failures:\n{failures or '  (none)'}\n"
+    )
+
+
+def _earlier_named(number: int, found: Evaluated) -> str:
+    scores = list(found.scores.values())
+    mean = statistics.fmean(scores) if scores else 0.0
+    return f"Earlier {number} ({found.candidate_id}): gate mean {mean:.2f} on {len(scores)} task(s)"
+
+
+def _earlier_details(number: int, found: Evaluated) -> str:
+    files = "\n".join(
+        f"  --- {path}\n{data.decode(errors='replace')}"
+        for path, data in sorted(files_of(found.files, HARNESS).items())
+    )
+    lost = ", ".join(task for task, scored in found.scores.items() if scored < 1.0) or "none"
+    return f"Earlier {number}, its files:\n{files or '  (none)'}\nIts gate's failures: {lost}\n"

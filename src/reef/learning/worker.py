@@ -38,7 +38,7 @@ from typing import Any
 
 from reef.artifacts import keep_serving_parts
 from reef.config import EpisodeGateConfig, ReefConfig
-from reef.engines import served_model_path
+from reef.engines import resolve_kind, served_model_path
 from reef.episodes.gate import EPISODE_TASK_PREFIX
 from reef.evaluation.held_out import prompt_key, task_prompt
 from reef.evaluation.runner import Generate, TaskResult, model_generate
@@ -452,6 +452,7 @@ class LearningWorker:
             instruction=instruction,
             ask=services.ask,
             evaluated=[e for c in candidates[:20] if (e := _evaluated(c)) is not None],
+            proposer_context_tokens=self._proposer_context(),
             generate=functools.partial(services.generate, binding=serving),
             generate_under=functools.partial(services.generate_under, serving=serving),
             run_episodes=functools.partial(services.run_episodes, scenario),
@@ -462,6 +463,13 @@ class LearningWorker:
             progress=self.progress,
             annotate=functools.partial(save_annotation, self.store, scenario, recipe.name),
         )
+
+    def _proposer_context(self) -> int | None:
+        """The proposer's context window where Reef knows it: the served llama.cpp model's."""
+        if self.config.learning.proposer_url:
+            return None
+        kind, _ = resolve_kind(self.config.engine)
+        return self.config.engine.llamacpp.n_ctx if kind == "llamacpp" else None
 
     # -- the loop -----------------------------------------------------------------------------
 

@@ -95,6 +95,9 @@ class StepContext:
     ask: Callable[..., str] | None = None
     # Earlier candidates with their per-task scores, newest first (for population-based recipes).
     evaluated: list[Evaluated] = field(default_factory=list)
+    # The proposer's context window in tokens, where Reef knows it (the served llama.cpp model's
+    # `n_ctx`); None for a proposer at `learning.proposer_url` or an engine that does not say.
+    proposer_context_tokens: int | None = None
     # Runs an OpenAI chat request body on the served model under the current release, without
     # recording it, and returns the Completion (text, token ids, the prompt's token ids).
     generate: Callable[[dict[str, Any]], Completion] | None = None
