@@ -65,13 +65,14 @@ class SAOSettings(LoraRecipeSettings):
     max_staleness: int | None = Field(18, ge=0)  # releases a record may lag the head
     learning_rate: float = Field(2e-4, gt=0)
     steps: int = Field(1, ge=1)  # actor optimiser steps per batch: one
-    eps_clip: float = Field(0.2, ge=0.0, lt=1.0)
-    eps_clip_high: float = Field(0.28, ge=0.0)
+    # The paper's values, as upstream's SAO config sets them (reef.training.sao.SAOSettings).
+    eps_clip: float = Field(0.3, ge=0.0, lt=1.0)
+    eps_clip_high: float = Field(5.0, ge=0.0)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     gae_lambda: float | None = Field(None, ge=0.0, le=1.0)  # none: length-adaptive
-    length_alpha: float = Field(0.05, gt=0.0)
+    length_alpha: float = Field(1.5, gt=0.0)
     critic_lambda: float = Field(1.0, ge=0.0, le=1.0)
-    critic_steps: int = Field(4, ge=0)
+    critic_steps: int = Field(2, ge=0)
     critic_learning_rate: float = Field(1e-3, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
 

@@ -176,8 +176,9 @@ def test_the_sample_uses_the_recorded_log_probs_and_changing_them_changes_the_ra
     settings = UpdateSettings(critic_steps=0)
     same = train_sao(base, [example], settings, tmp_path / "a.pt").metrics
     assert same["clip_fraction"] == [0.0]  # r = 1 on every token: inside the range
-    # The record says the engine gave each token e times less probability: r = e, outside.
-    shifted = served_turn(base, [lp - 1.0 for lp in on_policy.completion_logprobs or []])
+    # The record says the engine gave each token e^2 times less probability: r = 7.4, above the
+    # paper's ceiling 1 + 5.0.
+    shifted = served_turn(base, [lp - 2.0 for lp in on_policy.completion_logprobs or []])
     (moved,) = recipe.examples([(shifted, None)], context(tiny, tmp_path))
     other = train_sao(base, [moved], settings, tmp_path / "b.pt").metrics
     assert other["clip_fraction"] == [1.0] and other["loss"] == [0.0]
@@ -274,3 +275,19 @@ def test_a_recipes_module_outside_a_checkout_is_reefs_installed_recipe(tmp_path:
     config = load_config(tmp_path / "serve.yaml", env={})
     assert config.learning.recipe == "reef.recipes.sao.recipe:SAORecipe"  # as the wheel installs
     assert load_plans(config)[0].recipes[0].name == "sao"
+
+
+def test_the_defaults_are_the_paper_s_and_every_token_of_a_short_answer_learns() -> None:
+    """alpha 0.05 gave lambda 0 to answers of 20 tokens or fewer: with a fresh critic only the
+    last token had an advantage. The paper's alpha 1.5 spreads the score over all eight."""
+    from reef.training.sao import SAOSettings as UpdateSettings
+    from reef.training.value import gae, length_adaptive_lambda, terminal_rewards
+
+    settings = UpdateSettings()
+    assert (settings.length_alpha, settings.eps_clip, settings.eps_clip_high) == (1.5, 0.3, 5.0)
+    assert SAOSettings().length_alpha == settings.length_alpha  # the recipe's, the same
+    fresh_critic = [0.5] * 8  # a value head that has learned nothing predicts about the mean
+    for alpha, learning in ((0.05, 1), (settings.length_alpha, 8)):
+        lam = length_adaptive_lambda(8, alpha)
+        advantages, _ = gae(terminal_rewards(1.0, 8), fresh_critic, 1.0, lam)
+        assert sum(abs(a) > 1e-6 for a in advantages) == learning, (alpha, advantages)
