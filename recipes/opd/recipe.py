@@ -10,11 +10,11 @@ Agarwal et al. (GKD, arXiv 2306.13649) and Thinking Machines' "On-Policy Distill
 it: dense, per-token teaching on the student's own mistakes, no reward, no judge. No feedback
 is needed: every answer whose tokens were recorded is a sample.
 
-The teacher (`teacher`):
+The teacher (`teacher`, required: there is no teacher to default to):
 
 - `base`: the weights the scenario trains on, the adapter switched off (the served model, or
   the serving release's checkpoint): it pulls a served adapter back toward them, a regulariser
-  more than a teacher;
+  more than a teacher, and teaches a fresh adapter nothing (its loss is zero);
 - a folder or a GGUF file: another checkpoint of the same vocabulary (a stronger model, a
   checkpoint release written out), loaded once and kept; refused when its vocabulary is not
   the served model's. A relative path is relative to the folder Reef runs in.
@@ -30,7 +30,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from reef.sdk import (
     BaseWeights,
@@ -55,14 +55,27 @@ from reef.sdk import (
 log = logging.getLogger("reef.learning")
 
 
+NO_TEACHER = (
+    "opd needs `teacher`: the path of a checkpoint folder or GGUF file of a stronger model with "
+    "the served model's vocabulary (or `base`, which only pulls a served adapter back toward "
+    "the base weights: to a fresh adapter it teaches nothing)"
+)
+
+
 class OPDSettings(LoraRecipeSettings):
     batch_size: int = 4  # answers with recorded tokens needed for a step
-    teacher: str = "base"  # `base`, or the path of a checkpoint folder or GGUF file
+    teacher: str | None = None  # `base`, or the path of a checkpoint folder or GGUF file
     tis_cap: float | None = Field(2.0, gt=0.0)  # none: no importance-sampling correction
     skip_tokens: int = Field(0, ge=0)
     train_batch_size: int = Field(4, ge=1)
     learning_rate: float = Field(2e-4, gt=0)
     steps: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _a_teacher(self) -> OPDSettings:
+        if not self.teacher:
+            raise ValueError(NO_TEACHER)
+        return self
 
 
 class OPD(Recipe):

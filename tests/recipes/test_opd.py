@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reef.recipes.opd.recipe import OPD, OPDSettings
-from reef.sdk.recipe import RecipeError
+from reef.sdk.recipe import RecipeError, load_recipe
 from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore
 from reef.testing.tiny import tiny_model_folder
@@ -30,7 +30,7 @@ def view(store: ExperienceStore) -> ExperienceView:
 
 
 def test_every_answer_with_its_tokens_is_a_sample(store: ExperienceStore) -> None:
-    recipe = OPD(OPDSettings(batch_size=2))
+    recipe = OPD(OPDSettings(batch_size=2, teacher="base"))
     served(store, "Name a fish.", "Cod.")
     assert not recipe.ready(view(store))
     served(store, "Name a bird.", "Robin.", score=0.0)
@@ -51,7 +51,7 @@ def test_a_step_pulls_the_student_toward_a_frozen_checkpoint(
     losses = proposal.metrics["loss"]  # the mean log-ratio log p_student - log p_teacher
     assert len(losses) == 4 and losses[-1] < losses[0]
     # With the base as the teacher a fresh adapter is the teacher: nothing to learn.
-    same = OPD(OPDSettings(steps=2, max_length=128)).propose(
+    same = OPD(OPDSettings(teacher="base", steps=2, max_length=128)).propose(
         recipe.build_batch(view(store)), context
     )
     assert same is not None and same.metrics["loss"] == pytest.approx([0.0, 0.0], abs=1e-6)
@@ -71,3 +71,9 @@ def test_a_teacher_of_another_vocabulary_is_refused(
     context = step_context(tiny_model, tmp_path / "work", Engine())
     with pytest.raises(RecipeError, match="another vocabulary"):
         recipe.propose(recipe.build_batch(view(store)), context)
+
+
+def test_without_a_teacher_opd_refuses_to_start_saying_how_to_set_one() -> None:
+    with pytest.raises(RecipeError, match=r"opd needs `teacher`: the path of a checkpoint"):
+        load_recipe("opd", {})
+    assert load_recipe("opd", {"teacher": "base"}).settings.teacher == "base"  # type: ignore[attr-defined]
