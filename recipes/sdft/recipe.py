@@ -40,12 +40,14 @@ from pydantic import Field
 from reef.sdk import (
     BaseWeights,
     ExperienceView,
+    KeptTeacherKind,
     LoraRecipeSettings,
     Proposal,
     ProposalRefused,
     Recipe,
     RecipeSettings,
     StepContext,
+    TeacherKeeper,
     Trajectory,
     Turn,
     demonstrations,
@@ -72,7 +74,11 @@ class SDFTSettings(LoraRecipeSettings):
     divergence: Literal["forward", "reverse", "jsd"] = "forward"
     jsd_beta: float = Field(0.5, gt=0.0, lt=1.0)
     top_k: int = Field(0, ge=0)  # 0: the whole vocabulary
-    teacher_update_rate: float = Field(0.01, ge=0.0, le=1.0)  # 0: a frozen teacher
+    teacher_update_rate: float = Field(0.01, ge=0.0, le=1.0)  # the `ema` teacher's rate
+    # ema: the student's moving average, kept across steps beside the adapter it taught;
+    # initial: the weights the first step started from, frozen ever after; frozen_release: the
+    # serving release's adapter, frozen, each step anew (`reef.sdk.weights.TeacherKeeper`).
+    teacher: KeptTeacherKind = "ema"
     tis_cap: float | None = Field(2.0, gt=0.0)  # none: no importance-sampling correction
     skip_tokens: int = Field(0, ge=0)  # first answer tokens left out (the paper's runs: 3)
     use_hints: bool = True  # a hint is context for the teacher too, not only a demonstration
@@ -125,11 +131,13 @@ class SDFT(Recipe):
         if not turns:
             raise ProposalRefused("nothing to distil: no answer with a demonstration or a hint")
         examples = self.examples(turns, context)
+        kept = TeacherKeeper(context, self.settings.teacher)
         files, trained = train_on_current(
             context,
-            lambda resume_from: self._train(examples, context, resume_from),
+            lambda resume_from: self._train(examples, context, resume_from, kept),
             merge_into=self._base.get(context) if self.settings.checkpoint else None,
         )
+        kept.keep(files)
         losses = trained.losses
         return Proposal(
             kind=proposal_kind(self.settings),
@@ -155,7 +163,15 @@ class SDFT(Recipe):
         log.info("sdft: %d example(s) from %d turn(s)", len(examples), len(turns))
         return examples
 
-    def _train(self, examples: list[Any], context: StepContext, resume_from: Path | None) -> Any:
+    def _train(
+        self,
+        examples: list[Any],
+        context: StepContext,
+        resume_from: Path | None,
+        kept: TeacherKeeper,
+    ) -> Any:
         on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
         base = self._base.get(context)
-        return distillation(self.settings, base, examples, on_step, resume_from, teacher="ema")
+        return distillation(
+            self.settings, base, examples, on_step, resume_from, kept=kept, teacher="ema"
+        )

@@ -35,12 +35,14 @@ from pydantic import Field
 from reef.sdk import (
     BaseWeights,
     ExperienceView,
+    KeptTeacherKind,
     LoraRecipeSettings,
     Proposal,
     ProposalRefused,
     Recipe,
     RecipeSettings,
     StepContext,
+    TeacherKeeper,
     Trajectory,
     Turn,
     distill_example,
@@ -67,7 +69,11 @@ class SDPOSettings(LoraRecipeSettings):
     divergence: Literal["forward", "reverse", "jsd"] = "jsd"
     jsd_beta: float = Field(0.5, gt=0.0, lt=1.0)  # the teacher's weight in the mixture
     top_k: int = Field(100, ge=0)  # the student's top k tokens plus a tail; 0: everything
-    teacher_update_rate: float = Field(0.05, ge=0.0, le=1.0)  # 0: a frozen teacher
+    teacher_update_rate: float = Field(0.05, ge=0.0, le=1.0)  # the `ema` teacher's rate
+    # ema: the student's moving average, kept across steps beside the adapter it taught;
+    # initial: the weights the first step started from, frozen ever after; frozen_release: the
+    # serving release's adapter, frozen, each step anew (`reef.sdk.weights.TeacherKeeper`).
+    teacher: KeptTeacherKind = "ema"
     tis_cap: float | None = Field(2.0, gt=0.0)
     skip_tokens: int = Field(0, ge=0)
     template: str = SOLUTION_TEMPLATE  # `{solution}` marks where the sibling's answer goes
@@ -146,11 +152,13 @@ class SDPO(Recipe):
         if not taught:
             raise ProposalRefused("nothing to distil: no attempt has a correct sibling")
         examples = self.examples(paired, context)
+        kept = TeacherKeeper(context, self.settings.teacher)
         files, trained = train_on_current(
             context,
-            lambda resume_from: self._train(examples, context, resume_from),
+            lambda resume_from: self._train(examples, context, resume_from, kept),
             merge_into=self._base.get(context) if self.settings.checkpoint else None,
         )
+        kept.keep(files)
         losses = trained.losses
         return Proposal(
             kind=proposal_kind(self.settings),
@@ -180,7 +188,15 @@ class SDPO(Recipe):
         log.info("sdpo: %d example(s)", len(examples))
         return examples
 
-    def _train(self, examples: list[Any], context: StepContext, resume_from: Path | None) -> Any:
+    def _train(
+        self,
+        examples: list[Any],
+        context: StepContext,
+        resume_from: Path | None,
+        kept: TeacherKeeper,
+    ) -> Any:
         on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
         base = self._base.get(context)
-        return distillation(self.settings, base, examples, on_step, resume_from, teacher="ema")
+        return distillation(
+            self.settings, base, examples, on_step, resume_from, kept=kept, teacher="ema"
+        )

@@ -79,3 +79,50 @@ def test_a_step_distils_the_demonstration_reading_model_on_the_served_answer(
     losses = proposal.metrics["loss"]
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert proposal.metrics["examples"] == 2 and "SDFT (forward KL" in proposal.reason
+
+
+def kept_teachers(work: Path) -> dict[str, dict]:
+    import torch
+
+    folder = work / "teachers" / "default"
+    return {
+        path.stem: torch.load(path, weights_only=True)
+        for path in sorted(folder.glob("*.pt"))
+        if not path.stem.startswith("training-")
+    }
+
+
+def test_the_ema_teacher_persists_across_steps_beside_the_adapter_it_taught(
+    store: ExperienceStore, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The EMA teacher used to restart at the serving adapter each proposal; now the next step
+    that continues an adapter continues its teacher, and `initial` never moves it."""
+    import torch
+
+    from reef.artifacts import ADAPTER, files_of
+
+    served(store, "Name a fish.", "Cod.", feedback={"demonstration": "Sure! A trout."})
+    served(store, "Name a bird.", "Robin.", feedback="start with Sure!")
+    settings = {"batch_size": 2, "steps": 2, "learning_rate": 0.002, "max_length": 128}
+    for kind in ("ema", "initial"):
+        recipe = load_recipe("sdft", {**settings, "teacher": kind, "teacher_update_rate": 0.5})
+        work = tmp_path / kind
+        context = step_context(tiny_model, work, Engine())
+        batch = recipe.build_batch(view(store))
+        first = recipe.propose(batch, context)
+        assert first is not None
+        ((first_key, after_first),) = kept_teachers(work).items()  # beside the first adapter
+        context.files = files_of(first.files, ADAPTER)  # the first candidate serves now
+        second = recipe.propose(batch, context)
+        assert second is not None
+        teachers = kept_teachers(work)
+        assert len(teachers) == 2  # one beside each adapter
+        after_second = next(t for key, t in teachers.items() if key != first_key)
+        moved = any(not torch.equal(after_first[name], after_second[name]) for name in after_first)
+        # ema: the second step continued the first's teacher and moved it on; initial: the
+        # weights the first step started from, unchanged.
+        assert moved == (kind == "ema")
+    frozen = load_recipe("sdft", {**settings, "teacher": "frozen_release"})
+    context = step_context(tiny_model, tmp_path / "frozen", Engine())
+    assert frozen.propose(frozen.build_batch(view(store)), context) is not None
+    assert not (tmp_path / "frozen" / "teachers").exists()  # each step's teacher anew

@@ -27,7 +27,8 @@ module only, so its names are the ones a recipe may rely on:
 - weights: `LoraRecipeSettings`, `require_weights`, `BaseWeights`, `served_prompt`,
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
   `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
-  teacher's context, distilled with the recipe's shared settings), `reporter`;
+  teacher's context, distilled with the recipe's shared settings), `TeacherKeeper` and
+  `KeptTeacherKind` (where a distillation's EMA teacher is kept between steps), `reporter`;
 - messages: `message_text`, `answer_text`, `Completion`;
 - harness trees: `Mutation` (one change to one file), `check_mutation` and `apply_mutation`
   (the rules every change meets, `TreeChangeRefused` naming the one broken), `EDITABLE` (the
@@ -94,7 +95,9 @@ from reef.sdk.recipe import (
 from reef.sdk.view import ExperienceView, Trajectory, Turn
 from reef.sdk.weights import (
     BaseWeights,
+    KeptTeacherKind,
     LoraRecipeSettings,
+    TeacherKeeper,
     current_adapter,
     distill_example,
     distillation,
@@ -171,6 +174,7 @@ __all__ = [
     "Evaluated",
     "ExperienceView",
     "Generate",
+    "KeptTeacherKind",
     "LoraRecipeSettings",
     "LoraSettings",
     "Mutation",
@@ -188,6 +192,7 @@ __all__ = [
     "ScorerSpec",
     "SearchTask",
     "StepContext",
+    "TeacherKeeper",
     "TrainingExample",
     "Trajectory",
     "TreeChangeRefused",

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from reef.artifacts import ADAPTER, CHECKPOINT, CHECKPOINT_FOLDER
+from reef.artifacts import ADAPTER, CHECKPOINT, CHECKPOINT_FOLDER, part_of
 from reef.releases.chain import read_folder
 from reef.sdk.recipe import RecipeError, RecipeSettings, StepContext
 from reef.sdk.view import Turn
@@ -330,18 +330,87 @@ def distillation(
     on_step: Callable[[int, float], None],
     resume_from: Path | None,
     teacher_model: torch.nn.Module | None = None,
+    kept: TeacherKeeper | None = None,
     **overrides: Any,
 ) -> TrainedAdapter:
     """`reef.training.distill` with every distillation setting the recipe's settings share by
     name (rank, divergence, teacher_update_rate…), the recipe's `train_batch_size` as the batch
-    and the model's context as the length, `overrides` on top."""
+    and the model's context as the length, `overrides` on top; with `kept`, the EMA teacher is
+    the one kept beside the adapter that serves, and is kept again for the next step."""
     from reef.training import DistillSettings
     from reef.training.distill import distill
 
+    if kept is not None:
+        overrides.setdefault("teacher_update_rate", kept.rate(settings))
     chosen = DistillSettings.shared_with(
         settings,
         batch_size=getattr(settings, "train_batch_size", 4),
         max_length=training_length(settings, base),
         **overrides,
     )
-    return distill(base, examples, chosen, on_step, resume_from, teacher_model=teacher_model)
+    # The data-parallel trainer keeps a teacher per rank, none across steps.
+    keeping = kept is not None and chosen.processes == 1
+    return distill(
+        base,
+        examples,
+        chosen,
+        on_step,
+        resume_from,
+        teacher_model=teacher_model,
+        teacher_from=kept.start if kept and keeping else None,
+        teacher_to=kept.scratch if kept and keeping else None,
+    )
+
+
+# Which EMA teacher a distillation recipe learns from (`teacher`): `ema`, the student's moving
+# average kept across steps; `initial`, the weights the first step started from, kept frozen
+# ever after; `frozen_release`, the serving release's adapter, frozen, each step anew.
+KeptTeacherKind = Literal["ema", "initial", "frozen_release"]
+
+
+class TeacherKeeper:
+    """Where a distillation recipe's EMA teacher lives between steps: in its work folder, beside
+    the adapter it was trained with (keyed by that adapter's content), so that a step continuing
+    the adapter that serves continues that adapter's teacher too; a rejected candidate's teacher
+    is never the next step's. `initial` keeps the teacher it started from (rate 0);
+    `frozen_release` keeps nothing (each step's teacher is the serving adapter)."""
+
+    def __init__(self, context: StepContext, kind: KeptTeacherKind) -> None:
+        self.kind = kind
+        self.folder = (
+            None
+            if context.work_dir is None or kind == "frozen_release"
+            else context.work_dir / "teachers" / context.scenario
+        )
+        self.start = self._path(_parts_key(context.files)) if self.folder else None
+        self.scratch = self.folder / f"training-{uuid.uuid4().hex}.pt" if self.folder else None
+
+    def rate(self, settings: RecipeSettings) -> float:
+        """The teacher's EMA rate: the recipe's for `ema`, 0 (frozen) otherwise."""
+        return float(getattr(settings, "teacher_update_rate", 0.0)) if self.kind == "ema" else 0.0
+
+    def keep(self, files: dict[str, bytes]) -> None:
+        """Keep the teacher this step ended with beside the adapter it proposes (`files`)."""
+        if self.scratch is None or not self.scratch.is_file():
+            return
+        os.replace(self.scratch, self._path(_parts_key(files)))
+
+    def _path(self, key: str) -> Path:
+        assert self.folder is not None
+        return self.folder / f"{key}.pt"
+
+
+def _parts_key(files: dict[str, bytes]) -> str:
+    """The content of a release's weights (its adapter and checkpoint files), as a key; `base`
+    for none."""
+    weights = sorted(
+        (path, data)
+        for path, data in files.items()
+        if part_of(path) in (ADAPTER, CHECKPOINT)
+    )
+    if not weights:
+        return "base"
+    digest = hashlib.sha256()
+    for path, data in weights:
+        digest.update(path.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:32]

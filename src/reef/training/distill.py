@@ -30,12 +30,14 @@ is a policy gradient with the per-token advantage log q - log s.
 
 The teacher (`teacher`):
 
-- `ema`: the student's own adapter, moved toward the student after every optimiser step,
-  φ ← φ + rate (θ - φ) (`teacher_update_rate`). 0 freezes the weights training started from
-  (the base for a fresh adapter, the serving adapter for a resumed one); 1 makes the teacher
-  the student as it was one step before. The average is over the LoRA factors A and B, as
-  other trainers keep an EMA adapter: at 0 and 1 exactly the weights above, in between an
-  average of the factors, not of their product B·A;
+- `ema`: the student's own adapter, moved toward the student after every optimiser step, φ ← φ +
+  rate (θ - φ) (`teacher_update_rate`). 0 freezes the weights training started from (the base
+  for a fresh adapter, the serving adapter for a resumed one); 1 makes the teacher the student
+  as it was one step before. With `teacher_from`, it starts from the teacher an earlier run kept
+  instead (`teacher_to` keeps this run's at its end): the teacher persists across runs, as the
+  papers' does across training, instead of restarting at the student. The average is over the
+  LoRA factors A and B, as other trainers keep an EMA adapter: at 0 and 1 exactly the weights
+  above, in between an average of the factors, not of their product B·A;
 - `base`: the base model, the adapter switched off;
 - `model`: a separate frozen model passed to `distill(..., teacher_model=)`.
 
@@ -326,11 +328,12 @@ class EMATeacher(Teacher):
     `rate` after every step. Its weights live beside the model's and are swapped in for its
     forward pass."""
 
-    def __init__(self, model: PeftModel, rate: float) -> None:
+    def __init__(
+        self, model: PeftModel, rate: float, start: dict[str, torch.Tensor] | None = None
+    ) -> None:
         self.rate = rate
-        self.weights = {
-            name: parameter.detach().clone() for name, parameter in trainable(model).items()
-        }
+        own = {name: parameter.detach().clone() for name, parameter in trainable(model).items()}
+        self.weights = start if start is not None and _same_shapes(start, own) else own
 
     def logits(self, model: PeftModel, batch: DistillBatch) -> torch.Tensor:
         with swapped_in(model, self.weights), torch.no_grad():
@@ -393,8 +396,28 @@ def swapped_in(model: PeftModel, weights: dict[str, torch.Tensor]) -> Iterator[N
                 parameter.copy_(saved[name])
 
 
+def _same_shapes(kept: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> bool:
+    """Whether a kept teacher fits this adapter: the same tensors, the same shapes (a teacher
+    kept for another rank or other target modules is not used)."""
+    return kept.keys() == own.keys() and all(kept[n].shape == own[n].shape for n in own)
+
+
+def kept_teacher(path: Path | None) -> dict[str, torch.Tensor] | None:
+    """The EMA teacher an earlier run kept at `path`, or None (none kept, or unreadable)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a torn or foreign file: the teacher starts from the student
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
 def make_teacher(
-    model: PeftModel, settings: DistillSettings, teacher_model: torch.nn.Module | None
+    model: PeftModel,
+    settings: DistillSettings,
+    teacher_model: torch.nn.Module | None,
+    start: dict[str, torch.Tensor] | None = None,
 ) -> Teacher:
     if settings.teacher == "model":
         if teacher_model is None:
@@ -404,7 +427,7 @@ def make_teacher(
         raise BadRequest(f"a teacher_model was given but the teacher is {settings.teacher!r}")
     if settings.teacher == "base":
         return BaseTeacher()
-    return EMATeacher(model, settings.teacher_update_rate)
+    return EMATeacher(model, settings.teacher_update_rate, start)
 
 
 # -- the loss and the trainer -------------------------------------------------------------------
@@ -448,21 +471,26 @@ def distill(
     on_step: OnStep | None = None,
     resume_from: Path | None = None,
     teacher_model: torch.nn.Module | None = None,
+    teacher_from: Path | None = None,
+    teacher_to: Path | None = None,
 ) -> TrainedAdapter:
     """`settings.steps` AdamW steps of the distillation loss on a LoRA (fresh on a copy of the
     base, or the adapter in `resume_from` trained further), `batch_size` examples a step in the
     seeded order of `train_lora`. `on_step(step, loss)` after each step, after the EMA teacher
-    has followed it."""
+    has followed it. The EMA teacher starts from the one kept at `teacher_from` (when it fits
+    the adapter) and is kept at `teacher_to` at the end."""
     settings = settings or DistillSettings()
     if not examples:
         raise BadRequest("no distillation examples: nothing to train on")
     if settings.processes > 1:
         if teacher_model is not None or settings.teacher == "model":
             raise BadRequest("a separate teacher model distils in one process (processes 1)")
+        if teacher_from is not None or teacher_to is not None:
+            raise BadRequest("a kept teacher distils in one process (processes 1)")
         return in_parallel(_distill_rank, base, examples, settings, on_step, resume_from)
     seed_everything(settings.seed)
     model = load_lora(base, resume_from) if resume_from is not None else new_lora(base, settings)
-    teacher = make_teacher(model, settings, teacher_model)
+    teacher = make_teacher(model, settings, teacher_model, kept_teacher(teacher_from))
     device = next(model.parameters()).device
     pad = pad_id(base)
     order = batches(len(examples), settings.batch_size, settings.seed)
@@ -472,7 +500,11 @@ def distill(
         batch = make_distill_batch(chosen, settings.max_length, pad, settings.skip_tokens)
         return distill_loss(model, teacher, batch.to(device), settings)
 
-    return optimise(model, settings, next_loss, following(teacher, model, on_step), "peft")
+    trained = optimise(model, settings, next_loss, following(teacher, model, on_step), "peft")
+    if teacher_to is not None and isinstance(teacher, EMATeacher):
+        teacher_to.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(teacher.weights, teacher_to)
+    return trained
 
 
 def following(teacher: Teacher, model: PeftModel, on_step: OnStep | None) -> OnStep:
