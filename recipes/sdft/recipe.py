@@ -32,7 +32,6 @@ Where this differs from the paper, and why:
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -47,17 +46,14 @@ from reef.sdk import (
     Recipe,
     RecipeSettings,
     StepContext,
-    TeacherKeeper,
     Trajectory,
     Turn,
     demonstrations,
     distill_example,
-    distillation,
+    distilled_on_current,
     hints,
     proposal_kind,
-    reporter,
     require_weights,
-    train_on_current,
     with_hint,
 )
 
@@ -131,13 +127,8 @@ class SDFT(Recipe):
         if not turns:
             raise ProposalRefused("nothing to distil: no answer with a demonstration or a hint")
         examples = self.examples(turns, context)
-        kept = TeacherKeeper(context, self.settings.teacher)
-        files, trained = train_on_current(
-            context,
-            lambda resume_from: self._train(examples, context, resume_from, kept),
-            merge_into=self._base.get(context) if self.settings.checkpoint else None,
-        )
-        kept.keep(files)
+        base = self._base.get(context)
+        files, trained = distilled_on_current(self.name, self.settings, context, base, examples)
         losses = trained.losses
         return Proposal(
             kind=proposal_kind(self.settings),
@@ -162,16 +153,3 @@ class SDFT(Recipe):
         ]
         log.info("sdft: %d example(s) from %d turn(s)", len(examples), len(turns))
         return examples
-
-    def _train(
-        self,
-        examples: list[Any],
-        context: StepContext,
-        resume_from: Path | None,
-        kept: TeacherKeeper,
-    ) -> Any:
-        on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
-        base = self._base.get(context)
-        return distillation(
-            self.settings, base, examples, on_step, resume_from, kept=kept, teacher="ema"
-        )

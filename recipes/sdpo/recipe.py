@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -42,15 +41,12 @@ from reef.sdk import (
     Recipe,
     RecipeSettings,
     StepContext,
-    TeacherKeeper,
     Trajectory,
     Turn,
     distill_example,
-    distillation,
+    distilled_on_current,
     proposal_kind,
-    reporter,
     require_weights,
-    train_on_current,
     with_hint,
 )
 
@@ -152,13 +148,8 @@ class SDPO(Recipe):
         if not taught:
             raise ProposalRefused("nothing to distil: no attempt has a correct sibling")
         examples = self.examples(paired, context)
-        kept = TeacherKeeper(context, self.settings.teacher)
-        files, trained = train_on_current(
-            context,
-            lambda resume_from: self._train(examples, context, resume_from, kept),
-            merge_into=self._base.get(context) if self.settings.checkpoint else None,
-        )
-        kept.keep(files)
+        base = self._base.get(context)
+        files, trained = distilled_on_current(self.name, self.settings, context, base, examples)
         losses = trained.losses
         return Proposal(
             kind=proposal_kind(self.settings),
@@ -187,16 +178,3 @@ class SDPO(Recipe):
             examples.append(distill_example(context, turn, teacher, prompts, key))
         log.info("sdpo: %d example(s)", len(examples))
         return examples
-
-    def _train(
-        self,
-        examples: list[Any],
-        context: StepContext,
-        resume_from: Path | None,
-        kept: TeacherKeeper,
-    ) -> Any:
-        on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
-        base = self._base.get(context)
-        return distillation(
-            self.settings, base, examples, on_step, resume_from, kept=kept, teacher="ema"
-        )

@@ -28,7 +28,8 @@ module only, so its names are the ones a recipe may rely on:
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
   `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
   teacher's context, distilled with the recipe's shared settings), `TeacherKeeper` and
-  `KeptTeacherKind` (where a distillation's EMA teacher is kept between steps), `reporter`;
+  `KeptTeacherKind` (where a distillation's EMA teacher is kept between steps),
+  `distilled_on_current` (a distillation recipe's step on the current adapter), `reporter`;
 - messages: `message_text`, `answer_text`, `Completion`;
 - harness trees: `Mutation` (one change to one file), `check_mutation` and `apply_mutation`
   (the rules every change meets, `TreeChangeRefused` naming the one broken), `EDITABLE` (the
@@ -101,6 +102,7 @@ from reef.sdk.weights import (
     current_adapter,
     distill_example,
     distillation,
+    distilled_on_current,
     policy_update,
     proposal_kind,
     rendered_prompt,
@@ -208,6 +210,7 @@ __all__ = [
     "distill",
     "distill_example",
     "distillation",
+    "distilled_on_current",
     "encode_completion",
     "facts_kept",
     "failing_prompts",
