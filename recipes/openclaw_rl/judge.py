@@ -52,9 +52,12 @@ VOTE_SCHEMA: dict[str, Any] = {
     "required": ["score", "hint"],
     "additionalProperties": False,
 }
-# max_tokens for the longest vote the schema allows, at a token a character, with room for the
-# spaces the grammar allows: a reply cut short is not JSON.
-VOTE_ROOM = len(json.dumps({"score": -1, "hint": ""})) + HINT_MAX_CHARS + 64
+# max_tokens for the longest vote the schema allows, with room for the spaces the grammar
+# allows: a reply cut short is not JSON. `maxLength` counts code points, and a byte-level
+# tokenizer may spend a token on each of a code point's UTF-8 bytes (up to 4): a hint of emoji
+# took four times the room of a hint of letters, and was cut.
+TOKENS_PER_CODE_POINT = 4
+VOTE_ROOM = len(json.dumps({"score": -1, "hint": ""})) + TOKENS_PER_CODE_POINT * HINT_MAX_CHARS + 64
 JUDGE_PROMPT = """You judge one answer of an AI assistant by what happened next.
 
 The conversation so far:
