@@ -1,6 +1,7 @@
 """SAO against its GRPO control: the mean reward over scored rollouts, from the same base.
 
-    .venv/bin/python -m bench.learning.sao [--rollouts 48] [--group 4] [--arms sao,sao_grpo]
+    .venv/bin/python -m bench.learning.sao [--rollouts 48] [--group 4]
+        [--arms sao,sao_grpo,sao_old_defaults]
 
 Each arm is a fresh `reef serve` on the embedded SmolLM2-135M with its recipe (`sao`: one scored
 rollout per optimiser step, a critic for the baseline; `sao_grpo`: the same loss, a step per
@@ -14,9 +15,12 @@ can form its groups) and the same sampling seeds. After each report the bench wa
 the recipe owes (SAO: every report; GRPO: every `--group`-th), up to `--step-timeout` seconds, so
 that the curve is rollouts against reward, not against the machine's speed.
 
+The arm `sao_old_defaults` is `sao` with the defaults before issue 61 (alpha 0.05, the clip
+band 0.2/0.28, four critic steps), beside the paper's in the same run.
+
 Printed: each arm's cumulative mean reward every 8 rollouts, and the base's (the first
-`--group` rollouts, before any step) as the baseline; written to bench/out/sao.json (and
-sao.png with matplotlib).
+`--group` rollouts, before any step) as the baseline, and per arm its steps and how many had a
+non-zero loss; written to bench/out/sao.json (and sao.png with matplotlib).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ learning:
   max_staleness: 18
 EXTRA"""
 NUMBER = re.compile(r"-?\d+")
+# An arm: the recipe it runs, and its settings beyond the config's.
+OLD_DEFAULTS = "  eps_clip: 0.2\n  eps_clip_high: 0.28\n  length_alpha: 0.05\n  critic_steps: 4\n"
+ARMS = {"sao": ("sao", ""), "sao_grpo": ("sao_grpo", ""), "sao_old_defaults": ("sao", OLD_DEFAULTS)}
 
 
 def prompts(count: int, group: int, seed: int = 0) -> list[tuple[str, int]]:
@@ -85,19 +92,23 @@ def learning_counts(server: ServerProcess) -> dict[str, int]:
         time.sleep(1.0)
     status = httpx.get(f"{server.url}/reef/status", timeout=30).json()
     learning = status["learning"]["scenarios"].get("default", {})
+    losses = [(row.get("metrics") or {}).get("loss") or [] for row in rows]
     return {
         "steps": len(rows),
         "released": sum(row.get("state") == "released" for row in rows),
         "stale_skipped": int(learning.get("stale_skipped") or 0),
+        "nonzero_loss_steps": sum(any(abs(value) > 1e-9 for value in loss) for loss in losses),
     }
 
 
 def run_arm(
-    recipe: str, questions: list[tuple[str, int]], args: argparse.Namespace
+    arm: str, questions: list[tuple[str, int]], args: argparse.Namespace
 ) -> tuple[list[float], dict[str, int]]:
     """The rewards of the arm's rollouts, in order, and its learning counts at the end."""
-    extra = f"  group_size: {args.group}\n" if recipe == "sao_grpo" else ""
-    folder = Path(tempfile.mkdtemp(prefix=f"reef-bench-{recipe}-"))
+    recipe, extra = ARMS[arm]
+    if recipe == "sao_grpo":
+        extra += f"  group_size: {args.group}\n"
+    folder = Path(tempfile.mkdtemp(prefix=f"reef-bench-{arm}-"))
     (folder / "reef.yaml").write_text(CONFIG.replace("RECIPE", recipe).replace("EXTRA", extra))
     rewards: list[float] = []
     with reef_serve(folder, free_port()).start() as server:
@@ -128,7 +139,7 @@ def run_arm(
                 if candidates(server) > before:
                     break
                 time.sleep(1.0)
-            print(f"{recipe} {number}/{len(questions)} reward {reward:.0f}", flush=True)
+            print(f"{arm} {number}/{len(questions)} reward {reward:.0f}", flush=True)
         counts = learning_counts(server)
     return rewards, counts
 
@@ -158,6 +169,7 @@ def main() -> None:
     for arm, found in counts.items():
         print(
             f"{arm}: {found['steps']} optimiser step(s), {found['released']} released, "
+            f"{found['nonzero_loss_steps']} with a non-zero loss, "
             f"{found['stale_skipped']} record(s) dropped as stale"
         )
     OUT.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, console, fail
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
 from reef.config import DEFAULT_CONFIG_FILE
+from reef.evaluation.live import PassRate
 from reef.inference.server_file import loopback_url
 from reef.learning.trajectories import trajectories
 from reef.protocol import last_user_text, response_text
@@ -146,13 +147,8 @@ def _beside_base(release: dict[str, Any]) -> str:
 
 
 def _rate(found: dict[str, Any] | None) -> str:
-    if not found or not found["count"]:
-        return "-"
-    rate = found["passed"] / found["count"]
-    return (
-        f"{found['passed']}/{found['count']} {rate:.0%} "
-        f"[{found['low']:.0%}-{found['high']:.0%}]"
-    )
+    """"2/6 33% [10%-70%]": passed of the calls, the rate and its 95% interval."""
+    return PassRate(int(found["passed"]), int(found["count"])).said() if found else "-"
 
 
 def _signal_lines(scenarios: dict[str, Any]) -> list[str]:
