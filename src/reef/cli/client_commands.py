@@ -18,7 +18,7 @@ from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, console, fail
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
 from reef.config import DEFAULT_CONFIG_FILE
-from reef.evaluation.live import PassRate
+from reef.evaluation.live import beside_base, said
 from reef.inference.server_file import loopback_url
 from reef.learning.trajectories import trajectories
 from reef.protocol import last_user_text, response_text
@@ -132,23 +132,11 @@ def _progress_table(scenarios: dict[str, Any]) -> Table:
                 name,
                 release["release_id"],
                 str(release["served"]),
-                _rate(release["reports"]),
-                _rate(release["scorer"]),
-                _beside_base(release),
+                said(release["reports"]),
+                said(release["scorer"]),
+                beside_base(release),
             )
     return table
-
-
-def _beside_base(release: dict[str, Any]) -> str:
-    """The release's scorer pass rate on the calls the base shadowed, beside the base's."""
-    if not release.get("base_shadow"):
-        return "-"
-    return f"{_rate(release['shadowed'])} vs base {_rate(release['base_shadow'])}"
-
-
-def _rate(found: dict[str, Any] | None) -> str:
-    """"2/6 33% [10%-70%]": passed of the calls, the rate and its 95% interval."""
-    return PassRate(int(found["passed"]), int(found["count"])).said() if found else "-"
 
 
 def _signal_lines(scenarios: dict[str, Any]) -> list[str]:

@@ -78,6 +78,19 @@ class PassRate:
         return f"{self.passed}/{self.count} {self.passed / self.count:.0%} [{low:.0%}-{high:.0%}]"
 
 
+def said(found: dict[str, Any] | None) -> str:
+    """A pass rate as `PassRate.to_json` wrote it, said: "2/6 33% [10%-70%]", or "-"."""
+    return PassRate(int(found["passed"]), int(found["count"])).said() if found else "-"
+
+
+def beside_base(release: dict[str, Any]) -> str:
+    """A release's pass rate on the calls the base shadowed beside the base's (its JSON), or
+    "-" where the base shadowed none."""
+    if not release.get("base_shadow"):
+        return "-"
+    return f"{said(release['shadowed'])} vs base {said(release['base_shadow'])}"
+
+
 @dataclass(frozen=True)
 class ReleaseProgress:
     release_id: str

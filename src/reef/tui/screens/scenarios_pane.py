@@ -3,12 +3,10 @@ each release's live pass rate (is it learning?)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
-from reef.evaluation.live import PassRate
+from reef.evaluation.live import beside_base, said
 from reef.review.rows import ScenarioSummary
 from reef.review.source import ReviewSource
 from reef.tui.screens.pane import Pane
@@ -43,7 +41,7 @@ def scenario_cells(summary: ScenarioSummary) -> list[Cell]:
         summary.serving,
         str(summary.records),
         str(summary.reports),
-        pass_rate(summary.pass_rate_of(summary.serving)),
+        said(summary.pass_rate_of(summary.serving)),
         str(summary.waiting),
         _last_step(summary.last_step),
     ]
@@ -58,26 +56,15 @@ def release_rows(summary: ScenarioSummary) -> list[tuple[str, list[Cell]]]:
                 summary.scenario,
                 release["release_id"],
                 str(release["served"]),
-                pass_rate(release["reports"]),
-                pass_rate(release["scorer"]),
-                _beside_base(release),
+                said(release["reports"]),
+                said(release["scorer"]),
+                beside_base(release),
             ],
         )
         for release in summary.releases
     ]
 
 
-def _beside_base(release: dict[str, Any]) -> str:
-    if not release.get("base_shadow"):
-        return "-"
-    return f"{pass_rate(release['shadowed'])} vs base {pass_rate(release['base_shadow'])}"
-
-
-def pass_rate(found: dict[str, Any] | None) -> str:
-    """"2/6 33% [10%-70%]": passed of the calls, the rate and its 95% interval."""
-    if not found or not found.get("count"):
-        return "-"
-    return PassRate(int(found["passed"]), int(found["count"])).said()
 
 
 def _last_step(step: dict[str, object] | None) -> str:
