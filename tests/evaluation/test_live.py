@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ from reef.evaluation.tasks import ScorerSpec
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.in_process import reef_in_process
 from reef.testing.scripted_engine import ScriptedEngine
+from tests.support.waiting import release_serving, until
 
 CHEERS = ScorerSpec(type="regex", pattern=r"Cheers\W*$")
 
@@ -111,7 +111,7 @@ def test_the_base_shadows_a_share_of_a_release_s_calls_on_the_same_stream(
         workflow = server.state.workflow
         proposed = workflow.propose("default", "harness", {"settings.json": b'{"max_tokens": 3}'})
         assert workflow.approve(proposed.id).release_id == "default@1"
-        until(lambda: serving(server.url) == "default@1")
+        until(lambda: release_serving(server.url) == "default@1")
         answered = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": STORY})
         assert answered.json()["choices"][0]["message"]["content"] == "Once upon a"
         assert answered.headers["x-reef-release-id"] == "default@1"
@@ -128,12 +128,3 @@ def test_the_base_shadows_a_share_of_a_release_s_calls_on_the_same_stream(
         assert status["shadows"]["base:default"]["answered"] == 1
 
 
-def serving(url: str) -> str | None:
-    return httpx.get(f"{url}/reef/status").json()["serving"].get("default")
-
-
-def until(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not come true in time"
-        time.sleep(0.05)

@@ -6,7 +6,6 @@ engine says which tree answered (the candidate's AGENTS.md is in the prompt it r
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from reef.protocol import ChatRequest, message_text
 from reef.testing.in_process import reef_in_process
 from reef.testing.processes import run_reef
 from reef.testing.scripted_engine import ScriptedEngine
+from tests.support.waiting import release_serving, until
 
 SESSIONS = 12
 
@@ -49,15 +49,6 @@ def sessions_together(url: str, round_name: str) -> Counter[tuple[str, str]]:
     return seen
 
 
-def serving(url: str) -> str | None:
-    return httpx.get(f"{url}/reef/status").json()["serving"].get("default")
-
-
-def until(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not come true in time"
-        time.sleep(0.05)
 
 
 def test_after_a_reject_no_session_is_served_by_the_canary(tmp_path: Path) -> None:
@@ -68,7 +59,7 @@ def test_after_a_reject_no_session_is_served_by_the_canary(tmp_path: Path) -> No
         assert workflow.approve(stable.id).release_id == "default@1"
         candidate = workflow.propose("default", "harness", {"AGENTS.md": b"You are CANARY."})
         on_canary = workflow.canaries.start(candidate.id, 50)
-        until(lambda: serving(server.url) == on_canary.release_id)
+        until(lambda: release_serving(server.url) == on_canary.release_id)
         during = sessions_together(server.url, "during")
         assert {answer for answer, _ in during} == {"canary", "stable"}  # both arms serve
 
@@ -77,8 +68,8 @@ def test_after_a_reject_no_session_is_served_by_the_canary(tmp_path: Path) -> No
             tmp_path, "release", "reject", candidate.id, "--reason", "it answers in capitals"
         )
         assert rejected.returncode == 0, rejected.stdout + rejected.stderr
-        until(lambda: serving(server.url) not in (None, on_canary.release_id))
-        rolled_back = serving(server.url)
+        until(lambda: release_serving(server.url) not in (None, on_canary.release_id))
+        rolled_back = release_serving(server.url)
         after = sessions_together(server.url, "during")  # the very sessions, and new ones
         after += sessions_together(server.url, "after")
     assert after == {("stable", rolled_back): 2 * SESSIONS}, after

@@ -119,20 +119,6 @@ def test_review_holds_until_a_human_approves(
         workflow.approve(held.id)
 
 
-def test_human_reject_and_approve_after_the_head_moved(
-    tmp_path: Path, store: ExperienceStore, engine: Engine
-) -> None:
-    workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
-    first = gate(workflow, engine, harness(tmp_path / "a", "A.", {"max_tokens": 3}))
-    second = gate(workflow, engine, harness(tmp_path / "b", "B.", {"max_tokens": 3}))
-    workflow.approve(first.id)
-    with pytest.raises(ReleaseConflict, match="default@1"):
-        workflow.approve(second.id)  # it was built on base; the head is now default@1
-    assert workflow.candidates.get(second.id).state == "held"
-    rejected = workflow.reject(second.id, "stale")
-    assert rejected.state == "rejected" and "stale" in rejected.decision
-
-
 def test_a_rejected_candidate_keeps_its_evaluation_and_the_reviewers_reason(
     tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
@@ -160,15 +146,17 @@ def test_approving_a_candidate_the_gate_scored_worse_needs_force(
     assert "forced: it scored 0.000 against the current 1.000" in forced.decision
 
 
-def test_a_stale_held_candidate_is_regated_against_the_new_head(
+def test_a_candidate_built_on_a_moved_head_is_refused_and_regated_on_the_new_one(
     tmp_path: Path, store: ExperienceStore, engine: Engine
 ) -> None:
     workflow = ReleaseWorkflow(project(tmp_path, SHORT_TASKS, "  policy: review\n"), store)
     first = gate(workflow, engine, harness(tmp_path / "a", "A.", {"max_tokens": 3}))
     second = gate(workflow, engine, harness(tmp_path / "b", "B.", {"max_tokens": 3}))
     workflow.approve(first.id)
-    with pytest.raises(StaleCandidate, match=f"reef release regate {second.id}"):
-        workflow.approve(second.id)
+    with pytest.raises(StaleCandidate, match=f"default@1.*reef release regate {second.id}") as no:
+        workflow.approve(second.id)  # built on base; the head is now default@1
+    assert isinstance(no.value, ReleaseConflict)  # the CLI's exit 3
+    assert workflow.candidates.get(second.id).state == "held"  # refused: nothing moved
     old, new = workflow.rebase(second.id)
     assert old.state == "rejected" and new.id in (old.decision or "")
     assert new.base_release_id == "default@1" and new.state == "proposed"
