@@ -250,13 +250,11 @@ def keeps(
     reviser: Generate,
     content_judge: Generate | None = None,
 ) -> bool:
-    """Whether `relabel` keeps `answer`: it keeps to facts (`facts_kept`), still answers the
-    question and meets the feedback. Whether it answers is judged by words
-    (`answers_the_question`) or, with a `content_judge`, by that model (it says more than the
-    feedback, and the judge says it answers: the check that holds in another language than the
-    question's). Cheap checks first, models last."""
-    if not facts_kept(answer, turn, hint):
-        return False
+    """Whether `relabel` keeps an answer that keeps to facts (`facts_kept`, which it checks
+    first, to count what that drops): it still answers the question and meets the feedback.
+    Whether it answers is judged by words (`answers_the_question`) or, with a `content_judge`,
+    by that model (it says more than the feedback, and the judge says it answers: the check
+    that holds in another language than the question's). Cheap checks first, models last."""
     if content_judge is None:
         return answers_the_question(answer, turn, hint) and accepted(
             scorer, reviser, answer, turn, hint
