@@ -49,6 +49,11 @@ def test_each_release_is_judged_on_the_calls_it_answered(tmp_path: Path) -> None
         for answer, score in (("Six.\n\nCheers", 1.0), ("Rome.\n\nCheers", 1.0), ("Red.", None)):
             call(store, "default@1", answer, score)
         base, first = live_progress(store, "default", 0.5, CHEERS)
+        # Read again only once a call or a report came: a new report changes the figures.
+        assert live_progress(store, "default", 0.5, CHEERS)[1] == first
+        call(store, "default@1", "Blue.", 0.0)
+        grown = live_progress(store, "default", 0.5, CHEERS)[1]
+    assert (grown.reports.count, grown.served) == (3, 4)
     assert base.release_id == "base" and first.release_id == "default@1"
     assert (base.reports.passed, base.reports.count, base.served) == (1, 3, 3)
     assert (first.reports.passed, first.reports.count, first.served) == (2, 2, 3)

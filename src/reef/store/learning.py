@@ -188,6 +188,20 @@ def _step(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def calls_fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
+    """Changes whenever the scenario gets a call, a report or a shadow answer, as `fingerprint`
+    reasons (commit order by `seq`, and a count beside the reports' for one that commits late):
+    what the live pass rates are kept by between two reads."""
+    (row,) = store.query(
+        "SELECT (SELECT MAX(seq) FROM records WHERE scenario = ?) AS records, "
+        "(SELECT MAX(seq) FROM reports WHERE scenario = ?) AS reports, "
+        "(SELECT COUNT(*) FROM reports WHERE scenario = ?) AS reports_n, "
+        "(SELECT MAX(seq) FROM shadow_records WHERE scenario = ?) AS shadows",
+        [scenario] * 4,
+    )
+    return (row["records"], row["reports"], row["reports_n"], row["shadows"])
+
+
 def signal_yield(store: ExperienceStore) -> dict[str, dict[str, Any]]:
     """Per scenario, what became of the feedback: reports received, calls a candidate learned
     from (`learned_from`, summed over steps), calls held out for the gate now (the newest step's
