@@ -378,8 +378,11 @@ def distilled_on_current(
         )
 
     merge_into = base if getattr(settings, "checkpoint", False) else None
-    files, trained = train_on_current(context, train, merge_into=merge_into)
-    kept.keep(files)
+    try:
+        files, trained = train_on_current(context, train, merge_into=merge_into)
+        kept.keep(files)
+    finally:
+        kept.forget_scratch()  # a step that failed leaves no half-kept teacher behind
     return files, trained
 
 
@@ -387,6 +390,11 @@ def distilled_on_current(
 # average kept across steps; `initial`, the weights the first step started from, kept frozen
 # ever after; `frozen_release`, the serving release's adapter, frozen, each step anew.
 KeptTeacherKind = Literal["ema", "initial", "frozen_release"]
+
+
+# Teachers kept per scenario, the newest: the serving adapter's, and those of the candidates
+# that may still be released or rolled back to.
+KEPT_TEACHERS = 8
 
 
 class TeacherKeeper:
@@ -411,10 +419,23 @@ class TeacherKeeper:
         return float(getattr(settings, "teacher_update_rate", 0.0)) if self.kind == "ema" else 0.0
 
     def keep(self, files: dict[str, bytes]) -> None:
-        """Keep the teacher this step ended with beside the adapter it proposes (`files`)."""
+        """Keep the teacher this step ended with beside the adapter it proposes (`files`), and
+        only the newest `KEPT_TEACHERS` (each is an adapter's size)."""
         if self.scratch is None or not self.scratch.is_file():
             return
         os.replace(self.scratch, self._path(_parts_key(files)))
+        assert self.folder is not None
+        teachers = sorted(
+            (p for p in self.folder.glob("*.pt") if not p.name.startswith("training-")),
+            key=lambda path: path.stat().st_mtime,
+        )
+        for old in teachers[:-KEPT_TEACHERS]:
+            old.unlink(missing_ok=True)
+
+    def forget_scratch(self) -> None:
+        """Remove what a step that did not finish left of its teacher."""
+        if self.scratch is not None:
+            self.scratch.unlink(missing_ok=True)
 
     def _path(self, key: str) -> Path:
         assert self.folder is not None
