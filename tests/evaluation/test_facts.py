@@ -22,6 +22,13 @@ from reef.evaluation.facts import expected_result, wrong_claims, wrong_fact
         ("What is the capital of France?", "Paris. Cheers", None),  # nothing to check
         ("Name a year.", "2020-12-01, a Tuesday.", None),  # a date is not a subtraction
         ("How many legs does a cat have?", "A cat has 4 legs: 2 x 2 is 5.", "says 2 x 2 is 5"),
+        # The same questions asked in words, not with a sign.
+        ("Add 5 and 6.", "5 and 6 make 12.", "does not give the result 11"),
+        ("What is the sum of 5 and 6?", "Eleven.", None),
+        ("Subtract 4 from 10.", "Six, of course.", None),
+        ("Subtract 4 from 10.", "It leaves 14.", "does not give the result 6"),
+        ("What is the product of 3 and 4?", "7", "does not give the result 12"),
+        ("Divide 12 by 3, please.", "That gives 4.", None),
     ],
 )
 def test_what_a_program_can_check_is_checked(question: str, answer: str, wrong: str | None) -> None:

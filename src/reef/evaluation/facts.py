@@ -95,13 +95,37 @@ def wrong_claims(answer: str) -> list[str]:
     return wrong
 
 
+# An operation asked in words rather than with its sign: "add 5 and 6", "the sum of 5 and 6",
+# "subtract 4 from 10" (its operands the other way round), "multiply 3 by 4".
+_WORDED = [
+    (
+        re.compile(rf"\b(?:add|sum of)\s+({_NUMBER})\s+(?:and|to|plus)\s+({_NUMBER})", re.I),
+        "+",
+        False,
+    ),
+    (re.compile(rf"\bsubtract\s+({_NUMBER})\s+from\s+({_NUMBER})", re.I), "-", True),
+    (re.compile(rf"\bdifference between\s+({_NUMBER})\s+and\s+({_NUMBER})", re.I), "-", False),
+    (
+        re.compile(rf"\b(?:multiply|product of)\s+({_NUMBER})\s+(?:and|by)\s+({_NUMBER})", re.I),
+        "*",
+        False,
+    ),
+    (re.compile(rf"\bdivide\s+({_NUMBER})\s+by\s+({_NUMBER})", re.I), "/", False),
+]
+
+
 def expected_result(question: str) -> float | None:
-    """The result an arithmetic question asks for ("What is 10 minus 4?" -> 6), or None for a
-    question that is not one expression."""
-    found = _QUESTION.findall(question.replace(",", ""))
+    """The result an arithmetic question asks for ("What is 10 minus 4?", "Subtract 4 from 10."
+    -> 6), or None for a question that is not one operation."""
+    text = question.replace(",", "")
+    found = [tuple(match) for match in _QUESTION.findall(text)]
+    for pattern, operator, reversed_operands in _WORDED:
+        for left, right in pattern.findall(text):
+            found.append((right, operator, left) if reversed_operands else (left, operator, right))
     if len(found) != 1:
         return None
-    return computed(*found[0])
+    left, operator, right = found[0]
+    return computed(left, operator, right)
 
 
 def stated_numbers(answer: str) -> set[float]:
