@@ -81,7 +81,8 @@ class StepResult:
     # the learner pauses before trying again.
     retry_later: bool = False
     metric_calls: int = 0  # answers the step asked for to score (`MetricCalls`)
-    # What became of the signal: turns learned from, and dropped by reason (`signal_of`).
+    learned_from: int = 0  # the calls its candidate was built from
+    # What became of the signal: learned from, held out, dropped by reason (`signal_of`).
     signal: dict[str, Any] = field(default_factory=dict)
 
 
@@ -305,7 +306,7 @@ class LearningWorker:
             log.warning("learning step of %s on %s failed: %s", recipe.name, scenario, detail)
         result.recipe = recipe.name
         result.metric_calls = tally.calls
-        result.signal = signal_of(view, dropped, result.signal.get("learned_from", 0))
+        result.signal = signal_of(view, dropped, result.learned_from)
         if automatic and result.outcome == "no proposal":
             learner.idle_at = seen
         await asyncio.to_thread(self._save_step, result, started, instruction)
@@ -395,7 +396,7 @@ class LearningWorker:
             gated.decision or "",
             gated.id,
             retry_later=gated.unjudged,
-            signal={"learned_from": len(set(proposal.consumed_record_ids))},
+            learned_from=len(set(proposal.consumed_record_ids)),
         )
 
     def _judged_on(
