@@ -8,8 +8,9 @@ checkable is:
 
 - every statement of the form `a op b = c` (or "is", "equals", "makes"; op one of + - * / x,
   plus, minus, times, multiplied by, divided by) in the answer must hold;
-- an answer to an arithmetic question ("What is 10 minus 4?") that states numbers must state
-  the result (a number word from zero to twenty counts).
+- an answer to an arithmetic question, written with its sign or in words ("What is 10 minus
+  4?", "Subtract 4 from 10."), that states numbers must state the result (a number word from
+  zero to twenty counts).
 
 Anything else (which element a metal is) no program here can check: a learner's examples are
 held to the gate's correctness tasks with them in context instead (`docs/recipes.md`).
