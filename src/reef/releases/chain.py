@@ -61,11 +61,14 @@ class ReleaseConflict(Conflict):
 
     code = "release_conflict"
 
-    def __init__(self, scenario: str, expected: str | None, current: str | None) -> None:
+    def __init__(
+        self, scenario: str, expected: str | None, current: str | None, what_to_do: str = ""
+    ) -> None:
         self.current = current
         super().__init__(
             f"the head of scenario {scenario!r} is {current or 'empty (no release yet)'}, "
-            f"not {expected or 'empty'}: someone published first. Re-read the head and try again"
+            f"not {expected or 'empty'}: "
+            + (what_to_do or "someone published first. Re-read the head and try again")
         )
 
 

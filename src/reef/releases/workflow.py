@@ -109,14 +109,13 @@ class StaleCandidate(ReleaseConflict):
     code = "stale_candidate"
 
     def __init__(self, candidate: Candidate, current: str | None) -> None:
-        Conflict.__init__(
-            self,
-            f"candidate {candidate.id} was evaluated against "
-            f"{candidate.base_release_id or 'base'}, and the head of {candidate.scenario!r} is "
-            f"now {current or 'empty'}: re-gate it against the new head with `reef release "
-            f"regate {candidate.id}`",
+        super().__init__(
+            candidate.scenario,
+            candidate.base_release_id,
+            current,
+            f"candidate {candidate.id} was evaluated against the release before. Re-gate it "
+            f"against the new head with `reef release regate {candidate.id}`",
         )
-        self.current = current
 
 
 # A candidate a human may still decide on, and so re-gate.
