@@ -140,7 +140,7 @@ def live_progress(
         kept = _READ.get(key)
     if kept is not None and kept[0] == seen:
         return kept[1]
-    progress = _read_progress(store, scenario, threshold, scorer, limit)
+    progress = read_progress(store, scenario, threshold, scorer, limit)
     with _READ_LOCK:
         if len(_READ) >= _READ_KEPT:
             _READ.pop(next(iter(_READ)))
@@ -148,13 +148,14 @@ def live_progress(
     return progress
 
 
-def _read_progress(
+def read_progress(
     store: ExperienceStore,
     scenario: str,
     threshold: float,
     scorer: ScorerSpec | None,
     limit: int,
 ) -> list[ReleaseProgress]:
+    """`live_progress`, read in full every time (nothing kept)."""
     judged = scorer if scorer is not None and scorer.type in LIVE_SCORERS else None
     calls: dict[str, list[dict[str, Any]]] = {}
     for call in store.latest_records(scenario, limit):
