@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from reef.evaluation.live import PROGRESS_CALLS, read_progress, live_progress
+from reef.evaluation.live import PROGRESS_CALLS, live_progress, read_progress
 from reef.evaluation.tasks import ScorerSpec
 from reef.store import ExperienceStore, Record, Report
 
