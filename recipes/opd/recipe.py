@@ -28,29 +28,25 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
 from reef.sdk import (
-    BaseWeights,
-    ExperienceView,
     LoraRecipeSettings,
-    Proposal,
     ProposalRefused,
-    Recipe,
     RecipeError,
     RecipeSettings,
     StepContext,
     Trajectory,
-    Turn,
+    WeightRecipe,
+    WeightStep,
     distill_example,
     distillation,
-    proposal_kind,
-    reporter,
-    require_weights,
-    train_on_current,
 )
+
+if TYPE_CHECKING:
+    from reef.sdk import TrainedAdapter
 
 log = logging.getLogger("reef.learning")
 
@@ -78,54 +74,32 @@ class OPDSettings(LoraRecipeSettings):
         return self
 
 
-class OPD(Recipe):
+class OPD(WeightRecipe):
     name = "opd"
-    trains_weights = True
     signal = "a frozen teacher's log-probabilities of the model's own answers"
     experience = "reactive, from live traffic: the answers as served (on policy)"
-    target = "model (LoRA)"
     Settings = OPDSettings
     settings: OPDSettings
+    training = "distilling a LoRA"
 
     def __init__(self, settings: RecipeSettings) -> None:
         super().__init__(settings)
-        self._base = BaseWeights()
         self._teacher: tuple[Path, Any] | None = None
 
-    @staticmethod
-    def sampled(turn: Turn) -> bool:
-        return bool(turn.completion_token_ids)
-
-    def ready(self, view: ExperienceView) -> bool:
-        return view.holds(self.sampled, self.settings.batch_size)
-
-    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        return view.batch_of(self.sampled, self.settings.batch_size)
-
-    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        require_weights(context, self.name)
-        turns = [turn for t in batch for turn in t.turns if self.sampled(turn)]
+    def plan(self, batch: list[Trajectory], context: StepContext) -> WeightStep:
+        turns = [turn for t in batch for turn in t.turns if self.learnable(turn)]
         if not turns:
             raise ProposalRefused("nothing to distil: no answer with recorded tokens")
         prompts: dict[str, list[int]] = {}
         # The teacher, another model, reads the same prompt as the student.
         examples = [distill_example(context, turn, None, prompts, "") for turn in turns]
-        files, trained = train_on_current(
-            context,
-            lambda resume_from: self._train(examples, context, resume_from),
-            merge_into=self._base.get(context) if self.settings.checkpoint else None,
-        )
-        losses = trained.losses
-        return Proposal(
-            kind=proposal_kind(self.settings),
-            files=files,
-            reason=(
-                f"on-policy distillation from {self.settings.teacher} on {len(examples)} "
-                f"answer(s), LoRA r{self.settings.rank}, {self.settings.steps} steps, "
-                f"log-ratio {losses[0]:.4f} -> {losses[-1]:.4f}"
-            ),
-            consumed_record_ids=[turn.record_id for turn in turns],
-            metrics={"loss": losses, "examples": len(examples)},
+        consumed = [turn.record_id for turn in turns]
+        return WeightStep(examples, consumed, facts={"examples": len(examples)})
+
+    def summary(self, step: WeightStep) -> str:
+        return (
+            f"on-policy distillation from {self.settings.teacher} on {len(step.examples)} "
+            "answer(s) (the loss is the log-ratio)"
         )
 
     def teacher_model(self, context: StepContext, base: Any) -> Any:
@@ -149,15 +123,15 @@ class OPD(Recipe):
             self._teacher = (path, loaded.model)
         return self._teacher[1]
 
-    def _train(self, examples: list[Any], context: StepContext, resume_from: Path | None) -> Any:
-        on_step = reporter(context, self.name, "distilling a LoRA", self.settings.steps)
-        base = self._base.get(context)
+    def train(
+        self, step: WeightStep, base: Any, context: StepContext, resume_from: Path | None
+    ) -> TrainedAdapter:
         teacher = self.teacher_model(context, base)
         return distillation(
             self.settings,
             base,
-            examples,
-            on_step,
+            step.examples,
+            self.on_step(context),
             resume_from,
             teacher_model=teacher,
             divergence="sampled_reverse",

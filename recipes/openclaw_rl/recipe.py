@@ -30,32 +30,25 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from reef.sdk import (
-    BaseWeights,
-    ExperienceView,
     LoraRecipeSettings,
-    Proposal,
     ProposalRefused,
-    Recipe,
     RecipeError,
-    RecipeSettings,
     Relabelled,
     StepContext,
     Trajectory,
     Turn,
+    WeightRecipe,
+    WeightStep,
     current_adapter,
     policy_update,
-    proposal_kind,
     relabel,
     rendered_prompt,
-    reporter,
-    require_weights,
     served_prompt,
-    train_on_current,
     training_length,
     with_hint,
 )
@@ -68,6 +61,9 @@ from .judge import (
     endpoint_ask,
     judge_turn,
 )
+
+if TYPE_CHECKING:
+    from reef.sdk import TrainedAdapter
 
 log = logging.getLogger("reef.learning")
 
@@ -120,71 +116,58 @@ def token_advantages(
     ]
 
 
-class OpenClawRL(Recipe):
+class OpenClawRL(WeightRecipe):
     name = "openclaw_rl"
-    trains_weights = True
     signal = "the next state of each turn: the user's reply or the tool's result"
     experience = "reactive, from live multi-turn sessions, judged turn by turn"
-    target = "model (LoRA)"
     Settings = OpenClawRLSettings
     settings: OpenClawRLSettings
-
-    def __init__(self, settings: RecipeSettings) -> None:
-        super().__init__(settings)
-        self._base = BaseWeights()
+    training = "training a LoRA (policy)"
 
     # -- what can be learned from ----------------------------------------------------------------
 
-    @staticmethod
-    def judgeable(turn: Turn) -> bool:
+    def learnable(self, turn: Turn) -> bool:
         """A turn the step can judge: scored by the user, or followed by a next state. Its
         answer's token ids must have been recorded (the llama.cpp and vLLM engines do)."""
         has_signal = turn.score is not None or bool(turn.next_state)
         return has_signal and bool(turn.completion_token_ids)
 
-    def ready(self, view: ExperienceView) -> bool:
-        return view.holds(self.judgeable, self.settings.batch_size)
-
-    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        return view.batch_of(self.judgeable, self.settings.batch_size)
-
     # -- a step ---------------------------------------------------------------------------------
 
-    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        require_weights(context, self.name)
-        turns = [turn for t in batch for turn in t.turns if self.judgeable(turn)]
+    def plan(self, batch: list[Trajectory], context: StepContext) -> WeightStep:
+        turns = [turn for t in batch for turn in t.turns if self.learnable(turn)]
         judged = self._judged(turns, context)
         if not any(j.score != 0 or j.hint for _, j in judged):
             raise ProposalRefused(
                 f"the judge found nothing to learn in {len(judged)} turn(s): every score 0"
             )
         examples, opd_turns = self._examples(judged, context)
-        files, trained = train_on_current(
-            context,
-            lambda resume_from: self._train(examples, context, resume_from),
-            merge_into=self._base.get(context) if self.settings.checkpoint else None,
-        )
         scores = [j.score for _, j in judged]
-        losses = trained.losses
-        return Proposal(
-            kind=proposal_kind(self.settings),
-            files=files,
-            reason=(
-                f"binary RL on {len(judged)} judged turn(s) (mean score "
-                f"{sum(scores) / len(scores):+.2f}), hindsight distillation on {opd_turns}, "
-                f"LoRA r{self.settings.rank}, {self.settings.steps} steps, loss "
-                f"{losses[0]:.3f} -> {losses[-1]:.3f}"
-            ),
+        return WeightStep(
+            examples,
             # A session's last turn is not consumed: when the session goes on, it gets its
             # next state and is judged then.
-            consumed_record_ids=[turn.record_id for turn, _ in judged],
-            metrics={
-                "loss": losses,
+            consumed=[turn.record_id for turn, _ in judged],
+            facts={
                 "judged": len(judged),
                 "scores": {str(s): scores.count(s) for s in sorted(set(scores))},
+                "score_mean": sum(scores) / len(scores),
                 "hints": opd_turns,
             },
         )
+
+    def summary(self, step: WeightStep) -> str:
+        facts = step.facts
+        return (
+            f"binary RL on {facts['judged']} judged turn(s) (mean score "
+            f"{facts['score_mean']:+.2f}), hindsight distillation on {facts['hints']}"
+        )
+
+    def train(
+        self, step: WeightStep, base: Any, context: StepContext, resume_from: Path | None
+    ) -> TrainedAdapter:
+        on_step = self.on_step(context)
+        return policy_update(self.settings, base, step.examples, on_step, resume_from)
 
     def _judge(self, context: StepContext) -> Judge:
         if self.settings.judge == "keywords":
@@ -226,7 +209,7 @@ class OpenClawRL(Recipe):
             fit,
         )
 
-        base = self._base.get(context)
+        base = self.base(context)
         model = self._policy_now(base, context)
         length = training_length(self.settings, base)
         prompts: dict[str, list[int]] = {}
@@ -289,8 +272,3 @@ class OpenClawRL(Recipe):
         with tempfile.TemporaryDirectory(prefix="reef-openclaw-") as scratch:
             folder = current_adapter(context, Path(scratch))
             return load_lora(base, folder).eval() if folder is not None else base.model
-
-    def _train(self, examples: list[Any], context: StepContext, resume_from: Any) -> Any:
-        on_step = reporter(context, self.name, "training a LoRA (policy)", self.settings.steps)
-        base = self._base.get(context)
-        return policy_update(self.settings, base, examples, on_step, resume_from)

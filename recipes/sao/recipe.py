@@ -34,28 +34,26 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from reef.sdk import (
-    BaseWeights,
     ExperienceView,
     LoraRecipeSettings,
-    Proposal,
     ProposalRefused,
-    Recipe,
     RecipeSettings,
     StepContext,
     Trajectory,
     Turn,
-    proposal_kind,
-    reporter,
-    require_weights,
+    WeightRecipe,
+    WeightStep,
     served_prompt,
-    train_on_current,
     training_length,
 )
+
+if TYPE_CHECKING:
+    from reef.sdk import TrainedAdapter
 
 log = logging.getLogger("reef.learning")
 
@@ -82,7 +80,7 @@ class SAOGRPOSettings(SAOSettings):
     group_size: int = Field(4, ge=2)  # scored rollouts of one prompt a group waits for
 
 
-def learnable(turn: Turn) -> bool:
+def scored_rollout(turn: Turn) -> bool:
     """A rollout SAO can train on: a finite score, and its answer's tokens with the engine's
     log-prob for each."""
     score = turn.score
@@ -119,78 +117,60 @@ def telemetry(turns: list[Turn], head: str, now: float) -> dict[str, Any]:
     }
 
 
-class SAORecipe(Recipe):
+class SAORecipe(WeightRecipe):
     name = "sao"
-    trains_weights = True
     signal = "one report with a finite score per rollout"
     experience = "reactive, from live traffic: each scored rollout on its own"
-    target = "model (LoRA)"
     Settings = SAOSettings
     settings: SAOSettings
+    training = "training a LoRA (SAO)"
 
     def __init__(self, settings: RecipeSettings) -> None:
         super().__init__(settings)
-        self._base = BaseWeights()
         self._stale = 0  # records the last view dropped as stale
 
     # -- what can be learned from ----------------------------------------------------------------
 
+    def learnable(self, turn: Turn) -> bool:
+        return scored_rollout(turn)
+
     def ready(self, view: ExperienceView) -> bool:
         self._stale = view.counts.stale_skipped
-        return sum(learnable(turn) for turn in view.turns()) >= self.settings.batch_size
+        return super().ready(view)
 
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
         """The oldest trajectories until they hold `batch_size` scored rollouts."""
         self._stale = view.counts.stale_skipped
-        batch: list[Trajectory] = []
-        count = 0
-        for trajectory in view.trajectories:
-            found = sum(learnable(turn) for turn in trajectory.turns)
-            if found:
-                batch.append(trajectory)
-                count += found
-            if count >= self.settings.batch_size:
-                break
-        return batch
+        return super().build_batch(view)
 
     def rollouts(self, batch: list[Trajectory]) -> list[tuple[Turn, float | None]]:
         """Each rollout of the batch with its advantage (None: the critic's)."""
-        return [(turn, None) for t in batch for turn in t.turns if learnable(turn)]
+        return [(turn, None) for t in batch for turn in t.turns if self.learnable(turn)]
 
     # -- a step ---------------------------------------------------------------------------------
 
-    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        require_weights(context, self.name)
+    def plan(self, batch: list[Trajectory], context: StepContext) -> WeightStep:
         rollouts = self.rollouts(batch)
         if not rollouts:
             raise ProposalRefused("no scored rollout with its served tokens and log-probs")
-        examples = self.examples(rollouts, context)
-        found: dict[str, Any] = {}
-        files, _ = train_on_current(
-            context,
-            lambda resume_from: self._train(examples, context, resume_from, found),
-            merge_into=self._base.get(context) if self.settings.checkpoint else None,
-        )
         turns = [turn for turn, _ in rollouts]
         scores = [float(turn.score or 0.0) for turn in turns]
-        metrics = {
-            **found,
+        facts = {
             **telemetry(turns, context.release_id, time.time()),
             "rollouts": len(turns),
             "score_mean": statistics.fmean(scores),
             "stale_dropped": self._stale,
         }
-        losses = metrics.get("loss") or [float("nan")]
-        return Proposal(
-            kind=proposal_kind(self.settings),
-            files=files,
-            reason=(
-                f"{self.name}: one optimiser step on {len(turns)} scored rollout(s) (mean score "
-                f"{metrics['score_mean']:.3f}), loss {losses[-1]:.4f}, clipped "
-                f"{metrics['clip_fraction'][-1]:.0%} of {metrics['tokens']} token(s)"
-            ),
-            consumed_record_ids=[turn.record_id for turn in turns],
-            metrics=metrics,
+        examples = self.examples(rollouts, context)
+        return WeightStep(examples, [turn.record_id for turn in turns], facts=facts)
+
+    def describe(self, step: WeightStep, trained: TrainedAdapter) -> str:
+        facts = step.facts
+        losses = facts.get("loss") or [float("nan")]
+        return (
+            f"{self.name}: one optimiser step on {facts['rollouts']} scored rollout(s) (mean "
+            f"score {facts['score_mean']:.3f}), loss {losses[-1]:.4f}, clipped "
+            f"{facts['clip_fraction'][-1]:.0%} of {facts['tokens']} token(s)"
         )
 
     def examples(
@@ -216,13 +196,13 @@ class SAORecipe(Recipe):
         assert context.work_dir is not None
         return context.work_dir / "critic" / f"{context.scenario}.pt"
 
-    def _train(
-        self, examples: list[Any], context: StepContext, resume_from: Any, found: dict[str, Any]
-    ) -> Any:
+    def train(
+        self, step: WeightStep, base: Any, context: StepContext, resume_from: Path | None
+    ) -> TrainedAdapter:
+        """SAO's update (`reef.training.sao`), its measurements into the step's facts."""
         from reef.sdk import SAOSettings as UpdateSettings
         from reef.sdk import train_sao
 
-        base = self._base.get(context)
         own = self.settings.model_dump()
         shared = {
             name: own[name]
@@ -231,16 +211,15 @@ class SAORecipe(Recipe):
             if name in own and name not in RecipeSettings.model_fields and name != "processes"
         }
         shared["max_length"] = training_length(self.settings, base)
-        on_step = reporter(context, self.name, "training a LoRA (SAO)", self.settings.steps)
         result = train_sao(
             base,
-            examples,
+            step.examples,
             UpdateSettings(**shared),
             self.critic_path(context),
-            on_step,
+            self.on_step(context),
             resume_from,
         )
-        found.update(result.metrics)
+        step.facts.update(result.metrics)
         return result.trained
 
 
@@ -258,7 +237,7 @@ class SAOGRPO(SAORecipe):
         `group_size` or more whose scores differ (equal scores carry no signal and wait)."""
         by_prompt: dict[str, list[Turn]] = {}
         for turn in turns:
-            if learnable(turn):
+            if scored_rollout(turn):
                 by_prompt.setdefault(json.dumps(turn.messages, sort_keys=True), []).append(turn)
         return [
             group

@@ -32,30 +32,27 @@ Where this differs from the paper, and why:
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from reef.sdk import (
-    BaseWeights,
-    ExperienceView,
-    KeptTeacherKind,
-    LoraRecipeSettings,
-    Proposal,
+    DistillationRecipe,
+    DistillationSettings,
     ProposalRefused,
-    Recipe,
-    RecipeSettings,
     StepContext,
     Trajectory,
     Turn,
+    WeightStep,
     demonstrations,
     distill_example,
-    distilled_on_current,
     hints,
-    proposal_kind,
-    require_weights,
+    records_of,
     with_hint,
 )
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger("reef.learning")
 # What the teacher reads after the user's message: our wording of the paper's prompt.
@@ -65,37 +62,19 @@ DEMONSTRATION_TEMPLATE = (
 )
 
 
-class SDFTSettings(LoraRecipeSettings):
+class SDFTSettings(DistillationSettings):
     batch_size: int = 4  # turns with a demonstration or a hint (and their answer) for a step
-    divergence: Literal["forward", "reverse", "jsd"] = "forward"
-    jsd_beta: float = Field(0.5, gt=0.0, lt=1.0)
-    top_k: int = Field(0, ge=0)  # 0: the whole vocabulary
-    teacher_update_rate: float = Field(0.01, ge=0.0, le=1.0)  # the `ema` teacher's rate
-    # ema: the student's moving average, kept across steps beside the adapter it taught;
-    # initial: the weights the first step started from, frozen ever after; frozen_release: the
-    # serving release's adapter, frozen, each step anew (`reef.sdk.weights.TeacherKeeper`).
-    teacher: KeptTeacherKind = "ema"
-    tis_cap: float | None = Field(2.0, gt=0.0)  # none: no importance-sampling correction
-    skip_tokens: int = Field(0, ge=0)  # first answer tokens left out (the paper's runs: 3)
     use_hints: bool = True  # a hint is context for the teacher too, not only a demonstration
     template: str = DEMONSTRATION_TEMPLATE  # `{demonstration}` marks where it goes
-    train_batch_size: int = Field(4, ge=1)  # examples per LoRA step
-    learning_rate: float = Field(2e-4, gt=0)
     steps: int = Field(8, ge=1)
 
 
-class SDFT(Recipe):
+class SDFT(DistillationRecipe):
     name = "sdft"
-    trains_weights = True
     signal = "demonstrations and hints, distilled from the model that reads them"
     experience = "reactive, from live traffic: the answers as served (on policy)"
-    target = "model (LoRA)"
     Settings = SDFTSettings
     settings: SDFTSettings
-
-    def __init__(self, settings: RecipeSettings) -> None:
-        super().__init__(settings)
-        self._base = BaseWeights()
 
     # -- what can be learned from ----------------------------------------------------------------
 
@@ -113,33 +92,19 @@ class SDFT(Recipe):
     def learnable(self, turn: Turn) -> bool:
         return bool(turn.completion_token_ids) and bool(self.contexts(turn))
 
-    def ready(self, view: ExperienceView) -> bool:
-        return view.holds(self.learnable, self.settings.batch_size)
-
-    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        return view.batch_of(self.learnable, self.settings.batch_size)
-
     # -- a step ---------------------------------------------------------------------------------
 
-    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        require_weights(context, self.name)
+    def plan(self, batch: list[Trajectory], context: StepContext) -> WeightStep:
         turns = [turn for t in batch for turn in t.turns if self.learnable(turn)]
         if not turns:
             raise ProposalRefused("nothing to distil: no answer with a demonstration or a hint")
         examples = self.examples(turns, context)
-        base = self._base.get(context)
-        files, trained = distilled_on_current(self.name, self.settings, context, base, examples)
-        losses = trained.losses
-        return Proposal(
-            kind=proposal_kind(self.settings),
-            files=files,
-            reason=(
-                f"SDFT ({self.settings.divergence} KL to the demonstration-reading model) on "
-                f"{len(examples)} answer(s) of {len(turns)} turn(s), LoRA r{self.settings.rank}, "
-                f"{self.settings.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}"
-            ),
-            consumed_record_ids=[r for t in batch for r in t.record_ids],
-            metrics={"loss": losses, "examples": len(examples), "turns": len(turns)},
+        return self.distilling(examples, records_of(batch), context, turns=len(turns))
+
+    def summary(self, step: WeightStep) -> str:
+        return (
+            f"SDFT ({self.settings.divergence} KL to the demonstration-reading model) on "
+            f"{len(step.examples)} answer(s) of {step.facts['turns']} turn(s)"
         )
 
     def examples(self, turns: list[Turn], context: StepContext) -> list[Any]:

@@ -27,28 +27,26 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from reef.sdk import (
-    BaseWeights,
+    DistillationRecipe,
+    DistillationSettings,
     ExperienceView,
-    KeptTeacherKind,
-    LoraRecipeSettings,
-    Proposal,
     ProposalRefused,
-    Recipe,
-    RecipeSettings,
     StepContext,
     Trajectory,
     Turn,
+    WeightStep,
     distill_example,
-    distilled_on_current,
-    proposal_kind,
-    require_weights,
+    records_of,
     with_hint,
 )
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger("reef.learning")
 # What the teacher reads after the question: our wording of the reference's reprompt.
@@ -58,23 +56,17 @@ SOLUTION_TEMPLATE = (
 )
 
 
-class SDPOSettings(LoraRecipeSettings):
+class SDPOSettings(DistillationSettings):
     batch_size: int = 4  # attempts with a correct sibling needed for a step
     success_threshold: float = 0.5  # a score at or above it is a correct attempt
     allow_own_success: bool = False  # a correct attempt may read its own answer
+    # The reference implementation's: the Jensen-Shannon divergence over the student's 100
+    # likeliest tokens, the teacher's EMA at 0.05.
     divergence: Literal["forward", "reverse", "jsd"] = "jsd"
-    jsd_beta: float = Field(0.5, gt=0.0, lt=1.0)  # the teacher's weight in the mixture
-    top_k: int = Field(100, ge=0)  # the student's top k tokens plus a tail; 0: everything
-    teacher_update_rate: float = Field(0.05, ge=0.0, le=1.0)  # the `ema` teacher's rate
-    # ema: the student's moving average, kept across steps beside the adapter it taught;
-    # initial: the weights the first step started from, frozen ever after; frozen_release: the
-    # serving release's adapter, frozen, each step anew (`reef.sdk.weights.TeacherKeeper`).
-    teacher: KeptTeacherKind = "ema"
-    tis_cap: float | None = Field(2.0, gt=0.0)
-    skip_tokens: int = Field(0, ge=0)
+    top_k: int = Field(100, ge=0)
+    teacher_update_rate: float = Field(0.05, ge=0.0, le=1.0)
     template: str = SOLUTION_TEMPLATE  # `{solution}` marks where the sibling's answer goes
     train_batch_size: int = Field(8, ge=1)
-    learning_rate: float = Field(2e-4, gt=0)
     steps: int = Field(4, ge=1)
 
 
@@ -83,18 +75,12 @@ def question(turn: Turn) -> str:
     return json.dumps([turn.messages, turn.tools], sort_keys=True)
 
 
-class SDPO(Recipe):
+class SDPO(DistillationRecipe):
     name = "sdpo"
-    trains_weights = True
     signal = "scored attempts at the same question: the correct ones teach the others"
     experience = "reactive, from repeated attempts a harness samples and scores"
-    target = "model (LoRA)"
     Settings = SDPOSettings
     settings: SDPOSettings
-
-    def __init__(self, settings: RecipeSettings) -> None:
-        super().__init__(settings)
-        self._base = BaseWeights()
 
     # -- what can be learned from ----------------------------------------------------------------
 
@@ -141,26 +127,20 @@ class SDPO(Recipe):
 
     # -- a step ---------------------------------------------------------------------------------
 
-    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        require_weights(context, self.name)
+    def plan(self, batch: list[Trajectory], context: StepContext) -> WeightStep:
         paired = self.attempts([turn for t in batch for turn in t.turns])
         taught = sum(sibling is not None for _, sibling in paired)
         if not taught:
             raise ProposalRefused("nothing to distil: no attempt has a correct sibling")
         examples = self.examples(paired, context)
-        base = self._base.get(context)
-        files, trained = distilled_on_current(self.name, self.settings, context, base, examples)
-        losses = trained.losses
-        return Proposal(
-            kind=proposal_kind(self.settings),
-            files=files,
-            reason=(
-                f"SDPO on {len(paired)} attempt(s), {taught} with a correct sibling as the "
-                f"teacher's context, LoRA r{self.settings.rank}, {self.settings.steps} steps, "
-                f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
-            ),
-            consumed_record_ids=[r for t in batch for r in t.record_ids],
-            metrics={"loss": losses, "attempts": len(paired), "taught": taught},
+        return self.distilling(
+            examples, records_of(batch), context, attempts=len(paired), taught=taught
+        )
+
+    def summary(self, step: WeightStep) -> str:
+        return (
+            f"SDPO on {step.facts['attempts']} attempt(s), {step.facts['taught']} with a "
+            "correct sibling as the teacher's context"
         )
 
     def examples(self, paired: list[tuple[Turn, Turn | None]], context: StepContext) -> list[Any]:

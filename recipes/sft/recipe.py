@@ -50,23 +50,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from reef.sdk import (
-    BaseWeights,
-    ExperienceView,
     LoraRecipeSettings,
-    Proposal,
     ProposalRefused,
-    Recipe,
-    RecipeSettings,
     ScorerSpec,
     StepContext,
     Trajectory,
     Turn,
+    WeightRecipe,
+    WeightStep,
     asking,
     content_judge_for,
     demonstrations,
@@ -74,15 +72,16 @@ from reef.sdk import (
     distillation,
     feedback_of,
     hints,
-    proposal_kind,
+    records_of,
     relabel,
     reporter,
-    require_weights,
     served_prompt,
-    train_on_current,
     training_length,
     with_hint,
 )
+
+if TYPE_CHECKING:
+    from reef.sdk import TrainedAdapter
 
 log = logging.getLogger("reef.learning")
 # Replayed when the scenario has too few other calls: plain questions of every kind.
@@ -130,18 +129,21 @@ class SFTSettings(LoraRecipeSettings):
     hint_tis_cap: float | None = Field(2.0, gt=0.0)  # none: no importance-sampling correction
 
 
-class SFT(Recipe):
+@dataclass
+class SFTStep(WeightStep):
+    """A step's supervised examples (`examples`), and beside them the failing answers to distil
+    from the model reading their feedback and the replayed answers that anchor both runs."""
+
+    hinted: list[Any] = field(default_factory=list)
+    replayed: list[Any] = field(default_factory=list)
+
+
+class SFT(WeightRecipe):
     name = "sft"
-    trains_weights = True
     signal = "good scores, demonstrations, and feedback that says what was wanted"
     experience = "reactive, from live traffic, relabelled in hindsight"
-    target = "model (LoRA)"
     Settings = SFTSettings
     settings: SFTSettings
-
-    def __init__(self, settings: RecipeSettings) -> None:
-        super().__init__(settings)
-        self._base = BaseWeights()
 
     # -- what can be learned from ----------------------------------------------------------------
 
@@ -158,16 +160,9 @@ class SFT(Recipe):
     def learnable(self, turn: Turn) -> bool:
         return self.good(turn) or bool(demonstrations(turn)) or self.failing_with_hint(turn)
 
-    def ready(self, view: ExperienceView) -> bool:
-        return view.holds(self.learnable, self.settings.batch_size)
-
-    def build_batch(self, view: ExperienceView) -> list[Trajectory]:
-        return view.batch_of(self.learnable, self.settings.batch_size)
-
     # -- a step ---------------------------------------------------------------------------------
 
-    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        require_weights(context, self.name)
+    def plan(self, batch: list[Trajectory], context: StepContext) -> SFTStep:
         from reef.sdk import TrainingExample
 
         turns = [turn for t in batch for turn in t.turns]
@@ -175,44 +170,34 @@ class SFT(Recipe):
         to_distil = self._hinted(turns, pairs)
         if not pairs and not to_distil:
             raise ProposalRefused("nothing to train on: no good answer, demonstration or hint")
-        base = self._base.get(context)
+        base = self.base(context)
         prompts: dict[str, list[int]] = {}  # record id -> rendered prompt, once per turn
         hinted = self._hint_examples(to_distil, context, prompts)
         examples = [
             TrainingExample(served_prompt(context, turn, prompts), completion)
             for turn, completion in self._tokenized(pairs, base)
         ]
-        learned = len(examples)
         replayed = self._replayed(context, {tuple(map(str, t.messages)) for t in turns})
-        runs: dict[str, list[float]] = {}
-        files, trained = train_on_current(
-            context,
-            lambda resume_from: self._train(
-                base, examples, hinted, replayed, context, resume_from, runs
-            ),
-            merge_into=base if self.settings.checkpoint else None,
-        )
+        facts = {
+            "examples": len(examples) + len(hinted),
+            "supervised": len(examples),
+            "hint_examples": len(hinted),
+            "replayed": len(replayed),
+            "turns": len(turns),
+        }
+        return SFTStep(examples, records_of(batch), facts, hinted=hinted, replayed=replayed)
+
+    def describe(self, step: WeightStep, trained: TrainedAdapter) -> str:
+        facts = step.facts
         ran = [
             f"{name} loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps"
-            for name, losses in runs.items()
+            for name in ("sft", "hint")
+            if (losses := facts.get(f"{name}_loss"))
         ]
-        return Proposal(
-            kind=proposal_kind(self.settings),
-            files=files,
-            reason=(
-                f"LoRA r{self.settings.rank} on {learned} example(s) and {len(hinted)} hint "
-                f"example(s) from {len(turns)} turn(s) and {len(replayed)} replayed, "
-                + ", ".join(ran)
-            ),
-            consumed_record_ids=[r for t in batch for r in t.record_ids],
-            metrics={
-                "loss": trained.losses,
-                "examples": learned + len(hinted),
-                "supervised": learned,
-                "hint_examples": len(hinted),
-                "replayed": len(replayed),
-                **{f"{name}_loss": losses for name, losses in runs.items()},
-            },
+        return (
+            f"LoRA r{self.settings.rank} on {facts['supervised']} example(s) and "
+            f"{facts['hint_examples']} hint example(s) from {facts['turns']} turn(s) and "
+            f"{facts['replayed']} replayed, " + ", ".join(ran)
         )
 
     def _hinted(self, turns: list[Turn], pairs: list[tuple[Turn, list[int] | str]]) -> list[Turn]:
@@ -313,24 +298,19 @@ class SFT(Recipe):
             else:
                 yield turn, completion
 
-    def _train(
-        self,
-        base: Any,
-        examples: list[Any],
-        hinted: list[Any],
-        replayed: list[Any],
-        context: StepContext,
-        resume_from: Path | None,
-        runs: dict[str, list[float]],
-    ) -> Any:
+    def train(
+        self, step: WeightStep, base: Any, context: StepContext, resume_from: Path | None
+    ) -> TrainedAdapter:
         """The supervised examples (with the replayed answers) with the cross-entropy loss, then
         the hint examples (with the replayed answers as anchors) with the distillation loss, on
-        the adapter the first run left; `runs` gets each run's losses."""
+        the adapter the first run left; each run's losses go into the step's facts."""
         import dataclasses
         import tempfile
 
         from reef.sdk import LoraSettings, train_lora
 
+        assert isinstance(step, SFTStep)
+        examples, hinted, replayed = step.examples, step.hinted, step.replayed
         trained = None
         if examples:
             settings = LoraSettings(
@@ -345,10 +325,10 @@ class SFT(Recipe):
                 processes=self.settings.processes,
                 threads=self.settings.threads,
             )
-            on_step = reporter(context, self.name, "training a LoRA", self.settings.steps)
+            on_step = self.on_step(context)
             supervised = [*examples, *replayed]
             trained = train_lora(base, supervised, settings, on_step, resume_from)
-            runs["sft"] = list(trained.losses)
+            step.facts["sft_loss"] = list(trained.losses)
         if not hinted:
             assert trained is not None
             return trained
@@ -357,8 +337,9 @@ class SFT(Recipe):
                 trained.model.save_pretrained(scratch)
                 resume_from, trained = Path(scratch), None
             distilled = self._distil(base, hinted, replayed, context, resume_from)
-        runs["hint"] = list(distilled.losses)
-        return dataclasses.replace(distilled, losses=[*runs.get("sft", []), *distilled.losses])
+        step.facts["hint_loss"] = list(distilled.losses)
+        both = [*step.facts.get("sft_loss", []), *distilled.losses]
+        return dataclasses.replace(distilled, losses=both)
 
     def _distil(
         self,

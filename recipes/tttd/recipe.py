@@ -26,34 +26,31 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from reef.sdk import (
-    BaseWeights,
     EvalTask,
     ExperienceView,
     LoraRecipeSettings,
-    Proposal,
     ProposalRefused,
-    Recipe,
     RecipeError,
-    RecipeSettings,
     ScorerSpec,
     StepContext,
     Trajectory,
+    WeightRecipe,
+    WeightStep,
     answer_text,
     policy_update,
-    proposal_kind,
-    reporter,
-    require_weights,
-    train_on_current,
 )
 
 from . import circles
 from .advantages import entropic_advantages
 from .archive import Archive, State
+
+if TYPE_CHECKING:
+    from reef.sdk import TrainedAdapter
 
 log = logging.getLogger("reef.learning")
 SCORER = ScorerSpec(type="python", function="reef.recipes.tttd.circles:score_answer")
@@ -74,19 +71,14 @@ class TTTDSettings(LoraRecipeSettings):
     steps: int = Field(4, ge=1)  # gradient steps on each step's rollouts
 
 
-class TTTDiscover(Recipe):
+class TTTDiscover(WeightRecipe):
     name = "tttd"
-    trains_weights = True
     signal = "a verifier's reward on the model's own rollouts"
     experience = "self-generated, from an archive of the best states found"
-    target = "model (LoRA)"
     Settings = TTTDSettings
     settings: TTTDSettings
     waits_for_traffic = False
-
-    def __init__(self, settings: RecipeSettings) -> None:
-        super().__init__(settings)
-        self._base = BaseWeights()
+    training = "training a LoRA (policy)"
 
     def ready(self, view: ExperienceView) -> bool:
         return True  # its experience is its own rollouts: it never waits for traffic
@@ -96,8 +88,9 @@ class TTTDiscover(Recipe):
 
     # -- a step ---------------------------------------------------------------------------------
 
-    def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
-        require_weights(context, self.name)
+    def plan(self, batch: list[Trajectory], context: StepContext) -> WeightStep:
+        """Rollouts from the archive's chosen states, the archive grown by them, and a policy
+        example per rollout of a group whose rewards differ."""
         assert context.work_dir is not None
         archive = self.archive(context.work_dir)
         starts = archive.choose(self.settings.starts)
@@ -112,28 +105,27 @@ class TTTDiscover(Recipe):
         skipped = sum(g["beta"] is None for g in groups)
         if not examples:
             raise ProposalRefused(f"all {skipped} group(s) had equal rewards: nothing to learn")
-        files, trained = train_on_current(
-            context,
-            lambda resume_from: self._train(examples, context, resume_from),
-            merge_into=self._base.get(context) if self.settings.checkpoint else None,
-        )
         best = archive.best
-        return Proposal(
-            kind=proposal_kind(self.settings),
-            files=files,
-            reason=(
-                f"entropic policy update on {len(examples)} rollout(s) from {len(starts)} "
-                f"state(s) ({skipped} group(s) skipped), best sum of radii {best.reward:.4f}"
-            ),
-            consumed_record_ids=[],
-            eval_tasks=[
-                EvalTask(
-                    id="tttd:best",
-                    messages=[{"role": "user", "content": circles.prompt(as_centres(best))}],
-                    scorer=SCORER,
-                )
-            ],
-            metrics={"loss": trained.losses, **archive.history[-1]},
+        task = EvalTask(
+            id="tttd:best",
+            messages=[{"role": "user", "content": circles.prompt(as_centres(best))}],
+            scorer=SCORER,
+        )
+        return WeightStep(examples, [], facts=dict(archive.history[-1]), eval_tasks=[task])
+
+    def summary(self, step: WeightStep) -> str:
+        facts = step.facts
+        return (
+            f"entropic policy update on {len(step.examples)} rollout(s) from "
+            f"{len(facts['groups'])} state(s) ({facts['skipped_groups']} group(s) skipped), "
+            f"best sum of radii {facts['best']:.4f}"
+        )
+
+    def train(
+        self, step: WeightStep, base: Any, context: StepContext, resume_from: Path | None
+    ) -> TrainedAdapter:
+        return policy_update(
+            self.settings, base, step.examples, self.on_step(context), resume_from, max_length=1024
         )
 
     def archive(self, work_dir: Path) -> Archive:
@@ -222,11 +214,6 @@ class TTTDiscover(Recipe):
             f"{len(best.centres)} circles, sum of radii {best.reward:.4f}",
         )
         log.info("tttd: step %d, best %.4f", len(archive.history), best.reward)
-
-    def _train(self, examples: list[Any], context: StepContext, resume_from: Any) -> Any:
-        on_step = reporter(context, self.name, "training a LoRA (policy)", self.settings.steps)
-        base = self._base.get(context)
-        return policy_update(self.settings, base, examples, on_step, resume_from, max_length=1024)
 
 
 def as_centres(state: State) -> circles.Centres:

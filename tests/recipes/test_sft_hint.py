@@ -121,7 +121,7 @@ def test_plain_feedback_alone_proposes_a_candidate_of_hint_examples_that_moves_t
     recipe = sft()
     engine = Engine()
     context = step_context(tiny_model, tmp_path / "work", engine)
-    base = recipe._base.get(context)
+    base = recipe.base(context)
     student_prompt, teacher_prompt = render(FISH), render(with_hint(FISH, HINT))
     before = first_token_probabilities(base.model, student_prompt)
     teacher = first_token_probabilities(base.model, teacher_prompt)

@@ -28,8 +28,11 @@ module only, so its names are the ones a recipe may rely on:
   `rendered_prompt`, `training_length`, `training_source`, `current_adapter`, `train_on_current`,
   `proposal_kind`, `policy_update`, `distill_example` and `distillation` (a served answer under a
   teacher's context, distilled with the recipe's shared settings), `TeacherKeeper` and
-  `KeptTeacherKind` (where a distillation's EMA teacher is kept between steps),
-  `distilled_on_current` (a distillation recipe's step on the current adapter), `reporter`;
+  `KeptTeacherKind` (where a distillation's EMA teacher is kept between steps), `reporter`;
+- the weight recipes' base: `WeightRecipe` (a step's skeleton: the recipe writes `plan`,
+  `train` and `summary`), its `WeightStep`, `DistillationRecipe` and its
+  `DistillationSettings` (the update toward a kept teacher, for `sdft` and `sdpo`),
+  `records_of` (a batch's record ids);
 - messages: `message_text`, `answer_text`, `Completion`;
 - harness trees: `Mutation` (one change to one file), `check_mutation` and `apply_mutation`
   (the rules every change meets, `TreeChangeRefused` naming the one broken), `EDITABLE` (the
@@ -94,6 +97,13 @@ from reef.sdk.recipe import (
     failing_prompts,
 )
 from reef.sdk.view import ExperienceView, Trajectory, Turn
+from reef.sdk.weight_recipe import (
+    DistillationRecipe,
+    DistillationSettings,
+    WeightRecipe,
+    WeightStep,
+    records_of,
+)
 from reef.sdk.weights import (
     BaseWeights,
     KeptTeacherKind,
@@ -102,7 +112,6 @@ from reef.sdk.weights import (
     current_adapter,
     distill_example,
     distillation,
-    distilled_on_current,
     policy_update,
     proposal_kind,
     rendered_prompt,
@@ -121,6 +130,7 @@ if TYPE_CHECKING:
         DistillSettings,
         LoraSettings,
         PolicyExample,
+        TrainedAdapter,
         TrainingExample,
         completion_logprobs,
         encode_completion,
@@ -139,6 +149,7 @@ _TRAINING = {
     "distill": "reef.training.distill",
     "LoraSettings": "reef.training",
     "PolicyExample": "reef.training",
+    "TrainedAdapter": "reef.training",
     "TrainingExample": "reef.training",
     "completion_logprobs": "reef.training",
     "encode_completion": "reef.training",
@@ -171,6 +182,8 @@ __all__ = [
     "Completion",
     "DistillExample",
     "DistillSettings",
+    "DistillationRecipe",
+    "DistillationSettings",
     "EpisodeSearch",
     "EvalTask",
     "Evaluated",
@@ -195,10 +208,13 @@ __all__ = [
     "SearchTask",
     "StepContext",
     "TeacherKeeper",
+    "TrainedAdapter",
     "TrainingExample",
     "Trajectory",
     "TreeChangeRefused",
     "Turn",
+    "WeightRecipe",
+    "WeightStep",
     "answer_text",
     "apply_mutation",
     "asking",
@@ -210,7 +226,6 @@ __all__ = [
     "distill",
     "distill_example",
     "distillation",
-    "distilled_on_current",
     "encode_completion",
     "facts_kept",
     "failing_prompts",
@@ -224,6 +239,7 @@ __all__ = [
     "message_text",
     "policy_update",
     "proposal_kind",
+    "records_of",
     "relabel",
     "rendered_prompt",
     "reporter",

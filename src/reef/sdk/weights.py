@@ -362,30 +362,6 @@ def distillation(
     )
 
 
-def distilled_on_current(
-    name: str, settings: RecipeSettings, context: StepContext, base: Base, examples: list[Any]
-) -> tuple[dict[str, bytes], TrainedAdapter]:
-    """A distillation recipe's step (`sdft`, `sdpo`): the current adapter distilled on
-    `examples` toward the EMA teacher its `teacher` setting keeps (`TeacherKeeper`), exported (or
-    merged into the base with `checkpoint`), the teacher kept beside the adapter it taught."""
-    kept = TeacherKeeper(context, getattr(settings, "teacher", "ema"))
-    steps = int(getattr(settings, "steps", 1))
-    on_step = reporter(context, name, "distilling a LoRA", steps)
-
-    def train(resume_from: Path | None) -> TrainedAdapter:
-        return distillation(
-            settings, base, examples, on_step, resume_from, kept=kept, teacher="ema"
-        )
-
-    merge_into = base if getattr(settings, "checkpoint", False) else None
-    try:
-        files, trained = train_on_current(context, train, merge_into=merge_into)
-        kept.keep(files)
-    finally:
-        kept.forget_scratch()  # a step that failed leaves no half-kept teacher behind
-    return files, trained
-
-
 # Which EMA teacher a distillation recipe learns from (`teacher`): `ema`, the student's moving
 # average kept across steps; `initial`, the weights the first step started from, kept frozen
 # ever after; `frozen_release`, the serving release's adapter, frozen, each step anew.
