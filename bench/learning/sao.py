@@ -1,7 +1,7 @@
 """SAO against its GRPO control: the mean reward over scored rollouts, from the same base.
 
     .venv/bin/python -m bench.learning.sao [--rollouts 48] [--group 4]
-        [--arms sao,sao_grpo,sao_old_defaults]
+        [--arms sao,sao_grpo,sao_old_defaults,sft]
 
 Each arm is a fresh `reef serve` on the embedded SmolLM2-135M with its recipe (`sao`: one scored
 rollout per optimiser step, a critic for the baseline; `sao_grpo`: the same loss, a step per
@@ -16,7 +16,9 @@ the recipe owes (SAO: every report; GRPO: every `--group`-th), up to `--step-tim
 that the curve is rollouts against reward, not against the machine's speed.
 
 The arm `sao_old_defaults` is `sao` with the defaults before issue 61 (alpha 0.05, the clip
-band 0.2/0.28, four critic steps), beside the paper's in the same run.
+band 0.2/0.28, four critic steps), beside the paper's in the same run. The arm `sft` is the
+supervised recipe on the same stream, with its defaults and `batch_size: 4`: it learns from the
+answers scored 1 (those the view does not hold back for the gate's replay), a step per four.
 
 Printed: each arm's cumulative mean reward every 8 rollouts, and the base's (the first
 `--group` rollouts, before any step) as the baseline, and per arm its steps and how many had a
@@ -37,6 +39,7 @@ from typing import Any
 import httpx
 
 from bench.common.results import OUT
+from reef.evaluation.replay import held_back
 from reef.testing.processes import ServerProcess, free_port, reef_serve
 
 CONFIG = """
@@ -47,13 +50,19 @@ gate:
 learning:
   recipe: RECIPE
   interval_s: 0.5
-  batch_size: 1
+  batch_size: BATCH
   max_staleness: 18
 EXTRA"""
 NUMBER = re.compile(r"-?\d+")
 # An arm: the recipe it runs, and its settings beyond the config's.
 OLD_DEFAULTS = "  eps_clip: 0.2\n  eps_clip_high: 0.28\n  length_alpha: 0.05\n  critic_steps: 4\n"
-ARMS = {"sao": ("sao", ""), "sao_grpo": ("sao_grpo", ""), "sao_old_defaults": ("sao", OLD_DEFAULTS)}
+ARMS = {
+    "sao": ("sao", ""),
+    "sao_grpo": ("sao_grpo", ""),
+    "sao_old_defaults": ("sao", OLD_DEFAULTS),
+    "sft": ("sft", ""),
+}
+SFT_BATCH = 4  # the sft arm's good answers per step
 
 
 def prompts(count: int, group: int, seed: int = 0) -> list[tuple[str, int]]:
@@ -109,8 +118,11 @@ def run_arm(
     if recipe == "sao_grpo":
         extra += f"  group_size: {args.group}\n"
     folder = Path(tempfile.mkdtemp(prefix=f"reef-bench-{arm}-"))
-    (folder / "reef.yaml").write_text(CONFIG.replace("RECIPE", recipe).replace("EXTRA", extra))
+    batch = SFT_BATCH if recipe == "sft" else 1
+    config = CONFIG.replace("RECIPE", recipe).replace("BATCH", str(batch))
+    (folder / "reef.yaml").write_text(config.replace("EXTRA", extra))
     rewards: list[float] = []
+    learnable = 0  # the sft arm's good answers the view offers it (not held back)
     with reef_serve(folder, free_port()).start() as server:
         for number, (question, expected) in enumerate(questions, start=1):
             body = {
@@ -131,9 +143,17 @@ def run_arm(
                 timeout=30,
             ).raise_for_status()
             # SAO steps on every scored rollout; the control on each group whose scores differ
-            # (a group of equal scores carries no signal, and it waits for none).
+            # (a group of equal scores carries no signal, and it waits for none); sft on every
+            # SFT_BATCH-th good answer it may learn from.
             group = rewards[-args.group :]
-            owes_a_step = recipe == "sao" or (number % args.group == 0 and len(set(group)) > 1)
+            if recipe == "sft":
+                offered = reward == 1.0 and not held_back(receipt)
+                learnable += int(offered)
+                owes_a_step = offered and learnable % SFT_BATCH == 0
+            elif recipe == "sao_grpo":
+                owes_a_step = number % args.group == 0 and len(set(group)) > 1
+            else:
+                owes_a_step = True
             started = time.monotonic()
             while owes_a_step and time.monotonic() - started < args.step_timeout:
                 if candidates(server) > before:

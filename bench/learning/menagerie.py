@@ -1,0 +1,234 @@
+"""The menagerie's defining mechanisms, on this tree and on the tree before issue 61, in one run.
+
+    .venv/bin/python -m bench.learning.menagerie [--baseline 2c8c32f]
+
+Each tree's recipes are driven through their public step (`Recipe.propose`) by the same scripted
+model and proposer, in a process that imports Reef from that tree (a `git worktree` of
+`--baseline`, made and removed by the bench), and each figure is read from what the proposer
+was shown:
+
+- **meta_harness**: the release's tree has a 3 kB AGENTS.md and the proposer writes four
+  designs of 550 characters (its reply's limit), each file starting and ending with a mark of
+  its own; on the fourth, how many earlier designs (the seed's included) its prompt names, how
+  many it gives whole, and how many characters it reads;
+- **skills**: three failing calls whose answers under the tree are 600 characters with a mark;
+  how many of the answers the night reads, and how many characters of them;
+- **opd**: whether it starts with no `teacher` set, and what it would learn from then;
+- **sao**: its defaults (length-adaptive lambda's alpha, the clip band, critic steps); what
+  they do to learning is `bench.learning.sao`'s arms (`sao` against `sao_old_defaults`).
+
+Printed as a table; written to bench/out/menagerie.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.common.results import OUT
+
+ROOT = Path(__file__).resolve().parents[2]
+BASELINE = "2c8c32f"  # main before issue 61's first change
+PROMPTS = ["Name a fruit.", "What is 2+2?", "Name an animal.", "Name a colour."]
+WISH = "Start every answer with the word Sure"
+DESIGNS = 4
+
+
+def _turns() -> list[Any]:
+    from reef.sdk.view import Trajectory, Turn
+
+    reports = [{"score": 0.0, "feedback": WISH}]
+    turns = [
+        Turn(f"rec_{n}", [{"role": "user", "content": p}], {"role": "assistant", "content": "x"},
+             "base", reports)
+        for n, p in enumerate(PROMPTS)
+    ]  # fmt: skip
+    return [Trajectory("t", turns)]
+
+
+def _said(text: str) -> Any:
+    from reef.protocol import Completion
+
+    choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    return Completion(response={"choices": [choice]}, model="scripted")
+
+
+def design(number: int, chars: int = 550) -> str:
+    """Design `number`'s AGENTS.md: `chars` characters between its two marks."""
+    return f"START{number} " + ("Be careful and brief. " * 200)[:chars] + f" END{number}"
+
+
+def probe_meta_harness() -> dict[str, Any]:
+    from reef.sdk.recipe import StepContext, load_recipe
+
+    asked: list[str] = []
+
+    def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 0) -> str:
+        asked.append(messages[0]["content"])
+        return json.dumps({"agents_md": design(len(asked)), "rules": ""})
+
+    def generate_under(files: dict[str, bytes], body: dict[str, Any]) -> Any:
+        return _said("Yes.")  # every design fails alike: the history is the only signal
+
+    recipe = load_recipe(
+        "meta_harness",
+        {"scorer": {"type": "regex", "pattern": "^Sure"}, "max_nodes": DESIGNS},
+    )
+    seed = {"AGENTS.md": design(0, 3000).encode()}
+    context = StepContext("default", "base", seed, ask=ask, generate_under=generate_under)
+    try:
+        recipe.propose(_turns(), context)
+    except Exception as error:  # no tree beats the seed: the step refuses, as it should
+        if type(error).__name__ != "ProposalRefused":
+            raise
+    last = asked[-1]
+    earlier = range(len(asked))  # the seed (0) and the designs written before the last
+    return {
+        "designs_shown": len(earlier),
+        "named": sum(f"START{n}" in last for n in earlier),
+        "whole": sum(f"START{n}" in last and f"END{n}" in last for n in earlier),
+        "prompt_chars": len(last),
+    }
+
+
+def probe_skills() -> dict[str, Any]:
+    from reef.sdk.recipe import StepContext, load_recipe
+
+    asked: list[str] = []
+    answer = "ANSWER " + "it depends on the case. " * 25
+
+    def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 0) -> str:
+        asked.append(messages[0]["content"])
+        decision = {"name": "", "description": "", "body": "", "merge_into": ""}
+        return json.dumps({**decision, "decision": "skip"})
+
+    def generate_under(files: dict[str, bytes], body: dict[str, Any]) -> Any:
+        return _said(answer)
+
+    recipe = load_recipe("skills", {"scorer": {"type": "regex", "pattern": "^Sure"}})
+    tree = {"AGENTS.md": b"Be helpful.\n"}
+    context = StepContext("default", "default@1", tree, ask=ask, generate_under=generate_under)
+    try:
+        recipe.propose(_turns(), context)
+    except Exception as error:  # a night of skips proposes nothing
+        if type(error).__name__ != "ProposalRefused":
+            raise
+    night = "\n".join(asked)
+    read = [night.count("ANSWER"), sum(len(answer) for _ in range(night.count("ANSWER")))]
+    return {
+        "answers": len(PROMPTS),
+        "answer_chars": len(answer),
+        "answers_read": read[0],
+        "chars_read": sum(_longest_part(night, answer) for _ in range(read[0])),
+    }
+
+
+def _longest_part(text: str, answer: str) -> int:
+    """How much of `answer`, from its start, `text` holds."""
+    for length in range(len(answer), 0, -1):
+        if answer[:length] in text:
+            return length
+    return 0
+
+
+def probe_opd() -> dict[str, Any]:
+    from reef.sdk.recipe import load_recipe
+
+    try:
+        loaded = load_recipe("opd", {})
+    except Exception as error:
+        return {"starts_without_teacher": False, "says": str(error).split("body: ")[-1][:60]}
+    teacher = getattr(loaded.settings, "teacher", None)
+    return {"starts_without_teacher": True, "teacher": teacher}
+
+
+def probe_sao() -> dict[str, Any]:
+    from reef.sdk.recipe import load_recipe
+
+    settings = load_recipe("sao", {}).settings
+    names = ("length_alpha", "eps_clip", "eps_clip_high", "critic_steps")
+    return {name: getattr(settings, name) for name in names}
+
+
+def probe() -> dict[str, Any]:
+    import reef
+
+    return {
+        "reef": str(Path(reef.__file__).parents[2]),
+        "meta_harness": probe_meta_harness(),
+        "skills": probe_skills(),
+        "opd": probe_opd(),
+        "sao": probe_sao(),
+    }
+
+
+def run_on(src: Path) -> dict[str, Any]:
+    """`probe()` in a process importing Reef from `src` (a tree's `src/`)."""
+    environment = {**os.environ, "PYTHONPATH": str(src)}
+    found = subprocess.run(
+        [sys.executable, "-m", "bench.learning.menagerie", "--probe"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode != 0:
+        raise SystemExit(f"the probe on {src} failed:\n{found.stderr[-3000:]}")
+    return json.loads(found.stdout.strip().splitlines()[-1])
+
+
+def table(results: dict[str, dict[str, Any]]) -> Table:
+    shown = Table(title="The menagerie's mechanisms: before issue 61 and now")
+    shown.add_column("recipe")
+    shown.add_column("figure")
+    for tree in results:
+        shown.add_column(tree, justify="right")
+    for recipe in ("meta_harness", "skills", "opd", "sao"):
+        keys = next(iter(results.values()))[recipe].keys() | results["this tree"][recipe].keys()
+        for key in sorted(keys):
+            shown.add_row(
+                recipe, key, *(str(found[recipe].get(key, "-")) for found in results.values())
+            )
+    return shown
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", default=BASELINE, help="the commit to compare with")
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        print(json.dumps(probe()))
+        return
+    with tempfile.TemporaryDirectory(prefix="reef-menagerie-") as scratch:
+        worktree = Path(scratch) / "baseline"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(worktree), args.baseline],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        try:
+            results = {
+                f"before ({args.baseline})": run_on(worktree / "src"),
+                "this tree": run_on(ROOT / "src"),
+            }
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False
+            )
+    Console().print(table(results))
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "menagerie.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
