@@ -32,7 +32,7 @@ Where this differs from the paper, and why:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 
@@ -50,9 +50,6 @@ from reef.sdk import (
     records_of,
     with_hint,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("reef.learning")
 # What the teacher reads after the user's message: our wording of the paper's prompt.

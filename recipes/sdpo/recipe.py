@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -44,9 +44,6 @@ from reef.sdk import (
     records_of,
     with_hint,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("reef.learning")
 # What the teacher reads after the question: our wording of the reference's reprompt.
