@@ -3,13 +3,17 @@ and answers within the bound, and loaded by `reef serve` in place of the file.
 
 The drift checks and the conversion run the real llama.cpp on the embedded model. The choice
 rule is tested with timings given by the test (`speed` replaced), since which format is faster
-depends on the machine; what the real timings are is bench/speed/weight_formats.py's job.
+depends on the machine; what the real timings are is bench/speed/weight_formats.py's job. The
+rule's tests are given their copies too (`convert` replaced by a file copy): the source itself,
+which answers as it does, or the q4_0 copy the real conversion wrote once for the module, which
+drifts. A conversion takes 10 to 40 s on two cores, and the rule reads only its file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,6 +54,17 @@ def test_a_requantized_copy_drifts_and_a_zero_bound_refuses_it(q4_0_copy: Path) 
     assert copied.within(copied.mean_abs_logprob_diff)
 
 
+def _copied(copies: dict[str, Path] | None = None) -> object:
+    """A `convert` that writes the file the test names for a format (the source by default)."""
+
+    def convert(source: Path, kind: str, out: Path, threads: int = 0) -> float:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile((copies or {}).get(kind, source), out)
+        return 0.0
+
+    return convert
+
+
 def _timed(speeds: dict[str, Speed]) -> object:
     def speed(path: Path, n_threads: int, **_: object) -> Speed:
         for kind, measured in speeds.items():
@@ -64,6 +79,7 @@ def test_the_fastest_copy_within_the_bounds_is_kept_and_the_others_deleted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(preparing, "PROBES", PROBES)
+    monkeypatch.setattr(preparing, "convert", _copied())
     monkeypatch.setattr(
         preparing,
         "speed",
@@ -87,9 +103,10 @@ def test_the_fastest_copy_within_the_bounds_is_kept_and_the_others_deleted(
 
 
 def test_no_copy_stays_when_none_is_faster_within_the_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, q4_0_copy: Path
 ) -> None:
     monkeypatch.setattr(preparing, "PROBES", PROBES)
+    monkeypatch.setattr(preparing, "convert", _copied({"q4_0": q4_0_copy}))
     monkeypatch.setattr(preparing, "speed", _timed({"q4_0": Speed(300.0, 150.0)}))
     kept, trials, _ = prepare(embedded_model_path(), tmp_path, ["q4_0"], 2, max_drift=0.0)
     assert kept is None
@@ -104,6 +121,7 @@ def test_serve_loads_the_prepared_copy_under_the_files_name_until_the_file_chang
     source = tmp_path / "model.gguf"
     source.write_bytes(embedded_model_path().read_bytes())
     monkeypatch.setattr(preparing, "PROBES", PROBES)
+    monkeypatch.setattr(preparing, "convert", _copied())
     monkeypatch.setattr(preparing, "speed", _timed({"q8_0": Speed(170.0, 100.0)}))
     kept, _, _ = prepare(source, tmp_path / ".reef", ["q8_0"], n_threads=2)
     assert kept is not None
@@ -154,6 +172,7 @@ def test_the_cli_refuses_an_unknown_format_and_forgets_a_copy(
     assert result.exit_code == 0 and "no prepared copy" in result.output
 
     monkeypatch.setattr(preparing, "PROBES", PROBES)
+    monkeypatch.setattr(preparing, "convert", _copied())
     monkeypatch.setattr(preparing, "speed", _timed({"q8_0": Speed(170.0, 100.0)}))
     result = runner.invoke(app, ["model", "prepare", "--format", "q8_0", "-c", str(config)])
     assert result.exit_code == 0, result.output

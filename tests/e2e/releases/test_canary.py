@@ -59,6 +59,14 @@ def status(server: ServerProcess) -> dict:
     return httpx.get(server.url + "/reef/status", headers=HEADERS).json()
 
 
+def candidate_row(server: ServerProcess, candidate: str) -> dict:
+    """The candidate as `reef release candidates --json` shows it, read over HTTP: a CLI process
+    per call would cost a second each, dozens of times a canary."""
+    url = f"{server.url}/reef/scenarios/default/candidates"
+    shown = httpx.get(url, headers=HEADERS, timeout=30).json()["data"]
+    return next(c for c in shown if c["id"] == candidate)
+
+
 def until_serving(server: ServerProcess, release_id: str) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while status(server)["serving"].get("default") != release_id:
@@ -91,8 +99,7 @@ def traffic_until_decided(server: ServerProcess, project: Path, candidate: str) 
         report = {"references": [answer.headers["x-reef-agent-record-id"]], "score": score}
         httpx.post(server.url + "/reef/report", json=report, headers=HEADERS).raise_for_status()
         n += 1
-        shown = json.loads(reef(project, "release", "candidates", "--json"))
-        mine = next(c for c in shown if c["id"] == candidate)
+        mine = candidate_row(server, candidate)
         if mine["state"] != "canary":
             return {"arms": arms, "candidate": mine}
     raise AssertionError(f"the canary of {candidate} was not decided in {DEADLINE_S} s")
