@@ -41,10 +41,14 @@ E2E = Path(__file__).resolve().parent / "e2e"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ is of the end-to-end tier: `pytest -m "not e2e"` leaves it."""
+    """Every test under tests/e2e/ is of the end-to-end tier: `pytest -m "not e2e"` leaves it.
+    The tier runs first: its tests take seconds to minutes each, and begun while the workers
+    are free, the last minutes go to short tests that fill the gaps, not to one worker's long
+    test while the other waits."""
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: e2e first
 
 
 @functools.cache

@@ -208,6 +208,7 @@ learning:
   batch_size: 6
   steps: 4
   learning_rate: 0.0005
+  revisions: 0  # hindsight rewrites: tests/learning/test_revision.py
 """
 
 
@@ -275,7 +276,7 @@ def wait_for_release(server) -> dict:  # type: ignore[no-untyped-def]
             server.log()[-3000:],
         )
         assert time.monotonic() - started < 600, server.log()[-3000:]
-        time.sleep(2)
+        time.sleep(0.5)
 
 
 class RecordedAsk:

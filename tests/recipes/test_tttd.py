@@ -361,7 +361,7 @@ def test_one_discovery_step_verifies_rollouts_trains_and_releases(tmp_path: Path
             last = status["learning"]["scenarios"].get("default", {}).get("last_step", {})
             assert last.get("outcome") not in ("rejected", "error"), (last, server.log()[-3000:])
             assert time.monotonic() - started < 900, server.log()[-3000:]
-            time.sleep(2)
+            time.sleep(0.5)
         candidates = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
     archive = Archive.load(tmp_path / ".reef/learning/tttd/archive.json")
     first = archive.history[0]

@@ -118,9 +118,9 @@ class WeightRecipe(Recipe):
         """The weights the scenario serves on, loaded once and kept while they serve."""
         return self.weights.get(context)
 
-    def on_step(self, context: StepContext, what: str | None = None) -> Callable[[int, float], Any]:
-        """An `on_step(step, loss)` for a training run: logged, and the CLI's progress bar."""
-        return reporter(context, self.name, what or self.training, self.settings.steps)
+    def on_step(self, context: StepContext) -> Callable[[int, float], Any]:
+        """An `on_step(step, loss)` for the training run: logged, and the CLI's progress bar."""
+        return reporter(context, self.name, self.training, self.settings.steps)
 
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         require_weights(context, self.name)

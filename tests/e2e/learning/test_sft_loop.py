@@ -38,6 +38,7 @@ learning:
   batch_size: 4  # of the 6 training prompts, 2 are held out for the gate (gate.held_out)
   scorer: {{type: regex, pattern: '{PATTERN}'}}
   steps: 10  # enough to move the loss and the log-probabilities; learning itself is a benchmark
+  replay: 0  # sft's replay of other answers: tests/learning/test_sft_replay.py
 """
 
 
@@ -83,7 +84,7 @@ def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path, kind: s
                 server.log()[-3000:],
             )
             assert time.monotonic() - started < 600, server.log()[-3000:]
-            time.sleep(2)
+            time.sleep(0.5)
         status = httpx.get(f"{server.url}/reef/status").json()
         release = httpx.get(f"{server.url}/reef/scenarios/default/releases").json()["data"][0]
         candidates = httpx.get(f"{server.url}/reef/scenarios/default/candidates").json()["data"]
