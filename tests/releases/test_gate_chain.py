@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from typer.testing import CliRunner
 
+from reef.cli import app
 from reef.testing.artifacts import harness
-from reef.testing.processes import run_reef
 from reef.testing.threaded import chat_upstream
 
 CORRECTNESS = [f"c{n}" for n in range(6)]
@@ -96,10 +97,18 @@ def agent(folder: Path, forget: int, prefer: int, routing: str | None = None) ->
     return made
 
 
+def reef(root: Path, *args: str) -> tuple[int, str]:
+    """`reef ARGS… -c root/reef.yaml`, the real command line in this process (a process of its own
+    would spend a second importing Reef, a dozen times a test)."""
+    done = CliRunner().invoke(app, [*args, "-c", str(root / "reef.yaml")])
+    return done.exit_code, done.stdout
+
+
 def publish(root: Path, folder: Path, *extra: str) -> dict:
-    done = run_reef(root, "release", "publish", str(folder), "--kind", "harness", "--json", *extra)
-    assert done.returncode in (0, 1), done.stdout + done.stderr
-    return json.loads(done.stdout)
+    args = ("release", "publish", str(folder), "--kind", "harness", "--json", *extra)
+    code, output = reef(root, *args)
+    assert code in (0, 1), output
+    return json.loads(output)
 
 
 def test_a_chain_of_single_losses_stops_at_the_rules_total(upstream: str, tmp_path: Path) -> None:
@@ -134,8 +143,8 @@ def test_a_forced_release_and_rollbacks_do_not_lower_the_bar(upstream: str, tmp_
     forced = publish(root, agent(tmp_path / "forced", forget=2, prefer=0), "--approve")
     assert forced["release_id"] == "default@2"
     for target in ("default@1", "default@2"):
-        rolled = run_reef(root, "release", "rollback", "--to", target)
-        assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        code, output = reef(root, "release", "rollback", "--to", target)
+        assert code == 0, output
     candidate = publish(root, agent(tmp_path / "next", forget=2, prefer=3))
     assert candidate["evaluation"]["current_release_id"] == "default@4"  # a copy of default@2
     assert candidate["state"] == "rejected"
