@@ -1,12 +1,14 @@
-"""`reef learning curve`, the real CLI on a project's real SQLite store: each release's live
-pass rate, printed and drawn as a PNG."""
+"""`reef learning curve`, the real CLI (in process) on a project's real SQLite store: each
+release's live pass rate, printed and drawn as a PNG."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from reef.cli import app
 from reef.store import ExperienceStore, Record, Report
-from reef.testing.processes import run_reef
 
 
 def served(store: ExperienceStore, release: str, score: float) -> None:
@@ -28,12 +30,13 @@ def test_the_curve_is_drawn_and_each_release_s_pass_rate_said(tmp_path: Path) ->
             served(store, "base", score)
         for score in (1.0, 1.0, 1.0, 0.0):
             served(store, "default@1", score)
-    result = run_reef(tmp_path, "learning", "curve", "--out", "curve.png")
-    assert result.returncode == 0, result.stdout + result.stderr
+    config = ["-c", str(tmp_path / "reef.yaml")]
+    drawn = ["learning", "curve", "--out", str(tmp_path / "curve.png"), *config]
+    result = CliRunner().invoke(app, drawn)
+    assert result.exit_code == 0, result.output
     assert "base: 1/3 reports passed (6%-79%)" in result.stdout
     assert "default@1: 3/4 reports passed (30%-95%)" in result.stdout
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    missing = run_reef(tmp_path, "learning", "curve", "--scenario", "support")
-    assert missing.returncode == 1 and "no records or releases for scenario 'support'" in (
-        missing.stdout + missing.stderr
-    )
+    missing = CliRunner().invoke(app, ["learning", "curve", "--scenario", "support", *config])
+    assert missing.exit_code == 1
+    assert "no records or releases for scenario 'support'" in missing.output
