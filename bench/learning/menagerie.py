@@ -23,6 +23,7 @@ Printed as a table; written to bench/out/menagerie.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -68,7 +69,7 @@ def design(number: int, chars: int = 550) -> str:
 
 
 def probe_meta_harness() -> dict[str, Any]:
-    from reef.sdk.recipe import StepContext, load_recipe
+    from reef.sdk.recipe import ProposalRefused, StepContext, load_recipe
 
     asked: list[str] = []
 
@@ -85,11 +86,8 @@ def probe_meta_harness() -> dict[str, Any]:
     )
     seed = {"AGENTS.md": design(0, 3000).encode()}
     context = StepContext("default", "base", seed, ask=ask, generate_under=generate_under)
-    try:
+    with contextlib.suppress(ProposalRefused):  # no tree beats the seed: the step refuses
         recipe.propose(_turns(), context)
-    except Exception as error:  # no tree beats the seed: the step refuses, as it should
-        if type(error).__name__ != "ProposalRefused":
-            raise
     last = asked[-1]
     earlier = range(len(asked))  # the seed (0) and the designs written before the last
     return {
@@ -101,7 +99,7 @@ def probe_meta_harness() -> dict[str, Any]:
 
 
 def probe_skills() -> dict[str, Any]:
-    from reef.sdk.recipe import StepContext, load_recipe
+    from reef.sdk.recipe import ProposalRefused, StepContext, load_recipe
 
     asked: list[str] = []
     answer = "ANSWER " + "it depends on the case. " * 25
@@ -117,18 +115,15 @@ def probe_skills() -> dict[str, Any]:
     recipe = load_recipe("skills", {"scorer": {"type": "regex", "pattern": "^Sure"}})
     tree = {"AGENTS.md": b"Be helpful.\n"}
     context = StepContext("default", "default@1", tree, ask=ask, generate_under=generate_under)
-    try:
+    with contextlib.suppress(ProposalRefused):  # a night of skips proposes nothing
         recipe.propose(_turns(), context)
-    except Exception as error:  # a night of skips proposes nothing
-        if type(error).__name__ != "ProposalRefused":
-            raise
     night = "\n".join(asked)
-    read = [night.count("ANSWER"), sum(len(answer) for _ in range(night.count("ANSWER")))]
+    read = night.count("ANSWER")  # every answer is the same: each read holds the same part
     return {
         "answers": len(PROMPTS),
         "answer_chars": len(answer),
-        "answers_read": read[0],
-        "chars_read": sum(_longest_part(night, answer) for _ in range(read[0])),
+        "answers_read": read,
+        "chars_read": read * _longest_part(night, answer),
     }
 
 
