@@ -42,7 +42,6 @@ from reef.sdk import (
     WeightRecipe,
     WeightStep,
     distill_example,
-    distillation,
 )
 
 if TYPE_CHECKING:
@@ -127,11 +126,10 @@ class OPD(WeightRecipe):
         self, step: WeightStep, base: Any, context: StepContext, resume_from: Path | None
     ) -> TrainedAdapter:
         teacher = self.teacher_model(context, base)
-        return distillation(
-            self.settings,
+        return self.distil(
+            step,
             base,
-            step.examples,
-            self.on_step(context),
+            context,
             resume_from,
             teacher_model=teacher,
             divergence="sampled_reverse",

@@ -9,14 +9,13 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reef.episodes import cgroups
 from reef.episodes.sandbox import Limits, Sandbox, SandboxResult
 from reef.episodes.workspace import create_workspace, release_workspace
-
-MACHINE_CGROUPS = cgroups.support  # this machine's, whatever a test monkeypatches
 
 # 400 MiB in memfds, which no process maps: a tree's resident memory does not show them.
 MEMFDS = (
@@ -173,23 +172,31 @@ def test_disk_held_in_open_deleted_files_is_a_disk_limit(
     assert result.seconds < 20
 
 
-def test_a_run_leaves_no_cgroup_and_no_mount_behind(tmp_path: Path, keeper: str) -> None:
-    before = _episode_cgroups()
+def test_a_run_leaves_no_cgroup_and_no_mount_behind(
+    tmp_path: Path, keeper: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's own cgroups, not the machine's: other workers' episodes come and go meanwhile."""
+    made = _made_cgroups(monkeypatch)
     root = tmp_path / "ws"
     result = run(tmp_path, "sleep 30 & sleep 30 & wait", Limits(wall_time_s=1), capped=True)
     assert result.limit == "wall_time"
-    assert _episode_cgroups() == before
+    assert len(made) == (1 if keeper == "kernel" else 0)  # polling: a machine without cgroups
+    folders = [folder for cgroup in made for folder in cgroup.folders.values()]
+    assert [folder for folder in folders if folder.exists()] == []
     assert not os.path.ismount(root) and root.is_dir()
 
 
-def _episode_cgroups() -> set[Path]:
-    found = MACHINE_CGROUPS()  # a polling run must leave none behind here either
-    return {
-        child
-        for parent in found.parents.values()
-        for child in parent.iterdir()
-        if child.name.startswith("reef-episode-")
-    }
+def _made_cgroups(monkeypatch: pytest.MonkeyPatch) -> list[cgroups.EpisodeCgroup]:
+    """Every cgroup a run makes from now on, recorded as it is made."""
+    made: list[cgroups.EpisodeCgroup] = []
+
+    class Recorded(cgroups.EpisodeCgroup):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(cgroups, "EpisodeCgroup", Recorded)
+    return made
 
 
 def test_output_past_its_cap_is_dropped_and_flagged(tmp_path: Path) -> None:

@@ -112,6 +112,19 @@ class WeightRecipe(Recipe):
             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
         )
 
+    def distil(
+        self,
+        step: WeightStep,
+        base: Base,
+        context: StepContext,
+        resume_from: Path | None,
+        **options: Any,
+    ) -> TrainedAdapter:
+        """The distillation update on the step's examples (`reef.sdk.weights.distillation`),
+        with the recipe's settings and `options` on top: for a recipe whose `train` distils."""
+        on_step = self.on_step(context)
+        return distillation(self.settings, base, step.examples, on_step, resume_from, **options)
+
     # -- the step every weight recipe takes ------------------------------------------------------
 
     def base(self, context: StepContext) -> Base:
@@ -189,12 +202,4 @@ class DistillationRecipe(WeightRecipe):
     def train(
         self, step: WeightStep, base: Base, context: StepContext, resume_from: Path | None
     ) -> TrainedAdapter:
-        return distillation(
-            self.settings,
-            base,
-            step.examples,
-            self.on_step(context),
-            resume_from,
-            kept=step.teacher,
-            teacher="ema",
-        )
+        return self.distil(step, base, context, resume_from, kept=step.teacher, teacher="ema")
