@@ -29,6 +29,8 @@ from reef.evaluation.facts import expected_result, wrong_claims, wrong_fact
         ("Subtract 4 from 10.", "It leaves 14.", "does not give the result 6"),
         ("What is the product of 3 and 4?", "7", "does not give the result 12"),
         ("Divide 12 by 3, please.", "That gives 4.", None),
+        ("What is the difference between 4 and 10?", "The difference is 6.", None),
+        ("What is the difference between 4 and 10?", "It is 5.", "does not give the result 6"),
     ],
 )
 def test_what_a_program_can_check_is_checked(question: str, answer: str, wrong: str | None) -> None:

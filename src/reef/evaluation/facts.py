@@ -96,23 +96,36 @@ def wrong_claims(answer: str) -> list[str]:
     return wrong
 
 
-# An operation asked in words rather than with its sign: "add 5 and 6", "the sum of 5 and 6",
-# "subtract 4 from 10" (its operands the other way round), "multiply 3 by 4".
+# An operation asked in words rather than with its sign, with the order its operands take:
+# "add 5 and 6", "the sum of 5 and 6"; "subtract 4 from 10" (the other way round); "the
+# difference between 4 and 10" (the larger first: a difference is said as 6, not -6);
+# "multiply 3 by 4"; "divide 12 by 3".
+_AS_WRITTEN, _REVERSED, _LARGER_FIRST = "as written", "reversed", "larger first"
 _WORDED = [
     (
         re.compile(rf"\b(?:add|sum of)\s+({_NUMBER})\s+(?:and|to|plus)\s+({_NUMBER})", re.I),
         "+",
-        False,
+        _AS_WRITTEN,
     ),
-    (re.compile(rf"\bsubtract\s+({_NUMBER})\s+from\s+({_NUMBER})", re.I), "-", True),
-    (re.compile(rf"\bdifference between\s+({_NUMBER})\s+and\s+({_NUMBER})", re.I), "-", False),
+    (re.compile(rf"\bsubtract\s+({_NUMBER})\s+from\s+({_NUMBER})", re.I), "-", _REVERSED),
+    (
+        re.compile(rf"\bdifference between\s+({_NUMBER})\s+and\s+({_NUMBER})", re.I),
+        "-",
+        _LARGER_FIRST,
+    ),
     (
         re.compile(rf"\b(?:multiply|product of)\s+({_NUMBER})\s+(?:and|by)\s+({_NUMBER})", re.I),
         "*",
-        False,
+        _AS_WRITTEN,
     ),
-    (re.compile(rf"\bdivide\s+({_NUMBER})\s+by\s+({_NUMBER})", re.I), "/", False),
+    (re.compile(rf"\bdivide\s+({_NUMBER})\s+by\s+({_NUMBER})", re.I), "/", _AS_WRITTEN),
 ]
+
+
+def _ordered(left: str, right: str, order: str) -> tuple[str, str]:
+    if order == _REVERSED or (order == _LARGER_FIRST and float(right) > float(left)):
+        return right, left
+    return left, right
 
 
 def expected_result(question: str) -> float | None:
@@ -120,9 +133,10 @@ def expected_result(question: str) -> float | None:
     -> 6), or None for a question that is not one operation."""
     text = question.replace(",", "")
     found = [tuple(match) for match in _QUESTION.findall(text)]
-    for pattern, operator, reversed_operands in _WORDED:
+    for pattern, operator, order in _WORDED:
         for left, right in pattern.findall(text):
-            found.append((right, operator, left) if reversed_operands else (left, operator, right))
+            first, second = _ordered(left, right, order)
+            found.append((first, operator, second))
     if len(found) != 1:
         return None
     left, operator, right = found[0]

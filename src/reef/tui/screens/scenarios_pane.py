@@ -65,8 +65,6 @@ def release_rows(summary: ScenarioSummary) -> list[tuple[str, list[Cell]]]:
     ]
 
 
-
-
 def _last_step(step: dict[str, object] | None) -> str:
     if not step:
         return "-"
