@@ -49,8 +49,6 @@ def sessions_together(url: str, round_name: str) -> Counter[tuple[str, str]]:
     return seen
 
 
-
-
 def test_after_a_reject_no_session_is_served_by_the_canary(tmp_path: Path) -> None:
     (tmp_path / "reef.yaml").write_text(f"state_dir: {tmp_path}/.reef\n")
     with reef_in_process(tmp_path, ScriptedEngine(by_tree)) as server:
