@@ -139,13 +139,13 @@ def live_progress(
     with _READ_LOCK:
         kept = _READ.get(key)
     if kept is not None and kept[0] == seen:
-        return kept[1]
+        return list(kept[1])  # a caller's list of its own: what is kept stays as it was read
     progress = read_progress(store, scenario, threshold, scorer, limit)
     with _READ_LOCK:
         if len(_READ) >= _READ_KEPT:
             _READ.pop(next(iter(_READ)))
         _READ[key] = (seen, progress)
-    return progress
+    return list(progress)
 
 
 def read_progress(
