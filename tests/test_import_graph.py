@@ -225,6 +225,7 @@ BANDS = {
         "scenario",
         "artifacts",
         "threads",
+        "user_cache",
         "tracing",
         "templates",
         "protocol",

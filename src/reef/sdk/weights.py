@@ -38,6 +38,7 @@ from reef.artifacts import ADAPTER, CHECKPOINT, CHECKPOINT_FOLDER, part_of
 from reef.releases.chain import read_folder
 from reef.sdk.recipe import RecipeError, RecipeSettings, StepContext
 from reef.sdk.view import Turn
+from reef.user_cache import user_cache_dir
 
 if TYPE_CHECKING:
     import torch
@@ -152,11 +153,7 @@ def base_cache() -> Path | None:
     new project's first step does not dequantise the model again (25 to 50 s for SmolLM2-135M),
     nor does each recipe keep its own copy (540 MB). None where that folder cannot be made (the
     copy then goes under the recipe's work folder)."""
-    if root := os.environ.get("REEF_CACHE_DIR"):
-        folder = Path(root) / "bases"
-    else:
-        home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        folder = Path(home) / "reef" / "bases"
+    folder = user_cache_dir() / "bases"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
