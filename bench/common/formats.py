@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.common.results import OUT
 from reef.engines.llamacpp import embedded_model_path
-from reef.engines.llamacpp.prepare import convert
+from reef.engines.llamacpp.convert import convert
 
 N_THREADS = 2
 PROMPTS = (2000, 4600)

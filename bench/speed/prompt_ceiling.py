@@ -11,7 +11,7 @@ could give.
 For each format (the shipped Q4_1, and copies written by `reef model prepare`'s conversion into
 bench/out/) and each of llama.cpp's two attention paths:
 
-- `reef`: what Reef's engine runs (engines/llamacpp/engine.py `batch_context`): K cache q8_0,
+- `reef`: what Reef's engine runs (engines/llamacpp/context.py `batch_context`): K cache q8_0,
   V cache f16, no flash attention, prompts in 64-token blocks;
 - `flash`: flash attention's tiled kernel (it runs only on f16 K and V), 512-token blocks;
 
@@ -48,8 +48,9 @@ from typing import Any
 
 from bench.common.formats import N_THREADS, PROMPTS, format_copies
 from bench.common.results import OUT
-from reef.engines.llamacpp.engine import GGML_CACHE_TYPES
-from reef.engines.llamacpp.prepare import FORMATS, speed
+from reef.engines.llamacpp.context import GGML_CACHE_TYPES
+from reef.engines.llamacpp.convert import FORMATS
+from reef.engines.llamacpp.prepare import speed
 from reef.engines.llamacpp.weights import model_params
 
 SHORT = (512, 1024)  # tokens: two prompts, in whole blocks of every path, to fit the per-token cost

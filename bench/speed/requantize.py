@@ -15,7 +15,7 @@ import argparse
 
 from bench.common.results import OUT
 from reef.engines.llamacpp import embedded_model_path
-from reef.engines.llamacpp.prepare import FORMATS, convert
+from reef.engines.llamacpp.convert import FORMATS, convert
 
 
 def main() -> None:

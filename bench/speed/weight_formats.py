@@ -30,7 +30,8 @@ from bench.common.formats import N_THREADS, PROMPTS, format_copies
 from bench.common.gate_timing import paired
 from bench.common.results import OUT
 from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path
-from reef.engines.llamacpp.prepare import FORMATS, drift, speed
+from reef.engines.llamacpp.convert import FORMATS
+from reef.engines.llamacpp.prepare import drift, speed
 from reef.evaluation.runner import beside_traffic
 
 

@@ -12,12 +12,8 @@ from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import console, fail
 from reef.config import ReefConfig
 from reef.engines import resolve_kind, served_model_path
-from reef.engines.llamacpp.prepare import (
-    AUTO_FORMATS,
-    DEFAULT_DECODE_FLOOR,
-    DEFAULT_MAX_DRIFT,
-    FORMATS,
-)
+from reef.engines.llamacpp.convert import FORMATS
+from reef.engines.llamacpp.prepare import AUTO_FORMATS, DEFAULT_DECODE_FLOOR, DEFAULT_MAX_DRIFT
 from reef.errors import ReefError
 from reef.threads import available_cpus
 

