@@ -141,6 +141,10 @@ class LlamaCppConfig(_Section):
     # Serve the copy `reef model prepare` made of the model in a faster weight format, when the
     # state folder holds one for this very file (engines/llamacpp/prepare.py). false: the file.
     prepared: bool = True
+    # Which weights read prompts before the served ones decode them (engines/llamacpp/handover.py):
+    # auto, a BF16 copy made once and kept in the user's cache, where it reads prompts faster
+    # here; same, the served weights; or the path of a GGUF of the same model in another format.
+    prefill_weights: str = "auto"
 
 
 class EngineConfig(_Section):

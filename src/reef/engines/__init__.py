@@ -77,6 +77,7 @@ def build_engine(
     kind, _ = resolve_kind(config)
     if kind == "llamacpp":
         from reef.engines.llamacpp import CacheTypes, LlamaCppEngine, embedded_model_path
+        from reef.engines.llamacpp.prefill_weights import parse_setting
 
         llama = config.llamacpp
         source = Path(llama.model).expanduser() if llama.model else embedded_model_path()
@@ -93,6 +94,7 @@ def build_engine(
             stop_loops=llama.stop_loops,
             adaptive_threads=llama.adaptive_threads,
             cache=CacheTypes(llama.cache_type_k, llama.cache_type_v),
+            prefill_weights=parse_setting(llama.prefill_weights),
         )
         if engine.model_path != source:  # a prepared copy: clients keep the file's name
             engine.name_override = source.name.removesuffix(".gguf")

@@ -118,6 +118,9 @@ class Slotted(Protocol):
     def kv_cache(self) -> dict[str, Any]: ...
 
     @property
+    def prefill(self) -> dict[str, Any]: ...
+
+    @property
     def checkpoints_loaded(self) -> list[str]: ...
 
 

@@ -1,5 +1,5 @@
 """A GGUF written in another weight format by llama.cpp's own conversion (its quantize tool),
-for `reef model prepare` and the benchmarks of weight formats."""
+for `reef model prepare` and for the copy that reads prompts (prefill_weights.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ FORMATS = {
     "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
     "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
     "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "f32": "LLAMA_FTYPE_ALL_F32",
 }
 
 

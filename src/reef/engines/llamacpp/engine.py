@@ -47,8 +47,10 @@ from reef.engines.llamacpp.context import (
     kv_cache_bytes,
 )
 from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_tokens
+from reef.engines.llamacpp.handover import PrefillLane
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
+from reef.engines.llamacpp.prefill_weights import PrefillSetting, prefill_path
 from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
 from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
 from reef.engines.llamacpp.weights import Repack, load_model
@@ -129,6 +131,7 @@ class LlamaCppEngine:
         stop_loops: bool = True,
         adaptive_threads: bool = True,
         cache: CacheTypes = DEFAULT_CACHE,
+        prefill_weights: PrefillSetting = "same",
     ) -> None:
         self.model_path = Path(model_path) if model_path else embedded_model_path()
         if not self.model_path.is_file():
@@ -145,6 +148,9 @@ class LlamaCppEngine:
         # Decode with fewer threads while other processes hold cores (see threads.py).
         self.adaptive_threads = adaptive_threads
         self.cache = cache
+        # Weights that read prompts before the served ones decode (see handover.py).
+        self.prefill_weights = prefill_weights
+        self._lane: PrefillLane | None = None
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
         self._live = _LiveCount()  # shared with the checkpoint engines loaded beside this one
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
@@ -228,6 +234,7 @@ class LlamaCppEngine:
         self._context = self._batch_context()
         self._adapters = Adapters(self._model.model, self._context.ctx)
         threads = ThreadChoice(self.n_threads, self.adaptive_threads)
+        self._lane = self._prefill_lane(threads)
         self._loop = DecodeLoop(
             self._model,
             self._context.ctx,
@@ -236,7 +243,34 @@ class LlamaCppEngine:
             self._adapters,
             threads,
             live_elsewhere=lambda: self._live.value > self._admitted,
+            lane=self._lane,
         )
+
+    def _prefill_lane(self, threads: ThreadChoice) -> PrefillLane | None:
+        """A context on the weights `prefill_weights` names, to read prompts on, or None."""
+        path = prefill_path(self.model_path, self.prefill_weights, self._model, self.n_threads)
+        if path is None:
+            return None
+        model = load_model(path, self.repack)
+        try:
+            _same_shape(self._model, model, path)
+            context = batch_context(model, self.n_ctx, 1, self.n_threads, self.cache)
+        except BaseException:
+            model.close()
+            raise
+        return PrefillLane(path, model, context, threads)
+
+    @property
+    def prefill(self) -> dict[str, Any]:
+        """The file whose weights read prompts (None: the served ones), the prompts read on it
+        and handed over, and the seconds spent reading on it and moving KV to and from slots."""
+        lane = self._lane
+        return {
+            "weights": str(lane.model_path) if lane else None,
+            "handed_over": lane.handed_over if lane else 0,
+            "reading_s": round(lane.reading_s, 3) if lane else 0.0,
+            "moving_s": round(lane.moving_s, 3) if lane else 0.0,
+        }
 
     def _batch_context(self) -> Any:
         context = batch_context(self._model, self.n_ctx, self.slots, self.n_threads, self.cache)
@@ -288,6 +322,9 @@ class LlamaCppEngine:
         if self._adapters is not None:
             self._adapters.close()
             self._adapters = None
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
         if self._context is not None:
             self._context.close()
             self._context = None
@@ -407,6 +444,8 @@ class LlamaCppEngine:
             stop_loops=self.stop_loops,
             adaptive_threads=self.adaptive_threads,
             cache=self.cache,
+            # A checkpoint's own copy: a file named for the served model has other weights.
+            prefill_weights="same" if self.prefill_weights == "same" else "auto",
         )
         # Named by the release (or candidate) whose folder holds it: `.../default@3/checkpoint`.
         folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
@@ -654,6 +693,28 @@ class _Done:
     """The end of a stream's items: the choices, or the exception that ended the request."""
 
     result: Any
+
+
+def _same_shape(served: Any, other: Any, path: Path) -> None:
+    """Refuse prefill weights whose KV cache the served model could not read."""
+    import llama_cpp
+
+    def shape(model: Any) -> tuple[int, ...]:
+        handle = model.model
+        return (
+            llama_cpp.llama_model_n_layer(handle),
+            llama_cpp.llama_model_n_embd(handle),
+            llama_cpp.llama_model_n_head(handle),
+            llama_cpp.llama_model_n_head_kv(handle),
+            model.n_vocab(),
+        )
+
+    if shape(served) != shape(other):
+        raise EngineUnavailable(
+            f"engine.llamacpp.prefill_weights: {path.name} is not the served model in other "
+            f"weights (layers, width, heads, KV heads, vocabulary: {shape(other)} against "
+            f"{shape(served)}): name a copy of the same model, or set auto or same"
+        )
 
 
 def checkpoint_gguf(checkpoint: Path) -> Path:

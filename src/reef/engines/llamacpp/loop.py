@@ -5,7 +5,8 @@ Each turn of the loop
 1. runs queued calls (embeddings), drops requests whose clients went away, and admits waiting
    requests into free slots in arrival order;
 2. evaluates up to `prompt_budget` prompt tokens, one aligned block per llama_decode, for the
-   requests still reading their prompts, oldest first;
+   requests still reading their prompts, oldest first (with prefill weights, every block but a
+   prompt's last on their lane, which hands the KV over: handover.py);
 3. decodes one token for every generating sequence of one adapter group in a single
    llama_decode. llama.cpp applies a LoRA adapter to the whole context, so sequences under
    different adapters cannot share a call: the groups take turns, round-robin, one group per
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from reef.engines.base import Cancelled, Preempted
+from reef.engines.llamacpp.handover import PrefillLane
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.output import ChoiceOutput, Emit, Generation
 from reef.engines.llamacpp.repetition import Repetition
@@ -107,6 +109,11 @@ class _Sequence:
         end = min(len(self.job.prompt), (self.position // BLOCK + 1) * BLOCK)
         return self.job.prompt[self.position : end]
 
+    @property
+    def at_last_block(self) -> bool:
+        """Whether the next block is the prompt's last (it gives the first token's logits)."""
+        return (self.position // BLOCK + 1) * BLOCK >= len(self.job.prompt)
+
 
 class DecodeLoop:
     def __init__(
@@ -118,6 +125,7 @@ class DecodeLoop:
         adapters: Adapters,
         threads: ThreadChoice | None = None,
         live_elsewhere: Callable[[], bool] = lambda: False,
+        lane: PrefillLane | None = None,
     ) -> None:
         import llama_cpp
 
@@ -127,6 +135,8 @@ class DecodeLoop:
         self._n_vocab = model.n_vocab()
         self._scratch = np.empty(self._n_vocab, dtype=np.float32)  # logprob_of's, per token
         self._adapters = adapters
+        self._lane = lane  # the prefill weights' context, if prompts are read on other weights
+        self._n_slots = n_slots
         # Whether a live request is in flight on an engine sharing this CPU (a checkpoint's).
         self._live_elsewhere = live_elsewhere
         self.threads = threads or ThreadChoice(1, adaptive=False)
@@ -275,14 +285,51 @@ class DecodeLoop:
         budget = self._prompt_budget
         for sequence in [s for s in self._advancing() if s.prefilling]:
             while sequence.prefilling and budget > 0:
+                on_lane = self._lane is not None and not sequence.at_last_block
+                if on_lane and not self._holds_lane(sequence):
+                    break  # another prompt reads on the lane: this one waits its turn
                 block = sequence.next_block()
                 budget -= len(block)
-                if not self._evaluate_block(sequence, block):
+                read = self._read_on_lane if on_lane else self._evaluate_block
+                if not read(sequence, block):
                     return
                 if sequence.job.background:
                     break  # one block a turn: a live request arriving waits for one block only
             if budget <= 0:
                 return
+
+    def _holds_lane(self, sequence: _Sequence) -> bool:
+        """Whether `sequence` holds the prefill lane, taking it if it is free."""
+        lane = self._lane
+        assert lane is not None
+        if lane.owner is sequence:
+            return True
+        if not lane.free:
+            return False
+        job, held_in = sequence.job, (self._context, sequence.slot.seq_id)
+        try:
+            lane.take(sequence, job.prompt, sequence.position, job.adapter, held_in)
+        except Exception as error:
+            self._stop(sequence, _failure(error))
+            return False
+        return True
+
+    def _read_on_lane(self, sequence: _Sequence, block: list[int]) -> bool:
+        """One prompt block read on the prefill lane; before the prompt's last block, the lane's
+        KV is handed over to the sequence's slot, which then records what it holds."""
+        lane = self._lane
+        assert lane is not None
+        try:
+            lane.evaluate(block, sequence.position)
+            sequence.position += len(block)
+            if sequence.at_last_block:
+                slot = sequence.slot
+                lane.hand_over(self._context, slot.seq_id, self._n_slots)
+                slot.evaluated(sequence.job.prompt[len(slot.tokens) : sequence.position], True)
+        except Exception as error:
+            self._stop(sequence, _failure(error))
+            return False
+        return True
 
     def _evaluate_block(self, sequence: _Sequence, block: list[int]) -> bool:
         """One llama_decode of one prompt block; samples the first token after the last block."""
@@ -292,7 +339,10 @@ class DecodeLoop:
         self._batch.logits[len(block) - 1] = last  # only the prompt's last token is sampled
         if not self._run_decode([sequence], sequence.job.adapter, PROMPT_BLOCK):
             return False
-        sequence.slot.evaluated(block, whole_block=len(block) == BLOCK)
+        # With a prefill lane, the last block is read on other weights than the blocks before
+        # it, and a longer prompt would read it on the lane: it is never reused.
+        whole_block = len(block) == BLOCK and self._lane is None
+        sequence.slot.evaluated(block, whole_block=whole_block)
         sequence.position += len(block)
         if last:
             row = logits_row(self._context, len(block) - 1, self._n_vocab)
@@ -427,6 +477,8 @@ class DecodeLoop:
         was cancelled between turns, forgets its cache."""
         if sequence in self._running:
             self._running.remove(sequence)
+        if self._lane is not None:
+            self._lane.release(sequence)
         sequence.sampler.close()
         if sequence.slot.busy:
             if not isinstance(error, Cancelled):

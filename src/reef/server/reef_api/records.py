@@ -318,6 +318,7 @@ def _engine_status(state: ServerState) -> dict[str, Any]:
         "prompt_cache": slotted.cache_counters if slotted else None,
         "loops_stopped": slotted.loops_stopped if slotted else None,
         "kv_cache": slotted.kv_cache if slotted else None,
+        "prefill": slotted.prefill if slotted else None,
         "checkpoints": slotted.checkpoints_loaded if slotted else None,
     }
 

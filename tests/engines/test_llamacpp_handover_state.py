@@ -1,0 +1,69 @@
+"""The hand-over's pieces that need no model: a sequence's KV state moved between contexts of
+different stream counts, and the `prefill_weights` setting."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from reef.engines.llamacpp.handover import HandOverFailed, restream
+from reef.engines.llamacpp.prefill_weights import parse_setting, prefill_path
+from reef.errors import EngineUnavailable
+
+HEADER = b"\xd8\x3c\x14\xaf" + struct.pack("<I", 2)  # the 8 bytes llama.cpp writes first
+CELLS = struct.pack("<I", 3) + b"meta and data of three cells"
+
+
+def state(streams: int, filled: int | None) -> bytearray:
+    counts = [CELLS if i == filled else struct.pack("<I", 0) for i in range(streams)]
+    return bytearray(HEADER + struct.pack("<I", streams) + b"".join(counts))
+
+
+def restreamed(state: bytearray, streams: int) -> bytearray:
+    """`state` rewritten in place for `streams` streams, as the mover hands it to llama.cpp."""
+    buffer = state + bytearray(b"\xee" * 4 * streams)  # spare bytes, not zero: all written
+    offset, length = restream(buffer, len(state), streams)
+    return buffer[offset : offset + length]
+
+
+def test_a_slots_cells_move_to_the_one_stream_of_the_lane() -> None:
+    for stream in range(4):  # the header moves up over the counts before the cells
+        assert restreamed(state(4, stream), 1) == state(1, 0)
+
+
+def test_the_lanes_cells_go_to_the_first_of_the_slots_streams() -> None:
+    # llama.cpp restores any stream's cells into the stream of the sequence it restores.
+    assert restreamed(state(1, 0), 4) == state(4, 0)
+    assert restreamed(restreamed(state(4, 3), 1), 4) == state(4, 0)
+
+
+def test_an_empty_sequence_stays_empty() -> None:
+    assert restreamed(state(4, None), 1) == state(1, None)
+
+
+def test_a_layout_this_llama_cpp_does_not_write_is_refused() -> None:
+    not_zero_after = bytearray(HEADER + struct.pack("<I", 2) + CELLS + b"\x01\x00\x00\x00")
+    with pytest.raises(HandOverFailed, match=r"layout this llama\.cpp does not write"):
+        restreamed(not_zero_after, 1)
+    with pytest.raises(HandOverFailed, match="shorter than its header"):
+        restreamed(bytearray(HEADER), 1)
+    no_cells_after_count = bytearray(HEADER + struct.pack("<II", 1, 3))
+    with pytest.raises(HandOverFailed, match="layout"):
+        restreamed(no_cells_after_count, 4)
+
+
+def test_the_setting_reads_auto_same_or_a_path() -> None:
+    assert parse_setting("auto") == "auto"
+    assert parse_setting("same") == "same"
+    assert parse_setting("~/models/copy.gguf") == Path("~/models/copy.gguf").expanduser()
+
+
+def test_same_reads_prompts_on_the_served_weights(tmp_path: Path) -> None:
+    assert prefill_path(tmp_path / "served.gguf", "same", model=None, n_threads=1) is None
+
+
+def test_a_path_that_is_not_a_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable, match="not a file: name a GGUF of the same model"):
+        prefill_path(tmp_path / "served.gguf", tmp_path / "missing.gguf", None, 1)
