@@ -210,3 +210,11 @@ def test_auto_makes_no_copy_that_would_not_fit(
     (place,) = tmp_path.iterdir()
     assert not list(place.glob("*.gguf"))
     assert json.loads((place / VERDICT).read_text())["copies_tokens_per_s"] == {}
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_served_weights_reading(
+    engine: LlamaCppEngine, tmp_path: Path
+) -> None:
+    (tmp_path / "a file").write_text("")
+    folder = tmp_path / "a file" / "prefill"  # under a file: no folder can be made there
+    assert prefill_path(embedded_model_path(), "auto", engine._model, 2, folder=folder) is None

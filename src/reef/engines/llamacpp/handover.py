@@ -1,8 +1,8 @@
 """Prompts read on other weights than the ones that decode: a lane of prefill weights whose KV
 cache is handed over to a slot of the decoding context (issue 63).
 
-A prompt is read fastest by weights whose matrix kernels suit many tokens at once (BF16 on a
-recent x86), and decoded fastest by weights that are few bytes a token (the shipped Q4_1). Both
+A prompt is read fastest by weights whose matrix kernels suit many tokens at once (F32 or BF16 on
+a recent x86), and decoded fastest by weights that are few bytes a token (the shipped Q4_1). Both
 copies share the architecture, and contexts made with the same cache types write a sequence's
 KV cache in the same format, so a prompt read on the first can be decoded on the second:
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from reef.errors import EngineUnavailable
+from reef.errors import EngineUnavailable, ReefError
 from reef.user_cache import user_cache_dir
 
 log = logging.getLogger("reef.engine")
@@ -77,9 +77,19 @@ def _auto(served: Path, model: Any, n_threads: int, folder: Path) -> Path | None
     place = folder / f"{served.stem}-{_identity(served)}"
     verdict = _read_verdict(place / VERDICT)
     if verdict is None:
-        place.mkdir(parents=True, exist_ok=True)
-        with _locked(place / ".lock"):  # engines starting together make the copies once
-            verdict = _read_verdict(place / VERDICT) or _choose(served, place, weights, n_threads)
+        try:
+            place.mkdir(parents=True, exist_ok=True)
+            with _locked(place / ".lock"):  # engines starting together make the copies once
+                verdict = _read_verdict(place / VERDICT) or _choose(
+                    served, place, weights, n_threads
+                )
+        except (OSError, ReefError) as error:  # a copy that cannot be made stops no serving
+            log.warning(
+                "llama.cpp: no copy of %s to read prompts (%s): the served weights read them",
+                served.name,
+                error,
+            )
+            return None
     chosen, served_rate = verdict["chosen"], verdict["served_tokens_per_s"]
     if chosen is None:
         log.info(
