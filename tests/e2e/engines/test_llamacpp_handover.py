@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path, prefill_weights
+from reef.engines.llamacpp import LlamaCppEngine, Preempted, embedded_model_path, prefill_weights
 from reef.engines.llamacpp.convert import convert
 from reef.engines.llamacpp.prefill_weights import CANDIDATES, VERDICT, PrefillSetting, prefill_path
 from reef.engines.llamacpp.slots import BLOCK
@@ -218,3 +218,23 @@ def test_a_cache_that_cannot_be_written_leaves_the_served_weights_reading(
     (tmp_path / "a file").write_text("")
     folder = tmp_path / "a file" / "prefill"  # under a file: no folder can be made there
     assert prefill_path(embedded_model_path(), "auto", engine._model, 2, folder=folder) is None
+
+
+def test_a_live_prompt_takes_the_lane_from_a_background_one(engine: LlamaCppEngine) -> None:
+    """A background job reads one block a turn and stands still while a live request runs: were
+    it to keep the lane, a live prompt that needs the lane would wait for it forever."""
+
+    async def scenario() -> tuple[BaseException | Completion, Completion]:
+        background = asyncio.create_task(
+            engine.complete(chat(OTHER * 4 + " G."), background=True)  # 40 blocks, one a turn
+        )
+        while engine.prefill["reading_s"] == reading_before:
+            await asyncio.sleep(0.01)  # it holds the lane now
+        live = await asyncio.wait_for(engine.complete(chat(PROMPT + " G.")), timeout=60)
+        outcome = await asyncio.gather(background, return_exceptions=True)
+        return outcome[0], live
+
+    reading_before = engine.prefill["reading_s"]
+    background, live = asyncio.run(scenario())
+    assert isinstance(background, Preempted)
+    assert live.usage is not None and live.usage["completion_tokens"] == 8

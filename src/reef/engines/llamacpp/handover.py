@@ -19,7 +19,9 @@ lane's blocks as reusable (`Slot.exact`), so a prompt's KV is the same whether i
 continues a cached one, and the prompt cache keeps its bit-for-bit answers (see slots.py).
 
 While one prompt holds the lane, another that needs it waits its turn; a prompt that has only its
-last block left reads it at once.
+last block left reads it at once. A background job (a shadow's copy) stands still while live
+requests run, so a live prompt takes the lane from one, which is stopped as it would be for its
+slot (`Preempted`).
 """
 
 from __future__ import annotations

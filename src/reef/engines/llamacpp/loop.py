@@ -299,11 +299,15 @@ class DecodeLoop:
                 return
 
     def _holds_lane(self, sequence: _Sequence) -> bool:
-        """Whether `sequence` holds the prefill lane, taking it if it is free."""
+        """Whether `sequence` holds the prefill lane, taking it if it is free, or from a
+        background job if `sequence` is live."""
         lane = self._lane
         assert lane is not None
         if lane.owner is sequence:
             return True
+        owner = lane.owner
+        if isinstance(owner, _Sequence) and owner.job.background and not sequence.job.background:
+            self._stop(owner, Preempted())  # it stands still while live requests run
         if not lane.free:
             return False
         job, held_in = sequence.job, (self._context, sequence.slot.seq_id)
