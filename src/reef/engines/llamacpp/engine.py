@@ -444,8 +444,9 @@ class LlamaCppEngine:
             stop_loops=self.stop_loops,
             adaptive_threads=self.adaptive_threads,
             cache=self.cache,
-            # A checkpoint's own copy: a file named for the served model has other weights.
-            prefill_weights="same" if self.prefill_weights == "same" else "auto",
+            # Its own weights read its prompts: a copy would add seconds to a hot-swap and the
+            # copy's memory to each checkpoint loaded beside (see prefill_weights.py).
+            prefill_weights="same",
         )
         # Named by the release (or candidate) whose folder holds it: `.../default@3/checkpoint`.
         folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
