@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from reef.engines.llamacpp import LlamaCppEngine, Preempted, embedded_model_path, prefill_weights
+from reef.engines.llamacpp import (
+    LlamaCppEngine,
+    Preempted,
+    embedded_model_path,
+    handover,
+    prefill_weights,
+)
 from reef.engines.llamacpp.convert import convert
 from reef.engines.llamacpp.prefill_weights import CANDIDATES, VERDICT, PrefillSetting, prefill_path
 from reef.engines.llamacpp.slots import BLOCK
@@ -238,3 +244,29 @@ def test_a_live_prompt_takes_the_lane_from_a_background_one(engine: LlamaCppEngi
     background, live = asyncio.run(scenario())
     assert isinstance(background, Preempted)
     assert live.usage is not None and live.usage["completion_tokens"] == 8
+
+
+def test_a_state_layout_it_cannot_read_gives_the_lane_up_and_loses_no_request(
+    bf16_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A llama.cpp that writes sequence states in another layout: the prompt is read again on
+    the served weights, and so is every prompt after it."""
+
+    def unknown(buffer: bytearray, size: int, streams: int) -> tuple[int, int]:
+        raise handover.HandOverFailed("a sequence state in a layout this code does not know")
+
+    monkeypatch.setattr(handover, "restream", unknown)
+    requests = [chat(PROMPT + " H."), chat(OTHER + " H.")]
+
+    async def both() -> tuple[list[Completion], dict[str, Any]]:
+        engine = make(bf16_copy)
+        await engine.start()
+        try:
+            return [await engine.complete(r) for r in requests], engine.prefill
+        finally:
+            await engine.close()
+
+    answers, prefill = asyncio.run(both())
+    assert prefill["weights"] is None and "layout" in prefill["disabled"]
+    for answer, request in zip(answers, requests, strict=True):
+        same_answer(answer, fresh("same", request))  # read on Q4_1 alone, as `same` reads it

@@ -262,11 +262,13 @@ class LlamaCppEngine:
 
     @property
     def prefill(self) -> dict[str, Any]:
-        """The file whose weights read prompts (None: the served ones), the prompts read on it
-        and handed over, and the seconds spent reading on it and moving KV to and from slots."""
+        """The file whose weights read prompts (None: the served ones), why it was given up if
+        it was, the prompts read on it and handed over, and the seconds spent reading on it and
+        moving KV to and from slots."""
         lane = self._lane
         return {
-            "weights": str(lane.model_path) if lane else None,
+            "weights": str(lane.model_path) if lane and not lane.disabled else None,
+            "disabled": lane.disabled if lane else None,
             "handed_over": lane.handed_over if lane else 0,
             "reading_s": round(lane.reading_s, 3) if lane else 0.0,
             "moving_s": round(lane.moving_s, 3) if lane else 0.0,

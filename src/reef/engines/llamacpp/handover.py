@@ -21,7 +21,8 @@ continues a cached one, and the prompt cache keeps its bit-for-bit answers (see 
 While one prompt holds the lane, another that needs it waits its turn; a prompt that has only its
 last block left reads it at once. A background job (a shadow's copy) stands still while live
 requests run, so a live prompt takes the lane from one, which is stopped as it would be for its
-slot (`Preempted`).
+slot (`Preempted`). A state that cannot be moved (a llama.cpp whose layout `restream` does not
+know) gives the lane up: that prompt and every later one are read on the decoding weights.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class PrefillLane:
         self.tokens: list[int] = []  # the tokens whose KV the lane's sequence holds
         self.adapter: Path | None = None  # the LoRA adapter they were read under
         self.handed_over = 0  # prompts read on the lane and handed to a slot
+        self.disabled: str | None = None  # why the lane was given up, if it was
         self.reading_s = 0.0  # seconds spent reading blocks on the lane
         self.moving_s = 0.0  # seconds spent copying KV between the lane and slots
 

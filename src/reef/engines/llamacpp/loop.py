@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from reef.engines.base import Cancelled, Preempted
-from reef.engines.llamacpp.handover import PrefillLane
+from reef.engines.llamacpp.handover import HandOverFailed, PrefillLane
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.output import ChoiceOutput, Emit, Generation
 from reef.engines.llamacpp.repetition import Repetition
@@ -313,6 +313,9 @@ class DecodeLoop:
         job, held_in = sequence.job, (self._context, sequence.slot.seq_id)
         try:
             lane.take(sequence, job.prompt, sequence.position, job.adapter, held_in)
+        except HandOverFailed as error:
+            self._give_up_lane(sequence, error)
+            return False
         except Exception as error:
             self._stop(sequence, _failure(error))
             return False
@@ -330,10 +333,23 @@ class DecodeLoop:
                 slot = sequence.slot
                 lane.hand_over(self._context, slot.seq_id, self._n_slots)
                 slot.evaluated(sequence.job.prompt[len(slot.tokens) : sequence.position], True)
+        except HandOverFailed as error:
+            self._give_up_lane(sequence, error)
         except Exception as error:
             self._stop(sequence, _failure(error))
             return False
         return True
+
+    def _give_up_lane(self, sequence: _Sequence, error: HandOverFailed) -> None:
+        """The KV cache could not be moved (a llama.cpp whose state layout this code does not
+        know): the served weights read every prompt from now on, this one again from its start."""
+        assert self._lane is not None
+        log.error("prompts are read on the served weights from now on: %s", error)
+        self._lane.disabled = str(error)
+        self._lane.release(sequence)
+        self._lane = None
+        self.slots.forget(sequence.slot)
+        sequence.position = 0
 
     def _evaluate_block(self, sequence: _Sequence, block: list[int]) -> bool:
         """One llama_decode of one prompt block; samples the first token after the last block."""
