@@ -250,23 +250,26 @@ def test_a_state_layout_it_cannot_read_gives_the_lane_up_and_loses_no_request(
     bf16_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A llama.cpp that writes sequence states in another layout: the prompt is read again on
-    the served weights, and so is every prompt after it."""
+    the served weights, and so is every prompt after it; nothing read on the copy before is
+    reused, so each answers as `same` would."""
 
     def unknown(buffer: bytearray, size: int, streams: int) -> tuple[int, int]:
         raise handover.HandOverFailed("a sequence state in a layout this code does not know")
 
-    monkeypatch.setattr(handover, "restream", unknown)
-    requests = [chat(PROMPT + " H."), chat(OTHER + " H.")]
+    first, failing, continued = chat(PROMPT), chat(OTHER + " H."), chat(PROMPT + MORE)
 
-    async def both() -> tuple[list[Completion], dict[str, Any]]:
+    async def scenario() -> tuple[list[Completion], dict[str, Any]]:
         engine = make(bf16_copy)
         await engine.start()
         try:
-            return [await engine.complete(r) for r in requests], engine.prefill
+            await engine.complete(first)  # read on the copy, cached in its slot
+            monkeypatch.setattr(handover, "restream", unknown)
+            answers = [await engine.complete(failing), await engine.complete(continued)]
+            return answers, engine.prefill
         finally:
             await engine.close()
 
-    answers, prefill = asyncio.run(both())
+    answers, prefill = asyncio.run(scenario())
     assert prefill["weights"] is None and "layout" in prefill["disabled"]
-    for answer, request in zip(answers, requests, strict=True):
+    for answer, request in zip(answers, [failing, continued], strict=True):
         same_answer(answer, fresh("same", request))  # read on Q4_1 alone, as `same` reads it

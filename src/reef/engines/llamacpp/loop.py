@@ -349,6 +349,7 @@ class DecodeLoop:
         self._lane.release(sequence)
         self._lane = None
         self.slots.forget(sequence.slot)
+        self.slots.distrust()  # blocks the lane read would make a continued prompt differ
         sequence.position = 0
 
     def _evaluate_block(self, sequence: _Sequence, block: list[int]) -> bool:

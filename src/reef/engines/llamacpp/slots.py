@@ -138,6 +138,13 @@ class SlotTable:
         llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, 0, -1)
         slot.trim(0)
 
+    def distrust(self) -> None:
+        """No slot's cache is reused again: it was read on weights that no longer read prompts
+        (a cold read would give other numbers). Its cells go when the slot is next taken."""
+        for slot in self.slots:
+            slot.exact = 0
+            slot.prompt_logits, slot.prompt_length = None, 0
+
     def release(self, slot: Slot) -> None:
         slot.busy = False
         slot.last_used = time.monotonic()
