@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.common.formats import N_THREADS, PROMPTS, format_copies
 from bench.common.results import OUT
-from reef.engines.llamacpp.context import GGML_CACHE_TYPES
+from reef.engines.llamacpp.context import GGML_CACHE_TYPES, read_blocks
 from reef.engines.llamacpp.convert import FORMATS
 from reef.engines.llamacpp.prepare import speed
 from reef.engines.llamacpp.weights import model_params
@@ -90,7 +90,6 @@ def prompt_seconds(path: Path, attention: AttentionPath, tokens: int, rounds: in
         else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     )
     context = llama_cpp.llama_init_from_model(model, params)
-    batch = llama_cpp.llama_batch_init(attention.block, 0, 1)
     try:
         best = float("inf")
         for round_ in range(rounds):
@@ -98,19 +97,10 @@ def prompt_seconds(path: Path, attention: AttentionPath, tokens: int, rounds: in
             prompt = [draw.randrange(1000, 40000) for _ in range(tokens)]
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context), True)
             started = time.perf_counter()
-            for offset in range(0, tokens, attention.block):
-                block = prompt[offset : offset + attention.block]
-                batch.n_tokens = len(block)
-                for i, token in enumerate(block):
-                    batch.token[i], batch.pos[i] = token, offset + i
-                    batch.n_seq_id[i], batch.seq_id[i][0] = 1, 0
-                    batch.logits[i] = offset + i == tokens - 1
-                if llama_cpp.llama_decode(context, batch) != 0:
-                    raise RuntimeError(f"llama_decode failed on {path.name}")
+            read_blocks(context, prompt, attention.block)
             best = min(best, time.perf_counter() - started)
         return best
     finally:
-        llama_cpp.llama_batch_free(batch)
         llama_cpp.llama_free(context)
         llama_cpp.llama_model_free(model)
 

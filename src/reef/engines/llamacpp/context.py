@@ -36,10 +36,16 @@ DEFAULT_CACHE = CacheTypes()
 
 
 def batch_context(
-    model: Any, n_ctx: int, slots: int, n_threads: int, cache: CacheTypes = DEFAULT_CACHE
+    model: Any,
+    n_ctx: int,
+    slots: int,
+    n_threads: int,
+    cache: CacheTypes = DEFAULT_CACHE,
+    batch: int = BLOCK,
 ) -> Any:
     """A context of `model` with one KV stream of `n_ctx` cells per slot (see
-    slots.py), as the engine decodes in; `bench/speed/decode_ceiling.py` measures the same."""
+    slots.py), as the engine decodes in; `bench/speed/decode_ceiling.py` measures the same.
+    `batch`: the most tokens one llama_decode takes (the engine's prompt blocks)."""
     import llama_cpp
     from llama_cpp import _internals
 
@@ -47,7 +53,7 @@ def batch_context(
     params.n_ctx = n_ctx * slots
     params.n_seq_max = slots
     params.kv_unified = False
-    params.n_batch = params.n_ubatch = max(BLOCK, slots)
+    params.n_batch = params.n_ubatch = max(batch, slots)
     params.n_threads = params.n_threads_batch = n_threads
     params.type_k, params.type_v = GGML_CACHE_TYPES[cache.k], GGML_CACHE_TYPES[cache.v]
     params.flash_attn_type = (  # llama.cpp quantises the V cache only with flash attention
@@ -56,6 +62,29 @@ def batch_context(
         else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     )
     return _internals.LlamaContext(model=model, params=params, verbose=False)
+
+
+def read_blocks(
+    context: Any, tokens: list[int], block: int, seq_id: int = 0, start: int = 0
+) -> None:
+    """Read `tokens` into sequence `seq_id` of `context` (a llama_context pointer) from position
+    `start`, `block` tokens per llama_decode, keeping the last token's logits
+    (`llama_get_logits_ith(context, -1)`)."""
+    import llama_cpp
+
+    batch = llama_cpp.llama_batch_init(block, 0, 1)
+    try:
+        for offset in range(0, len(tokens), block):
+            part = tokens[offset : offset + block]
+            batch.n_tokens = len(part)
+            for i, token in enumerate(part):
+                batch.token[i], batch.pos[i] = token, start + offset + i
+                batch.n_seq_id[i], batch.seq_id[i][0] = 1, seq_id
+                batch.logits[i] = offset + i == len(tokens) - 1
+            if (code := llama_cpp.llama_decode(context, batch)) != 0:
+                raise RuntimeError(f"llama.cpp could not read a block of tokens (code {code})")
+    finally:
+        llama_cpp.llama_batch_free(batch)
 
 
 def kv_cache_bytes(model: Any, cells: int, cache: CacheTypes) -> int:

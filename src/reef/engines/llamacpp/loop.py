@@ -136,7 +136,6 @@ class DecodeLoop:
         self._scratch = np.empty(self._n_vocab, dtype=np.float32)  # logprob_of's, per token
         self._adapters = adapters
         self._lane = lane  # the prefill weights' context, if prompts are read on other weights
-        self._n_slots = n_slots
         # Whether a live request is in flight on an engine sharing this CPU (a checkpoint's).
         self._live_elsewhere = live_elsewhere
         self.threads = threads or ThreadChoice(1, adaptive=False)
@@ -331,7 +330,7 @@ class DecodeLoop:
             sequence.position += len(block)
             if sequence.at_last_block:
                 slot = sequence.slot
-                lane.hand_over(self._context, slot.seq_id, self._n_slots)
+                lane.hand_over(self._context, slot.seq_id, len(self.slots.slots))
                 slot.evaluated(sequence.job.prompt[len(slot.tokens) : sequence.position], True)
         except HandOverFailed as error:
             self._give_up_lane(sequence, error)

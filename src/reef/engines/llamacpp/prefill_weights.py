@@ -170,30 +170,21 @@ def _rates(verdict: dict[str, Any]) -> str:
 
 def prompt_rate(path: Path, n_threads: int) -> float:
     """Prompt tokens/s of `path`'s weights in the engine's blocks and cache types."""
-    import llama_cpp
-
-    from reef.engines.llamacpp.context import batch_context
+    from reef.engines.llamacpp.context import batch_context, read_blocks
     from reef.engines.llamacpp.slots import BLOCK
     from reef.engines.llamacpp.weights import load_model
 
     model = load_model(path)
     context = batch_context(model, (PROBE_BLOCKS + 1) * BLOCK, 1, n_threads)
-    batch = llama_cpp.llama_batch_init(BLOCK, 0, 1)
+    tokens = list(range(1000, 1000 + (PROBE_BLOCKS + 1) * BLOCK))
     try:
-        started = 0.0
-        for block in range(PROBE_BLOCKS + 1):
-            if block == 1:
-                started = time.perf_counter()
-            batch.n_tokens = BLOCK
-            for i in range(BLOCK):
-                position = block * BLOCK + i
-                batch.token[i], batch.pos[i] = 1000 + position, position
-                batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, False
-            if llama_cpp.llama_decode(context.ctx, batch) != 0:
-                raise EngineUnavailable(f"llama.cpp could not read a prompt on {path.name}")
+        read_blocks(context.ctx, tokens[:BLOCK], BLOCK)  # pages the weights in
+        started = time.perf_counter()
+        read_blocks(context.ctx, tokens[BLOCK:], BLOCK, start=BLOCK)
         return PROBE_BLOCKS * BLOCK / (time.perf_counter() - started)
+    except RuntimeError as error:
+        raise EngineUnavailable(f"{path.name}: {error}") from error
     finally:
-        llama_cpp.llama_batch_free(batch)
         context.close()
         model.close()
 
