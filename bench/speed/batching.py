@@ -38,6 +38,7 @@ import httpx
 
 from bench.common.ceilings import decode_ceiling, describe
 from bench.common.gate_timing import TASKS, paired
+from bench.common.prompts import conversation
 from bench.common.results import OUT
 from bench.common.serving.load import drive
 from bench.common.serving.servers import running, stock_llama_server, write_reef_config
@@ -201,23 +202,6 @@ def throughput(options: argparse.Namespace) -> dict[str, Any]:
 
 def ceiling_line(ceiling: dict[int, dict[str, float]]) -> str:
     return ", ".join(f"batch {n} {r['tokens_per_s']:.1f} tok/s" for n, r in ceiling.items())
-
-
-def conversation(agent: str) -> list[dict[str, str]]:
-    """About 2,000 tokens: a long system prompt of tool rules, and a long task description."""
-    rules = " ".join(
-        f"Rule {n}: when you change the file src/module_{n}.py, keep each function short and "
-        f"run the tests of module {n} before you answer."
-        for n in range(1, 41)
-    )
-    task = " ".join(
-        f"Step {n}: {agent} reads the log line {n * 7} and notes which service wrote it."
-        for n in range(1, 46)
-    )
-    return [
-        {"role": "system", "content": f"You are coding agent {agent}. {rules}"},
-        {"role": "user", "content": task},
-    ]
 
 
 async def first_token_s(

@@ -11,7 +11,7 @@ In one run, Reef's engine as it serves (4 slots, threads chosen per block) with
   tokens/s, and the gate's evaluation (the twelve probes of `reef model prepare`, one after
   another); with `auto`'s split of the 4,600-token prompt: reading on the lane, moving KV, the
   rest (the last block on Q4_1, sampling);
-- **answers**: each probe behind a 1,500-token system prompt, greedy, 32 tokens: the first
+- **answers**: each probe behind a coding agent's long system prompt, greedy, 32 tokens: the first
   token's log-probability under each, and the answers compared token by token. The tolerance
   is Q4_1's own spread: the same prompts read by llama.cpp in its server's 512-token batches
   instead of the engine's 64-token blocks, on the same weights;
@@ -28,13 +28,13 @@ import asyncio
 import json
 import struct
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from bench.common.prompts import conversation
 from bench.common.results import OUT
 from bench.speed.prompt_gap import in_own_process
 
@@ -42,7 +42,6 @@ WORDS = ("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 800).split()
 SETTINGS = ("same", "auto")
 PARTS = ["speed", "answers", "kv"]
 ANSWER_TOKENS = 32
-CONTEXT_WORDS = 1200  # about 1,500 tokens of system prompt before each probe
 NEXT_TURN_WORDS = 240  # about 300 new tokens in an agent's next turn
 
 
@@ -59,9 +58,8 @@ def _user(text: str, max_tokens: int) -> Any:
 
 
 def _system_prompt() -> str:
-    """A long, ordinary system prompt: this repository's architecture notes, cut to length."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
-    return " ".join(text.split()[:CONTEXT_WORDS])
+    """A coding agent's long system prompt of tool rules (fixed text, the same at any commit)."""
+    return conversation("pi")[0]["content"]
 
 
 def _engine(setting: str) -> Any:
@@ -185,62 +183,34 @@ def answers(setting: str) -> list[dict[str, Any]]:
 def first_logprob_in_batches(prompts: list[list[int]], batch: int) -> list[float]:
     """The top token's log-probability after each prompt, read by llama.cpp on the shipped
     weights in `batch`-token batches with the engine's cache types."""
-    import llama_cpp
-
     from reef.engines.llamacpp import embedded_model_path
+    from reef.engines.llamacpp.context import batch_context
     from reef.engines.llamacpp.weights import load_model
 
     model = load_model(embedded_model_path())
     found = []
     for prompt in prompts:
-        context = _context(model, batch)
-        logits = _read(context, prompt, batch, seq_id=0, last_logits=True)
+        context = batch_context(model, 6144, 1, 2, batch=batch)
+        logits = _read(context, prompt, batch, seq_id=0)
         shifted = logits.astype(np.float64) - logits.max()
         found.append(float(-np.log(np.exp(shifted).sum())))  # the top token's log-softmax
-        llama_cpp.llama_free(context)
+        context.close()
     model.close()
     return found
 
 
-def _context(model: Any, batch: int, slots: int = 1) -> Any:
+def _read(context: Any, tokens: list[int], block: int, seq_id: int) -> np.ndarray:
+    """`tokens` read into `seq_id` in `block`-token batches; the last token's logits."""
     import llama_cpp
 
-    from reef.engines.llamacpp.context import GGML_CACHE_TYPES
+    from reef.engines.llamacpp.context import read_blocks
 
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_seq_max, params.kv_unified = 6144 * slots, slots, False
-    params.n_batch = params.n_ubatch = batch
-    params.n_threads = params.n_threads_batch = 2
-    params.type_k, params.type_v = GGML_CACHE_TYPES["q8_0"], GGML_CACHE_TYPES["f16"]
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    return llama_cpp.llama_init_from_model(model.model, params)
-
-
-def _read(
-    context: Any, tokens: list[int], block: int, seq_id: int, last_logits: bool = False
-) -> np.ndarray:
-    import llama_cpp
-
-    batch = llama_cpp.llama_batch_init(block, 0, 1)
-    try:
-        for offset in range(0, len(tokens), block):
-            part = tokens[offset : offset + block]
-            batch.n_tokens = len(part)
-            for i, token in enumerate(part):
-                batch.token[i], batch.pos[i] = token, offset + i
-                batch.n_seq_id[i], batch.seq_id[i][0] = 1, seq_id
-                batch.logits[i] = last_logits and offset + i == len(tokens) - 1
-            if llama_cpp.llama_decode(context, batch) != 0:
-                raise RuntimeError("llama_decode failed")
-        if not last_logits:
-            return np.empty(0)
-        n_vocab = llama_cpp.llama_vocab_n_tokens(
-            llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(context))
-        )
-        pointer = llama_cpp.llama_get_logits_ith(context, -1)
-        return np.ctypeslib.as_array(pointer, shape=(n_vocab,)).copy()
-    finally:
-        llama_cpp.llama_batch_free(batch)
+    read_blocks(context.ctx, tokens, block, seq_id)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(
+        llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(context.ctx))
+    )
+    pointer = llama_cpp.llama_get_logits_ith(context.ctx, -1)
+    return np.ctypeslib.as_array(pointer, shape=(n_vocab,)).copy()
 
 
 def kv_errors(tokens: int) -> dict[str, float]:
@@ -256,20 +226,23 @@ def kv_errors(tokens: int) -> dict[str, float]:
     paths = format_copies(["bf16", "f32"], shipped="q4_1")
     served = load_model(paths["q4_1"])
     prompt = served.tokenize(" ".join(WORDS).encode(), add_bos=True, special=False)[:tokens]
-    decoding = _context(served, BLOCK, slots=4)
+    decoding = batch_context(served, 6144, 4, 2)
     _read(decoding, prompt, BLOCK, seq_id=0)  # the engine's read on Q4_1 (today's)
-    batched = _context(served, 512, slots=4)
+    batched = batch_context(served, 6144, 4, 2, batch=512)
     _read(batched, prompt, 512, seq_id=0)  # Q4_1's own spread: llama-server's batches
-    read = {"q4_1": _kv(_state(decoding, 0)), "q4_1 in 512-token batches": _kv(_state(batched, 0))}
+    read = {
+        "q4_1": _kv(_state(decoding.ctx, 0)),
+        "q4_1 in 512-token batches": _kv(_state(batched.ctx, 0)),
+    }
     for seq_id, kind in enumerate(("bf16", "f32"), start=1):
         model = load_model(paths[kind])
         context = batch_context(model, 6144, 1, 2)
         lane = PrefillLane(paths[kind], model, context, ThreadChoice(2, adaptive=False))
-        lane.take("bench", prompt, 0, None, (decoding, seq_id))
+        lane.take("bench", prompt, 0, None, (decoding.ctx, seq_id))
         for offset in range(0, len(prompt), BLOCK):
             lane.evaluate(prompt[offset : offset + BLOCK], offset)
-        lane.hand_over(decoding, seq_id, 4)
-        read[f"handed over from {kind}"] = _kv(_state(decoding, seq_id))
+        lane.hand_over(decoding.ctx, seq_id, 4)
+        read[f"handed over from {kind}"] = _kv(_state(decoding.ctx, seq_id))
         lane.close()
     pairs = {
         "q4_1 in 512-token batches, against q4_1": ("q4_1 in 512-token batches", "q4_1"),
@@ -409,8 +382,9 @@ def _print_answers(
         "prompt_tokens": [len(s["prompt"]) for s in same],
     }
     console.print(
-        f"answers behind a {summary['prompt_tokens'][0]}-token system prompt, greedy, "
-        f"{ANSWER_TOKENS} tokens:\n"
+        f"answers to prompts of {min(summary['prompt_tokens'])} to "
+        f"{max(summary['prompt_tokens'])} tokens (a coding agent's system prompt, then the "
+        f"probe), greedy, {ANSWER_TOKENS} tokens:\n"
         "  first token's log-probability moved by auto: mean "
         f"{summary['first_logprob_moved_mean']:.4f}, max {summary['first_logprob_moved_max']:.4f}"
         " nats\n"
