@@ -31,12 +31,11 @@ from tests.support.harness_server import (
 )
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pi_project(folder: Path) -> Path:
     # pi asks for thousands of tokens for its session title: cap them, or the test runs minutes.
     # Greedy, so pi's answer is the same in every run on a machine (pi sends no temperature).
     return harness_project(
-        tmp_path_factory.mktemp("harness-project"),
+        folder,
         "engine:\n  llamacpp: {n_ctx: 8192, n_threads: 2, max_tokens_cap: 48}\n",
         "You are a coding agent. Answer briefly.",
         {"max_tokens": 24, "temperature": 0, "seed": 0},
@@ -44,8 +43,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(project: Path) -> Iterator[ServerProcess]:
-    with serving(project) as running:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Serving default@1 to every test of the module but the one that publishes default@2."""
+    with serving(pi_project(tmp_path_factory.mktemp("harness-project"))) as running:
         yield running
 
 
@@ -123,21 +123,30 @@ def test_openai_env_installs_an_environment_file(server: ServerProcess, tmp_path
     reason="needs pi or npm (CI installs pi)",
 )
 @pytest.mark.e2e
-def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Path) -> None:
-    result = run_script(install_script(server, "pi"), tmp_path)
+def test_real_pi_through_reef(tmp_path: Path) -> None:
+    (tmp_path / "project").mkdir()
+    (tmp_path / "home").mkdir()
+    project = pi_project(tmp_path / "project")
+    with serving(project) as server:
+        through_reef(server, project, tmp_path / "home")
+
+
+def through_reef(server: ServerProcess, project: Path, home: Path) -> None:
+    """pi installed by its script, asked, reported on, then told of a newer harness."""
+    result = run_script(install_script(server, "pi"), home)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / ".pi/agent/skills/search/SKILL.md").exists()
-    bin_dir = tmp_path / ".local/bin"
+    assert (home / ".pi/agent/skills/search/SKILL.md").exists()
+    bin_dir = home / ".local/bin"
     env = {
         **os.environ,
-        "HOME": str(tmp_path),
+        "HOME": str(home),
         "REEF_TOKEN": TOKEN,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
     }
 
     def reef_pi(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["reef-pi", *args], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
+            ["reef-pi", *args], capture_output=True, text=True, timeout=600, env=env, cwd=home
         )
 
     started = time.monotonic()
@@ -145,7 +154,7 @@ def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Pa
     assert time.monotonic() - started < 300  # a loaded CI machine; bench/speed/agents.py: < 60 s
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.strip()
-    session = (tmp_path / ".reef/harness/pi/default/last-session").read_text().strip()
+    session = (home / ".reef/harness/pi/default/last-session").read_text().strip()
     records = httpx.get(
         f"{server.url}/reef/records", params={"order": "desc", "limit": 50}, headers=HEADERS
     ).json()["data"]
@@ -171,7 +180,7 @@ def test_real_pi_through_reef(server: ServerProcess, project: Path, tmp_path: Pa
     assert "a new harness version is available (default@1 → default@2)" in again.stderr
     updated = reef_pi("update")
     assert updated.returncode == 0, updated.stderr
-    assert (tmp_path / ".reef/harness/pi/default/release").read_text().strip() == "default@2"
+    assert (home / ".reef/harness/pi/default/release").read_text().strip() == "default@2"
 
 
 # -- install scripts are safe to run, also under python -O and over a broken models.json ------
