@@ -206,7 +206,7 @@ learning:
   judge: keywords
   interval_s: 0.5
   batch_size: 6
-  steps: 4
+  steps: 2
   learning_rate: 0.0005
   revisions: 0  # hindsight rewrites: tests/learning/test_revision.py
 """
@@ -241,7 +241,7 @@ def test_next_messages_alone_train_a_released_lora_and_the_judgements_are_record
     assert release["kind"] == "lora"
     released = next(c for c in candidates if c["state"] == "released")
     assert released["metrics"]["judged"] == 6
-    assert len(released["metrics"]["loss"]) == 4
+    assert len(released["metrics"]["loss"]) == 2
 
     first_turns = [r for r in records if len(r["request"]["messages"]) == 1]
     last_turns = [r for r in records if len(r["request"]["messages"]) == 3]

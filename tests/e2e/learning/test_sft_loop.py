@@ -37,7 +37,7 @@ learning:
   interval_s: 0.5
   batch_size: 4  # of the 6 training prompts, 2 are held out for the gate (gate.held_out)
   scorer: {{type: regex, pattern: '{PATTERN}'}}
-  steps: 10  # enough to move the loss and the log-probabilities; learning itself is a benchmark
+  steps: 4  # enough to move the loss and the log-probabilities; learning itself is a benchmark
   replay: 0  # sft's replay of other answers: tests/learning/test_sft_replay.py
 """
 
@@ -97,7 +97,7 @@ def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path, kind: s
     learned = [p for p in scripted_user.TRAINING if not held_out_for_the_gate(p, share)]
     assert released["metrics"]["examples"] == len(learned) == 4
     losses = released["metrics"]["loss"]
-    assert len(losses) == 10 and losses[-1] < losses[0]
+    assert len(losses) == 4 and losses[-1] < losses[0]
     assert status["learning"]["scenarios"]["default"]["last_step"]["loss"] == losses
     # Hot-swapped: the same greedy request is now served under the adapter, which moves the
     # model's log-probabilities (the first token's, whatever token it is).
