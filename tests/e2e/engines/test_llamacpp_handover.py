@@ -27,10 +27,10 @@ from reef.engines.llamacpp.weights import load_model
 from reef.protocol import ChatRequest, Completion
 from reef.testing.artifacts import random_lora
 
-# Eight to ten blocks of 64 tokens: all but the last are read on the copy.
-PROMPT = "Summarise this text. " + "The river runs past the old mill and under the bridge. " * 45
+# Six or seven blocks of 64 tokens: all but the last are read on the copy.
+PROMPT = "Summarise this text. " + "The river runs past the old mill and under the bridge. " * 30
 MORE = " Then say which building the river passes first."
-OTHER = "List the fruits named here. " + "Apples, pears and plums grow in the garden. " * 45
+OTHER = "List the fruits named here. " + "Apples, pears and plums grow in the garden. " * 30
 # The first token's log-probability after a hand-over against a read on Q4_1 alone: the BF16
 # copy's rounding moves it by a few hundredths (docs/benchmarks.md); a KV cache that is not the
 # prompt's moves it by whole nats.
@@ -123,7 +123,7 @@ def test_a_continued_prompt_answers_as_a_cold_read_with_the_lane_kept(
     longer = chat(PROMPT + MORE)
     reused = engine.cache_counters["reused_tokens"]
     _, continued = run(engine, chat(PROMPT), longer)  # the lane still holds PROMPT's blocks
-    assert engine.cache_counters["reused_tokens"] - reused >= 6 * 64
+    assert engine.cache_counters["reused_tokens"] - reused >= 5 * 64
     same_answer(continued, fresh(bf16_copy, longer))
 
 
@@ -134,7 +134,7 @@ def test_a_continued_prompt_answers_as_a_cold_read_with_the_prefix_copied_in(
     reused = engine.cache_counters["reused_tokens"]
     # OTHER takes the lane between: the slot's prefix is copied back into it.
     _, _, continued = run(engine, chat(PROMPT + " B."), chat(OTHER), longer)
-    assert engine.cache_counters["reused_tokens"] - reused >= 6 * 64
+    assert engine.cache_counters["reused_tokens"] - reused >= 5 * 64
     same_answer(continued, fresh(bf16_copy, longer))
 
 
@@ -232,11 +232,12 @@ def test_a_live_prompt_takes_the_lane_from_a_background_one(engine: LlamaCppEngi
 
     async def scenario() -> tuple[BaseException | Completion, Completion]:
         background = asyncio.create_task(
-            engine.complete(chat(OTHER * 4 + " G."), background=True)  # 40 blocks, one a turn
+            engine.complete(chat(OTHER * 4 + " G."), background=True)  # 25 blocks, one a turn
         )
         while engine.prefill["reading_s"] == reading_before:
             await asyncio.sleep(0.01)  # it holds the lane now
-        live = await asyncio.wait_for(engine.complete(chat(PROMPT + " G.")), timeout=60)
+        # A prompt no slot holds a block of: it needs the lane.
+        live = await asyncio.wait_for(engine.complete(chat("G. " + PROMPT)), timeout=60)
         outcome = await asyncio.gather(background, return_exceptions=True)
         return outcome[0], live
 
