@@ -4,6 +4,7 @@ PEFT adapter changes torch's."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 from reef.engines.llamacpp import embedded_model_path
+from reef.sdk.weights import base_cache
 from reef.testing.tiny import tiny_tokenizer
 from reef.training import (
     Base,
@@ -24,6 +26,7 @@ from reef.training import (
     export_adapter,
     load_base,
 )
+from reef.training import base as training_base
 from reef.training.adapter import new_lora
 from reef.training.export import LLAMA_PROJECTIONS, gguf_lora, write_gguf_lora
 from tests.support.training import correlation, llama_cpp_last_logits, one_thread
@@ -40,24 +43,37 @@ PROMPT = [{"role": "user", "content": "Name three colours and say why the sky is
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("base-cache")
-
-
-@pytest.fixture(scope="module")
-def base(cache: Path) -> Base:
+def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    """The served model as the learning worker loads it: dequantised once per machine, into the
+    cache every project shares (the first load on a machine runs transformers' GGUF reader,
+    20 to 50 s; the learning loops of tests/e2e/learning load the same copy)."""
+    cache = base_cache() or tmp_path_factory.mktemp("base-cache")
     return load_base(embedded_model_path(), cache)
 
 
-def test_the_gguf_base_is_cached_once_and_reloads_fast(base: Base, cache: Path) -> None:
+def test_the_gguf_base_is_cached_once_and_reloads_fast(
+    base: Base, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache that lacks the file's copy makes it once (here by copying the machine's, which the
+    real dequantising made); a second load reads it and dequantises nothing."""
     gguf_path = embedded_model_path()
     assert base.gguf == gguf_path and base.source == gguf_path
-    assert base.weights.parent == cache and (base.weights / "model.safetensors").is_file()
+    assert (base.weights / "model.safetensors").is_file()
     assert base.model.dtype == torch.float32 and not base.model.training
     assert base.tokenizer.chat_template  # the GGUF's chat template is kept
+    made: list[Path] = []
+
+    def dequantise(gguf: Path, out: Path) -> None:
+        made.append(gguf)
+        shutil.copytree(base.weights, out)
+
+    monkeypatch.setattr(training_base, "_dequantise", dequantise)
+    first = load_base(gguf_path, tmp_path)
     messages: list[str] = []
-    again = load_base(gguf_path, cache, progress=messages.append)
-    assert again.weights == base.weights
+    again = load_base(gguf_path, tmp_path, progress=messages.append)
+    assert made == [gguf_path]
+    assert first.weights == again.weights == tmp_path / base.weights.name
+    assert [path.name for path in tmp_path.iterdir()] == [base.weights.name]  # no partial left
     assert not any("dequantising" in message for message in messages)
     ids = torch.tensor([[1, 4093, 198, 26843, 665, 2]], device=base.model.device)
     with torch.no_grad():
