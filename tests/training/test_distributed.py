@@ -20,10 +20,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from torch.multiprocessing import ProcessRaisedException
 
 from reef.errors import BadRequest
 from reef.training import (
@@ -38,7 +40,7 @@ from reef.training import (
     train_policy,
 )
 from reef.training.adapter import new_lora
-from reef.training.distributed import shard, shard_loss
+from reef.training.distributed import Group, in_parallel, shard, shard_loss
 from reef.training.loss import Batch, batch_loss, make_batch
 from tests.support.training import base, one_thread
 
@@ -200,6 +202,26 @@ def test_under_torchrun_the_ranks_join_its_group(
         assert result["weights"].keys() == expected.keys()
         for name, weight in result["weights"].items():
             torch.testing.assert_close(weight, expected[name], **TIGHT, msg=name)
+
+
+def stalls_or_fails(
+    group: Group, base: Base, examples: list, settings: LoraSettings, *_: object
+) -> TrainedAdapter:
+    """A rank job: rank 1 fails at once, rank 0 waits far longer than the test."""
+    if group.rank == 1:
+        raise RuntimeError("rank 1 gave up")
+    time.sleep(120)
+    raise AssertionError("rank 0 should have been stopped")
+
+
+def test_a_rank_that_fails_stops_the_others_and_its_error_reaches_the_caller(
+    base: Base, examples: list[TrainingExample]
+) -> None:
+    settings = SETTINGS.model_copy(update={"processes": 2})
+    started = time.monotonic()
+    with pytest.raises(ProcessRaisedException, match="rank 1 gave up"):
+        in_parallel(stalls_or_fails, base, examples, settings, None, None)
+    assert time.monotonic() - started < 60  # rank 0 did not sleep its 120 s out
 
 
 def test_a_launcher_with_another_number_of_ranks_is_refused(

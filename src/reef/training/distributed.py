@@ -3,12 +3,14 @@
 `train_lora` and `train_policy` come here when `settings.processes` is above 1. There are two
 ways to get the processes (ranks):
 
-- **Reef starts them**: a plain process calls `train_lora(base, examples, settings)`; Reef spawns
-  `processes` local ranks (`torch.multiprocessing`, start method spawn), each joins a gloo group
-  on 127.0.0.1 and a free port, and the caller gets rank 0's adapter back on a copy of its own
-  base, with `on_step` called in the caller as rank 0 reports each step. The base's tensors reach
-  the ranks through shared memory (torch moves them there), not by loading the model again. As
-  with any spawn, a script that trains must guard its entry point (`if __name__ == "__main__"`).
+- **Reef starts them**: a plain process calls `train_lora(base, examples, settings)`; Reef starts
+  `processes` local ranks (`torch.multiprocessing`, forked from a server that imported the
+  training modules once, or spawned where the platform has no forkserver), each joins a gloo
+  group on 127.0.0.1 and a free port, and the caller gets rank 0's adapter back on a copy of its
+  own base, with `on_step` called in the caller as rank 0 reports each step. The base's tensors
+  reach the ranks through shared memory (torch moves them there), not by loading the model
+  again. As with any spawn, a script that trains must guard its entry point
+  (`if __name__ == "__main__"`).
 - **A launcher started them** (`torchrun`, `accelerate launch`): RANK, WORLD_SIZE, MASTER_ADDR and
   MASTER_PORT are set (or a process group is already up), every rank calls `train_lora` with the
   same examples and settings, and the ranks join that group instead of spawning; WORLD_SIZE must
@@ -226,8 +228,8 @@ def _spawn(job: RankJob, processes: int, args: tuple[Any, ...], on_step: OnStep 
     Rank 0 reports each step's loss over a queue, and `on_step` is called here as they come.
     A rank that fails ends the others, and its traceback is raised here
     (`torch.multiprocessing.ProcessRaisedException`)."""
-    context = mp.get_context("spawn")
-    messages = context.Queue()
+    method = _start_method()
+    messages = mp.get_context(method).Queue()
     port = _free_port()
     threads = max(1, torch.get_num_threads() // processes)  # the ranks share this process's CPUs
     ranks = mp.start_processes(
@@ -235,7 +237,7 @@ def _spawn(job: RankJob, processes: int, args: tuple[Any, ...], on_step: OnStep 
         args=(processes, port, threads, messages, job, args),
         nprocs=processes,
         join=False,
-        start_method="spawn",
+        start_method=method,
     )
     result: Payload | None = None
     try:
@@ -251,6 +253,21 @@ def _spawn(job: RankJob, processes: int, args: tuple[Any, ...], on_step: OnStep 
                 process.terminate()
                 process.join()
     return result
+
+
+# What a rank imports: loaded once by the fork server, not by every rank of every run.
+RANK_MODULES = ["reef.training.lora", "reef.training.policy", "reef.training.distill"]
+
+
+def _start_method() -> str:
+    """forkserver where the platform has it: the ranks fork from a server process that imported
+    torch, transformers and peft once (about 5 s of CPU a rank, each run, when spawned afresh).
+    The server starts no threads before it forks, so a rank starts as clean as a spawned one;
+    it lives as long as this process. Elsewhere (Windows, macOS before forkserver): spawn."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.set_forkserver_preload(RANK_MODULES)  # read when the server starts: once per process
+    return "forkserver"
 
 
 def _read(
