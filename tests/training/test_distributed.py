@@ -1,8 +1,8 @@
 """Data-parallel training (`reef.training.distributed`) against one process, on the tiny llama.
 
-The two-process runs are real: ranks spawned with torch.multiprocessing and joined in a gloo group
-on 127.0.0.1 (or started by torchrun), each importing torch and peft afresh, which is most of
-the few seconds each such test takes.
+The two-process runs are real: ranks forked by torch.multiprocessing from a server that imported
+the trainers once per test process (or started by torchrun, each importing torch and peft
+afresh: most of that test's seconds), and joined in a gloo group on 127.0.0.1.
 
 The examples' completions differ in length (4 to 44 tokens) on purpose. The loss is a mean over
 examples of each example's mean over its tokens, so the right weight of a rank's part is its share

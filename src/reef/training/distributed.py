@@ -153,7 +153,7 @@ def in_parallel(
     on_step: OnStep | None,
     resume_from: Path | None,
 ) -> TrainedAdapter:
-    """`rank_job` on each rank: in the launcher's group (torchrun), or on ranks spawned here."""
+    """`rank_job` on each rank: in the launcher's group (torchrun), or on ranks started here."""
     _check(base, settings.processes, resume_from)
     if launched():
         with joined_group(settings.processes) as group:
@@ -223,7 +223,7 @@ RankJob = Callable[..., TrainedAdapter]
 
 
 def _spawn(job: RankJob, processes: int, args: tuple[Any, ...], on_step: OnStep | None) -> Payload:
-    """Run `job(group, *args, on_step)` on `processes` spawned local ranks; rank 0's result.
+    """Run `job(group, *args, on_step)` on `processes` local ranks started here; rank 0's result.
 
     Rank 0 reports each step's loss over a queue, and `on_step` is called here as they come.
     A rank that fails ends the others, and its traceback is raised here
@@ -262,8 +262,8 @@ RANK_MODULES = ["reef.training.lora", "reef.training.policy", "reef.training.dis
 def _start_method() -> str:
     """forkserver where the platform has it: the ranks fork from a server process that imported
     torch, transformers and peft once (about 5 s of CPU a rank, each run, when spawned afresh).
-    The server starts no threads before it forks, so a rank starts as clean as a spawned one;
-    it lives as long as this process. Elsewhere (Windows, macOS before forkserver): spawn."""
+    The server only imports, never trains, so no torch thread pool is running when a rank
+    forks; it lives as long as this process. Where there is no forkserver (Windows): spawn."""
     if "forkserver" not in mp.get_all_start_methods():
         return "spawn"
     mp.set_forkserver_preload(RANK_MODULES)  # read when the server starts: once per process
