@@ -44,9 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """OpenMP threads that wait passively, in every process of the run: two workers share the
     cores, and llama.cpp's and torch's threads spinning at each barrier for a thread the other
     worker's process has descheduled burn the core it needs. On tests/e2e/engines with two
-    workers on two cores: 148 s and 4.5 CPU-minutes spinning, 109 s and 3.2 passive (more than
-    the 124 s of one worker alone). Set before either library loads (neither is imported yet);
-    the workers and every server a test starts inherit it."""
+    workers on two cores: 148 s and 4.5 CPU-minutes spinning, 109 s and 3.2 passive; one worker
+    alone took 124 s. Set before either library loads (neither is imported yet); the workers
+    and every server a test starts inherit it."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

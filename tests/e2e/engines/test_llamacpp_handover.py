@@ -232,7 +232,7 @@ def test_a_live_prompt_takes_the_lane_from_a_background_one(engine: LlamaCppEngi
 
     async def scenario() -> tuple[BaseException | Completion, Completion]:
         background = asyncio.create_task(
-            engine.complete(chat(OTHER * 4 + " G."), background=True)  # 25 blocks, one a turn
+            engine.complete(chat(OTHER * 4 + " G."), background=True)  # 21 blocks, one a turn
         )
         while engine.prefill["reading_s"] == reading_before:
             await asyncio.sleep(0.01)  # it holds the lane now
