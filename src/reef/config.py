@@ -136,7 +136,9 @@ class LlamaCppConfig(_Section):
     repack: Literal["auto"] | bool = "auto"
     # End an answer that has started to repeat itself, token for token (a block of up to 128
     # tokens repeated over 64 tokens and 3 times), as a stop sequence would (finish_reason
-    # "stop"): small models can loop until the window is full. false: every answer runs on.
+    # "stop"): small models can loop until the window is full. Never an answer held to a
+    # grammar (a JSON schema, a forced tool call): it would not parse. false: every answer runs
+    # on.
     stop_loops: bool = True
     # Serve the copy `reef model prepare` made of the model in a faster weight format, when the
     # state folder holds one for this very file (engines/llamacpp/prepare.py). false: the file.

@@ -79,6 +79,37 @@ def test_the_engine_ends_an_answer_that_repeats_itself(looping_engine: LlamaCppE
     assert free.token_ids[:64] == stopped.token_ids  # type: ignore[index]
 
 
+@pytest.mark.e2e
+def test_an_answer_held_to_a_schema_is_never_ended_as_a_loop(
+    looping_engine: LlamaCppEngine,
+) -> None:
+    """The same forced word inside a JSON string: ended at its 64th repeat, the answer would not
+    parse; the schema's maxLength closes the string instead."""
+    schema = {
+        "type": "object",
+        "properties": {"hint": {"type": "string", "maxLength": 300}},
+        "required": ["hint"],
+        "additionalProperties": False,
+    }
+    request = ChatRequest.model_validate(
+        {
+            "messages": ASK,
+            "max_tokens": 200,
+            "temperature": 0,
+            "logit_bias": {token_of(" sea"): 100},
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "h", "schema": schema},
+            },
+        }
+    )
+    before = looping_engine.loops_stopped
+    answer = asyncio.run(looping_engine.complete(request))
+    hint = json.loads(answer.response["choices"][0]["message"]["content"])["hint"]
+    assert hint.count("sea") > 64 and len(hint) <= 300
+    assert not answer.looped and looping_engine.loops_stopped == before
+
+
 CAPPED = SMALL_ENGINE + "generation:\n  max_tokens: 8\nscenarios:\n  long:\n    generation:\n"
 CAPPED += "      max_tokens: 12\n"
 

@@ -98,7 +98,10 @@ class _Sequence:
         self.next_token: int | None = None  # sampled, to be decoded next
         self.state = Generation()
         self.out = ChoiceOutput(job.chunks, job.emit, index, job.constraint)
-        self.repetition = Repetition() if job.stop_loops else None
+        # An answer held to a grammar (a JSON schema, a forced tool call) is never ended as a
+        # loop: cut short it would not parse. Its grammar and max_tokens bound it instead.
+        watched = job.stop_loops and job.constraint is None
+        self.repetition = Repetition() if watched else None
 
     @property
     def prefilling(self) -> bool:

@@ -6,7 +6,8 @@ watches one sequence's tokens. For each period p up to `max_period` it counts ho
 a row equal the token p places before them; once the tail of the answer is a block of p tokens
 repeated exactly, over at least `min_span` tokens and at least `min_repeats` times, the answer
 is looping and should end (the engine ends it as a stop sequence would, finish_reason "stop":
-coding agents fail a call that ends "length", as cut short).
+coding agents fail a call that ends "length", as cut short). An answer held to a grammar (a JSON
+schema, a forced tool call) is not watched: ended early it would not parse.
 
 Natural text repeats single words and short phrases, never dozens of tokens over and over: with
 the defaults, one token said 64 times in a row, a 10-token phrase 7 times, a 40-token sentence
