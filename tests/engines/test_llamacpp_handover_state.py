@@ -3,13 +3,20 @@ different stream counts, and the `prefill_weights` setting."""
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
 import pytest
 
 from reef.engines.llamacpp.handover import HandOverFailed, restream
-from reef.engines.llamacpp.prefill_weights import parse_setting, prefill_path
+from reef.engines.llamacpp.prefill_weights import (
+    VERDICT,
+    forget_copy,
+    parse_setting,
+    prefill_path,
+    read_verdict,
+)
 from reef.errors import EngineUnavailable
 
 HEADER = b"\xd8\x3c\x14\xaf" + struct.pack("<I", 2)  # the 8 bytes llama.cpp writes first
@@ -67,3 +74,55 @@ def test_same_reads_prompts_on_the_served_weights(tmp_path: Path) -> None:
 def test_a_path_that_is_not_a_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(EngineUnavailable, match="not a file: name a GGUF of the same model"):
         prefill_path(tmp_path / "served.gguf", tmp_path / "missing.gguf", None, 1)
+
+
+def kept(folder: Path, verdict: object, copies: tuple[str, ...] = ("f32",)) -> Path:
+    """A verdict file as `auto` keeps it beside its copies, with `verdict` as its content."""
+    for kind in copies:
+        (folder / f"{kind}.gguf").write_bytes(b"GGUF")
+    (folder / VERDICT).write_text(json.dumps(verdict))
+    return folder / VERDICT
+
+
+GOOD = {"served_tokens_per_s": 150.0, "copies_tokens_per_s": {"f32": 210.0}, "chosen": "f32"}
+
+
+def test_a_kept_verdict_is_read_back(tmp_path: Path) -> None:
+    assert read_verdict(kept(tmp_path, GOOD)) == GOOD
+    assert read_verdict(kept(tmp_path, {**GOOD, "chosen": None})) is not None
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        # a file outside the folder, named by the verdict, with a rate of its own
+        {"chosen": "../outside", "copies_tokens_per_s": {"../outside": 300.0}},
+        {"chosen": "q4_0", "copies_tokens_per_s": {"q4_0": 300.0}},  # not a format auto makes
+        {"chosen": ["f32"]},
+        {"chosen": "bf16"},  # no rate, and no file
+        {"copies_tokens_per_s": {"f32": "fast"}},
+        {"copies_tokens_per_s": ["f32"]},
+        {"served_tokens_per_s": True},
+        {"served_tokens_per_s": None},
+    ],
+)
+def test_a_verdict_that_auto_would_not_write_is_no_verdict(tmp_path: Path, changed: dict) -> None:
+    (tmp_path / "outside.gguf").write_bytes(b"GGUF")
+    place = tmp_path / "place"
+    place.mkdir()
+    assert read_verdict(kept(place, {**GOOD, **changed}, ("f32", "q4_0"))) is None
+
+
+def test_a_corrupt_verdict_or_a_missing_copy_is_no_verdict(tmp_path: Path) -> None:
+    (tmp_path / VERDICT).write_text('{"chosen": "f3')
+    assert read_verdict(tmp_path / VERDICT) is None
+    assert read_verdict(kept(tmp_path, [GOOD])) is None
+    record = kept(tmp_path, GOOD)
+    (tmp_path / "f32.gguf").unlink()
+    assert read_verdict(record) is None
+
+
+def test_a_copy_that_cannot_be_opened_is_forgotten(tmp_path: Path) -> None:
+    record = kept(tmp_path, GOOD)
+    forget_copy(tmp_path / "f32.gguf")
+    assert not record.exists()

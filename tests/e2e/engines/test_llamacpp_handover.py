@@ -20,10 +20,12 @@ from reef.engines.llamacpp import (
     handover,
     prefill_weights,
 )
+from reef.engines.llamacpp import engine as engine_module
 from reef.engines.llamacpp.convert import convert
 from reef.engines.llamacpp.prefill_weights import CANDIDATES, VERDICT, PrefillSetting, prefill_path
 from reef.engines.llamacpp.slots import BLOCK
 from reef.engines.llamacpp.weights import load_model
+from reef.errors import EngineUnavailable
 from reef.protocol import ChatRequest, Completion
 from reef.testing.artifacts import random_lora
 
@@ -274,3 +276,33 @@ def test_a_state_layout_it_cannot_read_gives_the_lane_up_and_loses_no_request(
     assert prefill["weights"] is None and "layout" in prefill["disabled"]
     for answer, request in zip(answers, [failing, continued], strict=True):
         same_answer(answer, fresh("same", request))  # read on Q4_1 alone, as `same` reads it
+
+
+def test_a_copy_auto_made_that_cannot_be_opened_leaves_the_served_weights_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncated copy in the cache: the engine serves, and the next start makes it again."""
+    broken = tmp_path / "f32.gguf"
+    broken.write_bytes(embedded_model_path().read_bytes()[:4096])
+    (tmp_path / VERDICT).write_text("{}")
+    monkeypatch.setattr(engine_module, "prefill_path", lambda *_args: broken)
+
+    async def scenario() -> tuple[dict[str, Any], Completion]:
+        engine = make("auto")
+        await engine.start()
+        try:
+            return engine.prefill, await engine.complete(chat(PROMPT + " K."))
+        finally:
+            await engine.close()
+
+    prefill, answer = asyncio.run(scenario())
+    assert prefill["weights"] is None and prefill["handed_over"] == 0
+    assert answer.usage is not None and answer.usage["completion_tokens"] >= 1
+    assert not (tmp_path / VERDICT).exists()
+
+
+def test_a_named_file_that_cannot_be_opened_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    broken = tmp_path / "copy.gguf"
+    broken.write_bytes(embedded_model_path().read_bytes()[:4096])
+    with pytest.raises(EngineUnavailable, match=r"cannot open .*copy\.gguf.*set auto or same"):
+        asyncio.run(make(broken).start())

@@ -50,7 +50,7 @@ from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_tokens
 from reef.engines.llamacpp.handover import PrefillLane
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
-from reef.engines.llamacpp.prefill_weights import PrefillSetting, prefill_path
+from reef.engines.llamacpp.prefill_weights import PrefillSetting, forget_copy, prefill_path
 from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
 from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
 from reef.engines.llamacpp.weights import Repack, load_model
@@ -247,10 +247,31 @@ class LlamaCppEngine:
         )
 
     def _prefill_lane(self, threads: ThreadChoice) -> PrefillLane | None:
-        """A context on the weights `prefill_weights` names, to read prompts on, or None."""
+        """A context on the weights `prefill_weights` names, to read prompts on, or None. A copy
+        `auto` made that cannot be opened serves nothing: the served weights read prompts, and
+        the next start makes the copy again. A file the user named must open."""
         path = prefill_path(self.model_path, self.prefill_weights, self._model, self.n_threads)
         if path is None:
             return None
+        try:
+            return self._open_lane(path, threads)
+        except (ValueError, RuntimeError, EngineUnavailable) as error:
+            if self.prefill_weights != "auto":
+                if isinstance(error, EngineUnavailable):
+                    raise
+                raise EngineUnavailable(
+                    f"engine.llamacpp.prefill_weights: llama.cpp cannot open {path} ({error}): "
+                    "name a GGUF of the served model, or set auto or same"
+                ) from error
+            log.warning(
+                "llama.cpp: the copy %s cannot be opened (%s): the served weights read prompts",
+                path,
+                error,
+            )
+            forget_copy(path)
+            return None
+
+    def _open_lane(self, path: Path, threads: ThreadChoice) -> PrefillLane:
         model = load_model(path, self.repack)
         try:
             _same_shape(self._model, model, path)

@@ -75,15 +75,17 @@ def _auto(served: Path, model: Any, n_threads: int, folder: Path) -> Path | None
         log.info("llama.cpp: %s reads prompts on its own weights (16-bit or more)", served.name)
         return None
     place = folder / f"{served.stem}-{_identity(served)}"
-    verdict = _read_verdict(place / VERDICT)
+    verdict = read_verdict(place / VERDICT)
     if verdict is None:
         try:
             place.mkdir(parents=True, exist_ok=True)
             with _locked(place / ".lock"):  # engines starting together make the copies once
-                verdict = _read_verdict(place / VERDICT) or _choose(
+                verdict = read_verdict(place / VERDICT) or _choose(
                     served, place, weights, n_threads
                 )
-        except (OSError, ReefError) as error:  # a copy that cannot be made stops no serving
+        # A copy that cannot be made or timed (llama.cpp raises ValueError for a file it cannot
+        # load, RuntimeError for a read that fails) stops no serving.
+        except (OSError, ValueError, RuntimeError, ReefError) as error:
             log.warning(
                 "llama.cpp: no copy of %s to read prompts (%s): the served weights read them",
                 served.name,
@@ -118,8 +120,10 @@ def _choose(served: Path, place: Path, weights: int, n_threads: int) -> dict[str
 
     free = _free_memory()
     rates: dict[str, float] = {}
+    short_of_memory = False
     for kind, width in CANDIDATES.items():
         if free is not None and width * weights > MEMORY_SHARE * free:
+            short_of_memory = True
             log.warning(
                 "llama.cpp: no %s copy of %s to read prompts: it would take %.1f GB of the %.1f "
                 "GB free",
@@ -130,7 +134,7 @@ def _choose(served: Path, place: Path, weights: int, n_threads: int) -> dict[str
             )
             continue
         copy = place / f"{kind}.gguf"
-        partial = place / f"{kind}.partial"
+        partial = place / f"{kind}.partial-{os.getpid()}"  # no lock without fcntl: never shared
         convert(served, kind, partial, n_threads)
         os.replace(partial, copy)
         rates[kind] = prompt_rate(copy, n_threads)
@@ -141,7 +145,9 @@ def _choose(served: Path, place: Path, weights: int, n_threads: int) -> dict[str
         if kind != chosen:
             (place / f"{kind}.gguf").unlink(missing_ok=True)
     verdict = {"served_tokens_per_s": served_rate, "copies_tokens_per_s": rates, "chosen": chosen}
-    partial = place / f"{VERDICT}.partial"
+    if short_of_memory and chosen is None:
+        return verdict  # not kept: a later start, with more memory free, tries again
+    partial = place / f"{VERDICT}.partial-{os.getpid()}"
     partial.write_text(json.dumps(verdict, indent=2) + "\n")
     os.replace(partial, place / VERDICT)
     return verdict
@@ -190,24 +196,40 @@ def prompt_rate(path: Path, n_threads: int) -> float:
 
 
 def _identity(path: Path) -> str:
+    """The served file (its path, size and time) and the llama.cpp that timed its copies: another
+    llama.cpp has other kernels, and the verdict is made again."""
+    import llama_cpp
+
     stat = path.stat()
-    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{llama_cpp.__version__}"
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def _read_verdict(record: Path) -> dict[str, Any] | None:
-    """The verdict kept for these copies, if it can be read and its copy is still there."""
+def read_verdict(record: Path) -> dict[str, Any] | None:
+    """The verdict kept for these copies, if it reads as one `_choose` writes and its copy is
+    still there; anything else (a corrupt or edited file) is no verdict, and is made again."""
     try:
         verdict = json.loads(record.read_text())
-        float(verdict["served_tokens_per_s"])
-        chosen, rates = verdict["chosen"], dict(verdict["copies_tokens_per_s"])
-    except (OSError, ValueError, KeyError, TypeError):
+        chosen, rates = verdict["chosen"], verdict["copies_tokens_per_s"]
+        numbers = [verdict["served_tokens_per_s"], *rates.values()]
+        well_formed = (
+            set(rates) <= set(CANDIDATES)
+            and all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers)
+            and (chosen is None or (chosen in CANDIDATES and chosen in rates))
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if chosen is not None and (
-        chosen not in rates or not (record.parent / f"{chosen}.gguf").is_file()
-    ):
+    if not well_formed:
+        return None
+    if chosen is not None and not (record.parent / f"{chosen}.gguf").is_file():
         return None
     return verdict
+
+
+def forget_copy(copy: Path) -> None:
+    """Drop the verdict that chose `copy` (one `auto` made), so the next start makes it again:
+    a copy llama.cpp could not load."""
+    (copy.parent / VERDICT).unlink(missing_ok=True)
 
 
 def _free_memory() -> int | None:
