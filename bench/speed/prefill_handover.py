@@ -4,7 +4,8 @@
 
 In one run, Reef's engine as it serves (4 slots, threads chosen per block) with
 `prefill_weights: same` (the baseline: today's engine, every token on the shipped Q4_1) and
-`auto` (a BF16 copy reads the prompt, handover.py), each in a process of its own:
+`auto` (the copy `auto` chose, BF16 or F32, reads the prompt: handover.py), each in a process
+of its own:
 
 - **speed**: seconds to the first token of a cold 2,000- and 4,600-token prompt (pi's first
   request is 4,600), an agent's next turn (the 4,600 cached and 300 new tokens), decode

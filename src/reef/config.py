@@ -144,8 +144,9 @@ class LlamaCppConfig(_Section):
     # state folder holds one for this very file (engines/llamacpp/prepare.py). false: the file.
     prepared: bool = True
     # Which weights read prompts before the served ones decode them (engines/llamacpp/handover.py):
-    # auto, a BF16 copy made once and kept in the user's cache, where it reads prompts faster
-    # here; same, the served weights; or the path of a GGUF of the same model in another format.
+    # auto, a BF16 or F32 copy made once and kept in the user's cache, where it reads prompts
+    # faster here; same, the served weights; or the path of a GGUF of the same model in another
+    # format.
     prefill_weights: str = "auto"
 
 

@@ -1,5 +1,5 @@
 """The machine's cache folder, shared by every project: copies of models made once (a float32
-copy for training, a BF16 copy that reads prompts). `$REEF_CACHE_DIR`, else
+copy for training, a BF16 or F32 copy that reads prompts). `$REEF_CACHE_DIR`, else
 `$XDG_CACHE_HOME/reef`, else `~/.cache/reef`."""
 
 from __future__ import annotations
