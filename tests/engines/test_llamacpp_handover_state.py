@@ -1,5 +1,6 @@
 """The hand-over's pieces that need no model: a sequence's KV state moved between contexts of
-different stream counts, and the `prefill_weights` setting."""
+different stream counts, the `prefill_weights` setting and its kept verdict, and the slots'
+record once the lane is given up."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from reef.engines.llamacpp.handover import HandOverFailed, restream
@@ -17,6 +19,7 @@ from reef.engines.llamacpp.prefill_weights import (
     prefill_path,
     read_verdict,
 )
+from reef.engines.llamacpp.slots import BLOCK, SlotTable
 from reef.errors import EngineUnavailable
 
 HEADER = b"\xd8\x3c\x14\xaf" + struct.pack("<I", 2)  # the 8 bytes llama.cpp writes first
@@ -126,3 +129,21 @@ def test_a_copy_that_cannot_be_opened_is_forgotten(tmp_path: Path) -> None:
     record = kept(tmp_path, GOOD)
     forget_copy(tmp_path / "f32.gguf")
     assert not record.exists()
+
+
+def test_a_distrusted_slot_reuses_nothing_until_it_is_emptied() -> None:
+    """A prompt handed over before the lane was given up finishes its last block after: its
+    logits must not answer the same prompt again, which a cold read gives other numbers."""
+    prompt = list(range(3 * BLOCK + 5))
+    table = SlotTable(memory=None, n_slots=1)
+    (slot,) = table.slots
+    slot.evaluated(prompt[: 3 * BLOCK], whole_block=True)  # read on the lane, handed over
+    table.distrust()  # the lane is given up
+    slot.evaluated(prompt[3 * BLOCK :], whole_block=False)  # the last block, on Q4_1
+    slot.prompt_evaluated(np.zeros(8))
+    assert slot.reusable(prompt, None) == 0
+    slot.trim(0)  # taken again, emptied
+    slot.evaluated(prompt[: 3 * BLOCK], whole_block=True)
+    slot.evaluated(prompt[3 * BLOCK :], whole_block=False)
+    slot.prompt_evaluated(np.zeros(8))
+    assert slot.reusable(prompt, None) == len(prompt)

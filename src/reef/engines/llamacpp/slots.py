@@ -42,10 +42,13 @@ class Slot:
     # those tokens are: a request with that very prompt needs nothing evaluated.
     prompt_logits: np.ndarray | None = None
     prompt_length: int = 0
+    # Read in part on weights that no longer read prompts (the prefill lane, given up): nothing
+    # it holds is reused, even what a prompt now running in it finishes reading, until emptied.
+    distrusted: bool = False
 
     def reusable(self, prompt: list[int], adapter: Path | None) -> int:
         """How many leading tokens of `prompt` this slot can serve from its cache."""
-        if adapter != self.adapter:
+        if adapter != self.adapter or self.distrusted:
             return 0
         if self.holds_whole(prompt):
             return len(prompt)
@@ -67,6 +70,8 @@ class Slot:
 
     def prompt_evaluated(self, last_logits: np.ndarray) -> None:
         """The prompt the slot's tokens now hold is evaluated; keep a copy of its last logits."""
+        if self.distrusted:
+            return
         self.prompt_logits = np.array(last_logits, copy=True)
         self.prompt_length = len(self.tokens)
 
@@ -74,6 +79,7 @@ class Slot:
         """Keep the first `kept` tokens' record (the cache cells are trimmed by the caller)."""
         del self.tokens[kept:]
         self.exact = min(self.exact, kept)
+        self.distrusted = self.distrusted and kept > 0
         if kept < self.prompt_length:
             self.prompt_logits, self.prompt_length = None, 0
 
@@ -142,7 +148,7 @@ class SlotTable:
         """No slot's cache is reused again: it was read on weights that no longer read prompts
         (a cold read would give other numbers). Its cells go when the slot is next taken."""
         for slot in self.slots:
-            slot.exact = 0
+            slot.distrusted = True
             slot.prompt_logits, slot.prompt_length = None, 0
 
     def release(self, slot: Slot) -> None:
