@@ -2,8 +2,10 @@
 
 A Hugging Face folder loads directly. A GGUF file (the embedded default) goes through transformers'
 GGUF loader, which dequantises every tensor and parses the vocabulary: about 25 s for SmolLM2-135M.
-That happens once per file: the result is saved under `cache_dir/<first 16 hex of the file's
-sha256>/` as an ordinary Hugging Face folder (safetensors), which later loads in under a second.
+That happens once per file and reader: the result is saved under `cache_dir/<first 16 hex of the
+file's sha256>-<DEQUANTISED_BY>/` as an ordinary Hugging Face folder (safetensors), which later
+loads in under a second. Another transformers, or another `_dequantise`, makes its own copy: a
+copy an older reader made is never loaded as this one's.
 The cache folder appears by one rename, so a killed first load leaves no half-written cache.
 """
 
@@ -64,6 +66,17 @@ def load_base(model_path: Path, cache_dir: Path, progress: Progress | None = Non
     )
 
 
+# Bump when `_dequantise` writes something else: copies made before are then made again.
+DEQUANTISE_REVISION = 1
+
+
+def dequantised_by() -> str:
+    """What made a cached copy: the transformers that read the GGUF and `_dequantise`'s revision."""
+    import transformers
+
+    return f"transformers{transformers.__version__}-r{DEQUANTISE_REVISION}"
+
+
 def gguf_digest(path: Path) -> str:
     """The first 16 hex digits of the file's sha256: the name of its cache folder."""
     digest = hashlib.sha256()
@@ -75,9 +88,12 @@ def gguf_digest(path: Path) -> str:
 
 def _cached_folder(gguf: Path, cache_dir: Path, say: Progress) -> Path:
     say(f"hashing {gguf.name}")
-    folder = cache_dir / gguf_digest(gguf)
+    digest = gguf_digest(gguf)
+    folder = cache_dir / f"{digest}-{dequantised_by()}"
     if (folder / "config.json").is_file():
         return folder
+    for older in cache_dir.glob(f"{digest}*"):  # the same file's copies by other readers
+        shutil.rmtree(older, ignore_errors=True)
     say(f"dequantising {gguf.name} (about 25 s, once: cached in {folder})")
     partial = cache_dir / f".{folder.name}.partial-{uuid.uuid4().hex[:8]}"
     try:

@@ -75,6 +75,13 @@ def test_the_gguf_base_is_cached_once_and_reloads_fast(
     assert first.weights == again.weights == tmp_path / base.weights.name
     assert [path.name for path in tmp_path.iterdir()] == [base.weights.name]  # no partial left
     assert not any("dequantising" in message for message in messages)
+    # Another reader (transformers, or `_dequantise` revised) makes its own copy, and the
+    # copy of the reader before goes.
+    monkeypatch.setattr(training_base, "DEQUANTISE_REVISION", training_base.DEQUANTISE_REVISION + 1)
+    revised = load_base(gguf_path, tmp_path)
+    assert made == [gguf_path, gguf_path]
+    assert [path.name for path in tmp_path.iterdir()] == [revised.weights.name]
+    assert revised.weights.name != base.weights.name
     ids = torch.tensor([[1, 4093, 198, 26843, 665, 2]], device=base.model.device)
     with torch.no_grad():
         assert torch.equal(again.model(input_ids=ids).logits, base.model(input_ids=ids).logits)
