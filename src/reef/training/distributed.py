@@ -228,7 +228,7 @@ def _spawn(job: RankJob, processes: int, args: tuple[Any, ...], on_step: OnStep 
     Rank 0 reports each step's loss over a queue, and `on_step` is called here as they come.
     A rank that fails ends the others, and its traceback is raised here
     (`torch.multiprocessing.ProcessRaisedException`)."""
-    method = _start_method()
+    method = _start_method(job)
     messages = mp.get_context(method).Queue()
     port = _free_port()
     threads = max(1, torch.get_num_threads() // processes)  # the ranks share this process's CPUs
@@ -259,14 +259,17 @@ def _spawn(job: RankJob, processes: int, args: tuple[Any, ...], on_step: OnStep 
 RANK_MODULES = ["reef.training.lora", "reef.training.policy", "reef.training.distill"]
 
 
-def _start_method() -> str:
+def _start_method(job: RankJob) -> str:
     """forkserver where the platform has it: the ranks fork from a server process that imported
     torch, transformers and peft once (about 5 s of CPU a rank, each run, when spawned afresh).
     The server only imports, never trains, so no torch thread pool is running when a rank
-    forks; it lives as long as this process. Where there is no forkserver (Windows): spawn."""
+    forks; it lives as long as this process. It starts with the environment of the first run
+    (OMP_WAIT_POLICY, read as torch loads, is the learning worker's from its start), and ranks
+    set their thread count themselves. Where there is no forkserver (Windows): spawn."""
     if "forkserver" not in mp.get_all_start_methods():
         return "spawn"
-    mp.set_forkserver_preload(RANK_MODULES)  # read when the server starts: once per process
+    # Read when the server starts, once per process: the first job's module is loaded too.
+    mp.set_forkserver_preload(list(dict.fromkeys([*RANK_MODULES, job.__module__])))
     return "forkserver"
 
 
