@@ -3,6 +3,9 @@ changes, so that runs of different commits read the same tokens."""
 
 from __future__ import annotations
 
+# Thousands of one-letter words: a prompt of any length whose tokens no chat template merges.
+WORDS = ("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 800).split()
+
 
 def conversation(agent: str) -> list[dict[str, str]]:
     """About 2,000 tokens: a long system prompt of tool rules, and a long task description."""

@@ -38,71 +38,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import random
-import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.common.attention_paths import PATHS, AttentionPath, prompt_seconds
 from bench.common.formats import N_THREADS, PROMPTS, format_copies
+from bench.common.processes import in_own_process
 from bench.common.results import OUT
-from reef.engines.llamacpp.context import GGML_CACHE_TYPES, read_blocks
 from reef.engines.llamacpp.convert import FORMATS
 from reef.engines.llamacpp.prepare import speed
-from reef.engines.llamacpp.weights import model_params
 
 SHORT = (512, 1024)  # tokens: two prompts, in whole blocks of every path, to fit the per-token cost
-
-
-@dataclass(frozen=True)
-class AttentionPath:
-    name: str
-    block: int  # tokens per llama_decode
-    flash: bool
-    cache_k: str
-    cache_v: str
-
-
-PATHS = (
-    AttentionPath("reef", 64, False, "q8_0", "f16"),
-    AttentionPath("flash", 512, True, "f16", "f16"),
-)
-
-
-def prompt_seconds(path: Path, attention: AttentionPath, tokens: int, rounds: int) -> float:
-    """The best of `rounds` timings of one `tokens`-long prompt read from an empty cache."""
-    import llama_cpp
-    from llama_cpp import _logger
-
-    _logger.set_verbose(False)
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params())
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = tokens + 256
-    params.n_batch = params.n_ubatch = attention.block
-    params.n_threads = params.n_threads_batch = N_THREADS
-    params.type_k = GGML_CACHE_TYPES[attention.cache_k]
-    params.type_v = GGML_CACHE_TYPES[attention.cache_v]
-    params.flash_attn_type = (
-        llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if attention.flash
-        else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    )
-    context = llama_cpp.llama_init_from_model(model, params)
-    try:
-        best = float("inf")
-        for round_ in range(rounds):
-            draw = random.Random(round_)  # tokens of ordinary words, another prompt each round
-            prompt = [draw.randrange(1000, 40000) for _ in range(tokens)]
-            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context), True)
-            started = time.perf_counter()
-            read_blocks(context, prompt, attention.block)
-            best = min(best, time.perf_counter() - started)
-        return best
-    finally:
-        llama_cpp.llama_free(context)
-        llama_cpp.llama_model_free(model)
 
 
 def measure(path: Path, attention: AttentionPath, rounds: int) -> dict[str, Any]:
@@ -133,11 +80,9 @@ def main() -> None:
     paths = format_copies(options.formats, "q4_1")
     results: dict[str, dict[str, Any]] = {}
     engine: dict[str, dict[str, float]] = {}  # prompt tokens/s through Reef's engine
-    context = multiprocessing.get_context("spawn")
     for name, path in paths.items():
         for attention in PATHS:
-            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:  # as one serve
-                figures = pool.submit(measure, path, attention, options.rounds).result()
+            figures = in_own_process(measure, path, attention, options.rounds)
             results[f"{name} {attention.name}"] = figures
             print(f"measured {name} on the {attention.name} path", flush=True)
         engine[name] = {

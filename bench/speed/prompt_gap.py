@@ -21,18 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from bench.common.attention_paths import PATHS, prompt_seconds
 from bench.common.formats import format_copies
+from bench.common.processes import in_own_process
+from bench.common.prompts import WORDS
 from bench.common.results import OUT
-from bench.speed.prompt_ceiling import PATHS, prompt_seconds
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "engine as served (4 slots, thread choice)": {},
@@ -40,7 +40,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "thread choice off": {"adaptive_threads": False},
     "one slot, thread choice off": {"slots": 1, "adaptive_threads": False},
 }
-WORDS = ("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 800).split()
 
 
 def engine_rate(path: Path, settings: dict[str, Any], tokens: int, rounds: int) -> float:
@@ -76,12 +75,6 @@ def engine_rate(path: Path, settings: dict[str, Any], tokens: int, rounds: int) 
 def direct_rate(path: Path, tokens: int, rounds: int) -> float:
     """llama.cpp's own prompt tokens/s with the engine's settings (`prompt_ceiling`'s path)."""
     return tokens / prompt_seconds(path, PATHS[0], tokens, rounds)
-
-
-def in_own_process(function: Any, *args: Any) -> Any:
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(function, *args).result()
 
 
 def main() -> None:

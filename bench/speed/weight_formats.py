@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bench.common.formats import N_THREADS, PROMPTS, format_copies
 from bench.common.gate_timing import paired
+from bench.common.processes import in_own_process
 from bench.common.results import OUT
 from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path
 from reef.engines.llamacpp.convert import FORMATS
@@ -73,11 +72,9 @@ def main() -> None:
     source = embedded_model_path()
     paths = format_copies(options.formats, "q4_1 (shipped)")
     results: dict[str, Any] = {}
-    context = multiprocessing.get_context("spawn")
     for name, path in paths.items():
         started = time.perf_counter()
-        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:  # as one serve
-            results[name] = pool.submit(measure, path, source, options.rounds).result()
+        results[name] = in_own_process(measure, path, source, options.rounds)
         print(f"measured {name} in {time.perf_counter() - started:.0f} s", flush=True)
     base = results["q4_1 (shipped)"]
     print(f"\nweight formats, {N_THREADS} threads, ratios against the shipped Q4_1 in this run:")
