@@ -42,9 +42,8 @@ def cache_dir() -> Path:
     return user_cache_dir() / "prefill"
 
 
-def parse_setting(value: str | Path) -> PrefillSetting:
-    if isinstance(value, Path):
-        return value
+def parse_setting(value: str) -> PrefillSetting:
+    """The setting as configured: auto, same, or a path (`~` expanded)."""
     if value in ("auto", "same"):
         return value  # type: ignore[return-value]
     return Path(value).expanduser()
