@@ -192,6 +192,10 @@ class ReleasesConfig(_Section):
     # whose heartbeat was missed three times (its process died or froze) is ended by any
     # replica, which looks as often: rejected, its records returned.
     heartbeat_s: float = Field(10.0, gt=0)
+    # After each swap, this many of the release's own gate tasks are answered again through the
+    # live engine and compared with the answers the gate judged (`reef.daemon.release_probe`):
+    # a release that does not serve as judged is flagged. 0: no probe.
+    probe_tasks: int = Field(3, ge=0, le=64)
 
 
 class TrainingConfig(_Section):
@@ -315,6 +319,10 @@ class GateConfig(_Section):
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
     # Judge by agent episodes instead of chat answers (`EpisodeGateConfig`); None: chat only.
     episodes: EpisodeGateConfig | None = None
+    # A harness change an agent proposed (`POST /reef/harness/proposals`, any inference token):
+    # hold: evaluated, then held for a human whatever the gate says; gate: the gate decides, as
+    # for a recipe's candidate (the scenario opts in to agents changing what it serves).
+    agent_proposals: Literal["hold", "gate"] = "hold"
 
     def rule_for(self, group: str) -> GroupRule:
         named = self.groups.get(group)

@@ -115,7 +115,7 @@ def test_the_base_shadows_a_share_of_a_release_s_calls_on_the_same_stream(
     with reef_in_process(tmp_path, ScriptedEngine(STORY_TOLD)) as server:
         workflow = server.state.workflow
         proposed = workflow.propose("default", "harness", {"settings.json": b'{"max_tokens": 3}'})
-        assert workflow.approve(proposed.id).release_id == "default@1"
+        assert workflow.approve(proposed.id, force=True).release_id == "default@1"
         until(lambda: release_serving(server.url) == "default@1")
         answered = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": STORY})
         assert answered.json()["choices"][0]["message"]["content"] == "Once upon a"

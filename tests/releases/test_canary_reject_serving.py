@@ -54,7 +54,7 @@ def test_after_a_reject_no_session_is_served_by_the_canary(tmp_path: Path) -> No
     with reef_in_process(tmp_path, ScriptedEngine(by_tree)) as server:
         workflow = server.state.workflow
         stable = workflow.propose("default", "harness", {"AGENTS.md": b"You are stable."})
-        assert workflow.approve(stable.id).release_id == "default@1"
+        assert workflow.approve(stable.id, force=True).release_id == "default@1"
         candidate = workflow.propose("default", "harness", {"AGENTS.md": b"You are CANARY."})
         on_canary = workflow.canaries.start(candidate.id, 50)
         until(lambda: release_serving(server.url) == on_canary.release_id)

@@ -16,7 +16,8 @@ from reef.errors import Conflict
 from reef.evaluation.runner import model_generate
 from reef.inference.model import LocalModel
 from reef.releases.chain import ReleaseConflict, read_folder
-from reef.releases.workflow import GateScoredWorse, ReleaseWorkflow, StaleCandidate
+from reef.releases.door import GateScoredWorse
+from reef.releases.workflow import ReleaseWorkflow, StaleCandidate
 from reef.store import ExperienceStore
 from reef.testing.artifacts import harness
 from reef.testing.processes import ServerProcess
@@ -157,13 +158,12 @@ def test_a_candidate_built_on_a_moved_head_is_refused_and_regated_on_the_new_one
         workflow.approve(second.id)  # built on base; the head is now default@1
     assert isinstance(no.value, ReleaseConflict)  # the CLI's exit 3
     assert workflow.candidates.get(second.id).state == "held"  # refused: nothing moved
-    old, new = workflow.rebase(second.id)
-    assert old.state == "rejected" and new.id in (old.decision or "")
-    assert new.base_release_id == "default@1" and new.state == "proposed"
-    assert read_folder(new.folder)["AGENTS.md"] == b"B.\n"
     generate = model_generate(LocalModel(engine), workflow.eval_settings("default"))
-    regated = asyncio.run(workflow.gate(new, generate))
-    assert regated.state == "held"
+    old, regated = asyncio.run(workflow.regate(second.id, generate))
+    assert old.state == "rejected" and regated.id in (old.decision or "")
+    assert old.evaluation == second.evaluation  # the evidence stays with the superseded one
+    assert regated.base_release_id == "default@1" and regated.state == "held"
+    assert read_folder(regated.folder)["AGENTS.md"] == b"B.\n"
     assert workflow.approve(regated.id).release_id == "default@2"
 
 
@@ -226,7 +226,7 @@ def test_decided_candidate_folders_beyond_retention_are_pruned(
     waiting = propose(4)
     folders = {p.name for p in (config.state_dir / "candidates").iterdir()}
     assert folders == {decided[2], decided[3], waiting}  # the two newest decided, and the open
-    workflow.approve(waiting)
+    workflow.approve(waiting, force=True)  # never evaluated: a named decision
     folders = {p.name for p in (config.state_dir / "candidates").iterdir()}
     assert folders == {decided[3], waiting}
 

@@ -30,7 +30,7 @@ def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         with ExperienceStore(config.experience_db) as store:
             workflow = ReleaseWorkflow(config, store)
             candidate = workflow.propose("default", "harness", {"AGENTS.md": b"Be helpful.\n"})
-            workflow.approve(candidate.id)
+            workflow.approve(candidate.id, force=True)
         yield server
 
 

@@ -280,7 +280,8 @@ def approve(
     as_json: JsonOption = False,
 ) -> None:
     """Release a held candidate, or promote one on a canary. One the gate scored worse than
-    what serves needs --force; exit 3 if the head moved since (then `reef release regate`)."""
+    what serves, or never evaluated, needs --force; exit 3 if the head moved since (then
+    `reef release regate`)."""
     with _workflow(config) as workflow:
         candidate = workflow.approve(candidate_id, reason, force)
     _report_candidate(candidate, as_json)
@@ -294,12 +295,12 @@ def regate(
 ) -> None:
     """Gate a held candidate again against its scenario's head (one built on a head that has
     moved since): proposed anew on the head, keeping the parts released meanwhile, and gated
-    with the model loaded here; the old candidate ends as superseded."""
+    with the model loaded here, on the tasks its first gate had; the old candidate ends as
+    superseded once the new evaluation is complete (interrupted, it stays as it was)."""
     with _workflow(config) as workflow:
-        old, candidate = workflow.rebase(candidate_id)
-        if not as_json:
-            console.print(f"{old.id}: {old.decision}", highlight=False, soft_wrap=True)
-        candidate = asyncio.run(_run_gate(workflow, candidate))
+        old, candidate = asyncio.run(_regate(workflow, candidate_id))
+    if not as_json:
+        console.print(f"{old.id} ({old.state}): {old.decision}", highlight=False, soft_wrap=True)
     _report_candidate(candidate, as_json)
     if candidate.state == "rejected":
         raise typer.Exit(1)
@@ -309,13 +310,19 @@ def regate(
 def canary(
     candidate_id: str,
     share: Annotated[int, typer.Option(help="Percent of sessions the candidate serves.")] = 10,
+    reason: Annotated[str | None, typer.Option(help="Why, for the release's record.")] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Though the gate scored it worse, or never evaluated it."),
+    ] = False,
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Put a held candidate on a canary: SHARE percent of sessions, judged on their reports
-    (`gate.canary`), promoted or rolled back automatically; approve or reject ends it early."""
+    (`gate.canary`), promoted or rolled back automatically; approve or reject ends it early.
+    One the gate scored worse, or never evaluated, needs --force, as `approve` does."""
     with _workflow(config) as workflow:
-        candidate = workflow.canaries.start(candidate_id, share)
+        candidate = workflow.canary(candidate_id, share, reason, force)
     _report_candidate(candidate, as_json)
 
 
@@ -351,13 +358,16 @@ def rollback(
     to: Annotated[
         str | None, typer.Option(help="Release to return to (default: the previous).")
     ] = None,
+    reason: Annotated[str | None, typer.Option(help="Why, for the release's record.")] = None,
     expected_head: ExpectedHeadOption = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Publish a new release equal to an earlier one (every part: harness and adapter)."""
     with _workflow(config) as workflow:
-        release = workflow.chain.rollback(scenario, to, expected_head=expected_head or CURRENT_HEAD)
+        release = workflow.chain.rollback(
+            scenario, to, reason, expected_head=expected_head or CURRENT_HEAD
+        )
     _report_release(release, as_json)
 
 
@@ -398,8 +408,9 @@ def publish(
         fail(f"--kind must be one of {', '.join(ARTIFACT_KINDS)}", code=2)
     with _workflow(config) as workflow:
         candidate = workflow.propose(scenario, kind, read_folder(folder), "cli", reason)
-        if approve_now:
-            candidate = workflow.approve(candidate.id, reason or "published with --approve")
+        if approve_now:  # the admin's named decision to skip the gate: said in the release
+            said = reason or "published with --approve"
+            candidate = workflow.approve(candidate.id, said, force=True)
         else:
             candidate = asyncio.run(_run_gate(workflow, candidate))
     _report_candidate(candidate, as_json)
@@ -429,6 +440,25 @@ async def _run_gate(workflow: ReleaseWorkflow, candidate: Candidate) -> Candidat
             return await workflow.gate(candidate, generate, lambda _: progress.advance(bar))
 
 
+async def _regate(workflow: ReleaseWorkflow, candidate_id: str) -> tuple[Candidate, Candidate]:
+    """Re-gate with the model loaded first: an interrupt while it loads leaves the old
+    candidate as it was and proposes nothing."""
+    config: ReefConfig = workflow.config
+    old = workflow.candidates.get(candidate_id)
+    if config.gate_for(old.scenario).policy == "always":
+        return await workflow.regate(candidate_id, _no_generation)
+    async with open_model(config) as model:
+        columns = (
+            TextColumn("evaluating {task.description} on " + model.name),
+            BarColumn(),
+            MofNCompleteColumn(),
+        )
+        with Progress(*columns, console=console, transient=True) as progress:
+            bar = progress.add_task(candidate_id, total=None)
+            generate = model_generate(model, workflow.eval_settings(old.scenario))
+            return await workflow.regate(candidate_id, generate, lambda _: progress.advance(bar))
+
+
 async def _no_generation(*_: Any) -> str:
     raise AssertionError("the `always` policy evaluates nothing")
 
@@ -449,8 +479,10 @@ def _report_candidate(candidate: Candidate, as_json: bool) -> None:
         console.print(f"  {candidate.decision}", highlight=False, soft_wrap=True)
     if candidate.release_id and candidate.state == "canary":
         console.print(f"  [cyan]on a canary[/] as {candidate.release_id}", highlight=False)
-    elif candidate.release_id:
+    elif candidate.release_id and candidate.state == "released":
         console.print(f"  [green]released[/] as {candidate.release_id}", highlight=False)
+    elif candidate.release_id:  # a canary that ended without being promoted
+        console.print(f"  [red]rolled back[/]: its canary {candidate.release_id} stopped serving")
 
 
 def _report_release(release: Release, as_json: bool) -> None:

@@ -303,7 +303,7 @@ class Canaries:
         if head is None or head.release_id != canary_release:
             now = head.release_id if head else "none"
             moved = f"its canary {canary_release} stopped serving: the head is now {now}"
-            return self.reject(candidate, ("canary",), moved, None, NOT_JUDGED)
+            return self.reject(candidate, ("canary",), moved, candidate.evaluation, NOT_JUDGED)
         if promote:
             return self._promote(candidate, canary_release, why)
         return self._roll_back(candidate, canary_release, why)
@@ -330,7 +330,8 @@ class Canaries:
             self.chain.publish(candidate.scenario, "harness", {}, canary_release, reason=reason)
         else:
             self.chain.rollback(candidate.scenario, stable, reason, expected_head=canary_release)
-        return self.reject(candidate, ("canary",), f"canary: {why}", None, JUDGED)
+        rolled_back = f"canary rolled back: {why}"
+        return self.reject(candidate, ("canary",), rolled_back, candidate.evaluation, JUDGED)
 
 
 def _check_startable(candidate: Candidate, share: int, allowed_from: tuple[str, ...]) -> None:

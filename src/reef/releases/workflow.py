@@ -58,14 +58,15 @@ from reef.releases.chain import (
     read_folder,
     scenario_of,
 )
-from reef.releases.gate import decide
+from reef.releases.door import enter
+from reef.releases.gate import Decision, decide
 from reef.releases.gating import CandidateEvaluation, GatePromptShown
 from reef.releases.housekeeping import Housekeeping, evaluator_running, mark_used
 from reef.releases.remote import RemoteUnreachable
 from reef.releases.shadowing import SHADOW
 from reef.scenario import check_scenario
 from reef.store import ExperienceStore
-from reef.store.candidates import Candidate, CandidateStore
+from reef.store.candidates import AGENT_SOURCE, Candidate, CandidateStore
 from reef.tracing import Tracing, set_on, traced
 
 log = logging.getLogger("reef.releases")
@@ -97,12 +98,6 @@ class CandidateRefused(ReefError):
     code = "candidate_refused"
 
 
-class GateScoredWorse(Conflict):
-    """A human approves a candidate the gate scored worse than what served, without --force."""
-
-    code = "gate_scored_worse"
-
-
 class StaleCandidate(ReleaseConflict):
     """A candidate evaluated against a release that no longer heads its scenario."""
 
@@ -120,26 +115,6 @@ class StaleCandidate(ReleaseConflict):
 
 # A candidate a human may still decide on, and so re-gate.
 REGATABLE = ("held", "proposed", SHADOW)
-
-
-def scored_worse(evaluation: dict[str, Any] | None) -> str | None:
-    """What a candidate's gate evaluation says it loses against what served, in words (its
-    mean below the current one's, tasks it lost), or None when it lost nothing."""
-    if not evaluation:
-        return None
-    candidate, current = evaluation.get("candidate_mean"), evaluation.get("current_mean")
-    lost = list(evaluation.get("lost") or [])
-    said = []
-    if (
-        isinstance(candidate, int | float)
-        and isinstance(current, int | float)
-        and candidate < current
-    ):
-        said.append(f"scored {candidate:.3f} against the current {current:.3f}")
-    if lost:
-        named = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
-        said.append(f"lost {len(lost)} task(s): {named}")
-    return " and ".join(said) or None
 
 
 class ReleaseWorkflow:
@@ -375,7 +350,10 @@ class ReleaseWorkflow:
             why = f"evaluation failed: {_named(error)}"
             return self._end_evaluation(candidate, why, reconcile=False)
         outcome, why = decide(self.config.gate_for(candidate.scenario), report)
+        outcome, why = self._held_if_an_agents(candidate, outcome, why)
         evaluation = report.summary() if report else None
+        if evaluation is not None and extra_tasks:  # for a re-gate on the same tasks
+            evaluation[GATE_TASKS] = [task.model_dump() for task in extra_tasks]
         if outcome == "rejected":
             return self._reject(candidate, ("evaluating",), why, evaluation, judged=True)
         if outcome == "canary":
@@ -387,6 +365,22 @@ class ReleaseWorkflow:
             )
         # In a thread: a publish may take long (an LFS push), and the loop goes on meanwhile.
         return await asyncio.to_thread(self._publish, candidate, why, evaluation, fence)
+
+    def _held_if_an_agents(
+        self, candidate: Candidate, outcome: Decision, why: str
+    ) -> tuple[Decision, str]:
+        """An agent's proposal waits for a human whatever the gate says, unless its scenario
+        opts in (`gate.agent_proposals: gate`): any inference token can propose."""
+        gate = self.config.gate_for(candidate.scenario)
+        if candidate.source != AGENT_SOURCE or gate.agent_proposals == "gate":
+            return outcome, why
+        if outcome in ("released", "canary"):
+            said = f"the gate would have {'released' if outcome == 'released' else 'canaried'} it"
+            return "held", (
+                f"{why}; {said}, but an agent proposed it: held for a human "
+                "(gate.agent_proposals: hold)"
+            )
+        return outcome, why
 
     def _publish(
         self,
@@ -506,21 +500,18 @@ class ReleaseWorkflow:
         self, candidate_id: str, reason: str | None = None, force: bool = False
     ) -> Candidate:
         """A human releases a held (or not yet evaluated) candidate or one in shadow, or
-        promotes a canary. One the gate scored worse than what served is refused unless
-        `force`, saying what it loses; one built on a head that has moved since is refused,
-        saying to re-gate it (`rebase`, then a gate: `reef release regate`)."""
+        promotes a canary, through the one door (`reef.releases.door`): one the gate scored
+        worse than what served, or never evaluated whole, is refused unless `force`, saying
+        what it would override, and the release's reason says it was forced. One built on a
+        head that has moved since is refused, saying to re-gate it (`regate`)."""
         candidate = self.candidates.get(candidate_id)
         why = reason or "approved by a human"
+        road = "promote" if candidate.state == "canary" else "approve"
+        forced = enter(candidate, road, force)
+        if forced:
+            why += f" ({forced})"
         if candidate.state == "canary":
             return self.canaries.end(candidate_id, promote=True, why=why)
-        worse = scored_worse(candidate.evaluation)
-        if worse and not force:
-            raise GateScoredWorse(
-                f"candidate {candidate_id} {worse}: approve it with --force (HTTP: "
-                '"force": true) to release it anyway'
-            )
-        if worse:
-            why += f" (forced: it {worse})"
         try:
             approved = self._release(
                 candidate.id,
@@ -534,6 +525,18 @@ class ReleaseWorkflow:
         self.housekeeping.prune_candidates()
         return approved
 
+    def canary(
+        self, candidate_id: str, share: int, reason: str | None = None, force: bool = False
+    ) -> Candidate:
+        """A human puts a held candidate on a canary, through the same door as `approve`: a
+        canary serves real sessions, so one the gate scored worse needs `force` here too."""
+        candidate = self.candidates.get(candidate_id)
+        why = reason or "put on a canary by a human"
+        forced = enter(candidate, "put on a canary", force)
+        if forced:
+            why += f" ({forced})"
+        return self.canaries.start(candidate_id, share, why)
+
     def reject(self, candidate_id: str, reason: str) -> Candidate:
         """A human rejects a candidate, or rolls a canary back; its evaluation is kept beside
         the reviewer's reason."""
@@ -546,11 +549,11 @@ class ReleaseWorkflow:
         self.housekeeping.prune_candidates()
         return rejected
 
-    def rebase(self, candidate_id: str) -> tuple[Candidate, Candidate]:
+    def rebase(self, candidate_id: str) -> Candidate:
         """A held candidate proposed again on its scenario's head, to be gated against it: the
         parts it changed from its own base, the head's parts it did not touch (a release since
-        may have brought an adapter or a harness it must keep). The old candidate is ended as
-        superseded, its records handed to the new one. (old, new)."""
+        may have brought an adapter or a harness it must keep). The old candidate is left as it
+        is: `regate` supersedes it once the new one's evaluation is complete."""
         old = self.candidates.get(candidate_id)
         if old.state not in REGATABLE:
             raise Conflict(
@@ -567,7 +570,7 @@ class ReleaseWorkflow:
             self.chain.files(base) if base else {},
             self.chain.files(head.release_id) if head else {},
         )
-        new = self.propose(
+        return self.propose(
             old.scenario,
             kind,
             files,
@@ -576,12 +579,35 @@ class ReleaseWorkflow:
             consumed_record_ids=old.consumed_record_ids,
             metrics={**(old.metrics or {}), "regated_from": old.id},
         )
+
+    async def regate(
+        self,
+        candidate_id: str,
+        generate: Generate,
+        on_task: Callable[[TaskResult], None] | None = None,
+    ) -> tuple[Candidate, Candidate]:
+        """Gate a held candidate again against its scenario's head, on the tasks its first
+        gate had beside the scenario's (the held-out calls, a recipe's own): proposed anew
+        (`rebase`) and gated. Only once the new evaluation is complete is the old candidate
+        ended as superseded; an interrupted or failed one leaves the old candidate as it was,
+        and the new one rejected, unjudged. (old, new)."""
+        old = self.candidates.get(candidate_id)
+        extra = gate_tasks_of(old)
+        new = self.rebase(candidate_id)
+        try:
+            new = await self.gate(new, generate, on_task, extra_tasks=extra)
+        finally:
+            if self.candidates.get(new.id).state == "proposed":  # interrupted before its gate
+                why = "re-gate interrupted before its evaluation"
+                self._reject(self.candidates.get(new.id), ("proposed",), why, None, judged=False)
+        if new.unjudged:
+            return self.candidates.get(candidate_id), new
+        head = new.base_release_id or "base"
         ended = self.candidates.move(
             old.id,
             REGATABLE,
             "rejected",
-            decision=f"superseded: re-gated against {head.release_id if head else 'base'} "
-            f"as {new.id}",
+            decision=f"superseded: re-gated against {head} as {new.id} ({new.state})",
             evaluation=old.evaluation,
             records_returned=False,
         )
@@ -653,6 +679,21 @@ class ReleaseWorkflow:
             unjudged=False,
             records_returned=False,
         )
+
+
+GATE_TASKS = "extra_tasks"  # in an evaluation: the tasks its gate had beside the scenario's
+
+
+def gate_tasks_of(candidate: Candidate) -> list[EvalTask]:
+    """The tasks a candidate's gate evaluated beside its scenario's own (held-out calls, the
+    recipe's), for a re-gate to judge it on the same."""
+    return gate_tasks_of_evaluation(candidate.evaluation)
+
+
+def gate_tasks_of_evaluation(evaluation: dict[str, Any] | None) -> list[EvalTask]:
+    """The tasks an evaluation's gate had beside its scenario's own."""
+    kept = (evaluation or {}).get(GATE_TASKS) or []
+    return [EvalTask.model_validate(task) for task in kept if isinstance(task, dict)]
 
 
 def _records_return(candidate: Candidate) -> str:

@@ -98,10 +98,11 @@ class HttpSource:
         scenario = self.candidate(candidate_id).row.scenario
         self._call("POST", f"/reef/scenarios/{scenario}/candidates/{candidate_id}/shadow")
 
-    def canary(self, candidate_id: str, share: int) -> str:
+    def canary(self, candidate_id: str, share: int, force: bool = False) -> str:
         scenario = self.candidate(candidate_id).row.scenario
         path = f"/reef/scenarios/{scenario}/candidates/{candidate_id}/canary"
-        return str(self._call("POST", path, json={"share": share})["release_id"])
+        body = {"share": share, "reason": "put on a canary in reef review", "force": force}
+        return str(self._call("POST", path, json=body)["release_id"])
 
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str:
         body = {"to": to, "expected_head": expected_head}

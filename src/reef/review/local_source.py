@@ -92,9 +92,10 @@ class LocalSource:
         with _decision():
             start_shadow(self.workflow.candidates, candidate_id)
 
-    def canary(self, candidate_id: str, share: int) -> str:
+    def canary(self, candidate_id: str, share: int, force: bool = False) -> str:
         with _decision():
-            return self.workflow.canaries.start(candidate_id, share).release_id or ""
+            why = "put on a canary in reef review"
+            return self.workflow.canary(candidate_id, share, why, force).release_id or ""
 
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str:
         with _decision():

@@ -53,8 +53,9 @@ class ReviewSource(Protocol):
         """Have a held candidate answer copies of live calls, never heard."""
         ...
 
-    def canary(self, candidate_id: str, share: int) -> str:
-        """Put a held candidate on `share` percent of sessions; returns the canary's release."""
+    def canary(self, candidate_id: str, share: int, force: bool = False) -> str:
+        """Put a held candidate on `share` percent of sessions (one the gate scored worse, or
+        never evaluated, only with `force`); returns the canary's release."""
         ...
 
     def rollback(self, scenario: str, to: str, expected_head: str | None) -> str: ...

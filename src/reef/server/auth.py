@@ -49,9 +49,23 @@ TREE_HEADER = b"x-reef-episode-tree"
 GRANT_HEADERS = (b"x-reef-scenario", b"x-reef-session", b"x-reef-capture", TREE_HEADER)
 
 
+# Where the middleware says whether the caller holds the admin token (or no token is configured),
+# for a route that needs it only for some bodies (`POST /reef/scenarios` with a release).
+ADMIN_STATE = "reef_admin"
+
+
 def needs_admin(method: str, path: str) -> bool:
     """Changing what a scenario serves (approve, reject, roll back) takes the admin token."""
     return method == "POST" and path.startswith(ADMIN_PREFIX)
+
+
+def caller_is_admin(scope: Scope) -> bool:
+    """Whether this request's caller may change what a scenario serves."""
+    return bool(scope.get("state", {}).get(ADMIN_STATE, False))
+
+
+def _as(scope: Scope, admin: bool) -> Scope:
+    return {**scope, "state": {**scope.get("state", {}), ADMIN_STATE: admin}}
 
 
 def token_matches(provided: str, tokens: list[str]) -> bool:
@@ -106,6 +120,9 @@ class BearerAuth:
             return
         open_route = scope["type"] != "http" or scope["path"] in OPEN_PATHS
         if open_route or not (self.tokens or self.admin_tokens):
+            unguarded = not (self.tokens or self.admin_tokens)  # loopback, every route open
+            if scope["type"] == "http":
+                scope = _as(scope, unguarded)
             await self.app(scope, receive, send)
             return
         provided = provided_token(scope)
@@ -129,7 +146,7 @@ class BearerAuth:
                 scope,
             )
         else:
-            await self.app(scope, receive, send)
+            await self.app(_as(scope, admin), receive, send)
 
     async def _internal(self, scope: Scope, receive: Receive, send: Send) -> None:
         provided = _bearer(scope)

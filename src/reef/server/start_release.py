@@ -14,9 +14,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reef.errors import Conflict, ReefError
+from reef.errors import Conflict, Forbidden, ReefError
 from reef.inference.binding import BASE_RELEASE
-from reef.server.auth import INFERENCE_PATHS, refuse
+from reef.server.auth import INFERENCE_PATHS, caller_is_admin, refuse
 from reef.server.state import ServerState, scenario_from
 
 HEADER = "x-reef-release-id"
@@ -36,22 +36,28 @@ class BindStartRelease:
             if wanted:
                 try:
                     scenario = scenario_from(headers)
-                    await run_in_threadpool(bind_start, self.state, scenario, wanted.strip())
+                    admin = caller_is_admin(scope)
+                    await run_in_threadpool(
+                        bind_start, self.state, scenario, wanted.strip(), admin
+                    )
                 except ReefError as error:
                     await refuse(send, error, scope)
                     return
         await self.app(scope, receive, send)
 
 
-def bind_start(state: ServerState, scenario: str, wanted: str) -> None:
+def bind_start(state: ServerState, scenario: str, wanted: str, admin: bool = True) -> None:
     """Create `scenario` from `wanted` if it is new, or check that it started from `wanted`
-    (blocking: the store, and git for a new scenario's first release)."""
+    (blocking: the store, and git for a new scenario's first release). Starting a scenario
+    on a release makes that release serve: only an `admin` caller may."""
     chain, scenarios = state.workflow.chain, state.scenarios
     with scenarios.lock:
         head = chain.head(scenario)
         started = scenarios.start_release(scenario)
         if head is None and scenario not in scenarios.created:
             if wanted != BASE_RELEASE:
+                if not admin:
+                    raise Forbidden(start_needs_admin(scenario, wanted))
                 chain.get(wanted)  # a 404 naming an unknown release
                 reason = f"scenario created by a call's {HEADER}"
                 head = chain.promote(wanted, scenario, reason, expected_head=None)
@@ -65,3 +71,11 @@ def bind_start(state: ServerState, scenario: str, wanted: str) -> None:
                 f"the header, send {bound}, or name a new scenario to start one from {wanted}",
                 code="start_release_mismatch",
             )
+
+
+def start_needs_admin(scenario: str, release_id: str) -> str:
+    """Why a caller without the admin token cannot start `scenario` on `release_id`."""
+    return (
+        f"starting scenario {scenario!r} on {release_id} makes that release serve, which needs "
+        "an admin token: send the value of REEF_ADMIN_TOKEN, or start it from the model alone"
+    )

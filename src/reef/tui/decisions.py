@@ -38,11 +38,13 @@ def decidable(
 
 
 def canary_consequence(row: CandidateRow, head: str | None) -> str:
-    return (
+    serves = (
         f"{row.id} will serve this percent of {row.scenario}'s sessions, the rest staying on "
         f"{head or 'the base model'}; their reports will promote it or roll it back "
         "(gate.canary). Share of sessions, in percent:"
     )
+    against = against_the_gate(row)
+    return f"{against} {serves}" if against else serves
 
 
 def shadow_consequence(row: CandidateRow) -> str:
@@ -71,8 +73,16 @@ def approve_consequence(row: CandidateRow, head: str | None) -> str:
         f"{row.scenario} will serve {row.id} ({row.kind}) as a new release on top of "
         f"{head or 'the base model'}, which stops serving."
     )
+    against = against_the_gate(row)
+    return f"{against} {serves}" if against else serves
+
+
+def against_the_gate(row: CandidateRow) -> str | None:
+    """What the reviewer's yes overrides (it is the --force), in words, or None."""
+    if row.current_mean is None or row.candidate_mean is None:
+        return "The gate never evaluated it."
     worse = scored_worse(row)
-    return f"The gate scored it worse: it {worse}. {serves}" if worse else serves
+    return f"The gate scored it worse: it {worse}." if worse else None
 
 
 def scored_worse(row: CandidateRow) -> str | None:
@@ -179,7 +189,8 @@ class DecisionFlow:
             return
         share = int(answer)
         await self._decide(
-            lambda: self.source.canary(row.id, share),
+            # Told in the dialog what it loses, the reviewer's share is the --force.
+            lambda: self.source.canary(row.id, share, force=True),
             lambda release: f"{row.id} serves {share}% of {row.scenario}'s sessions ({release})",
         )
 

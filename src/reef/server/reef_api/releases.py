@@ -29,6 +29,9 @@ class ApproveBody(BaseModel):
 class CanaryBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     share: int | None = Field(None, ge=1, le=99)  # none: the scenario's gate.canary.share
+    reason: str | None = Field(None, max_length=2000)
+    # Put on a canary a candidate the gate scored worse, or never evaluated (refused without).
+    force: bool = False
 
 
 class RejectBody(BaseModel):
@@ -123,7 +126,9 @@ async def canary(request: Request) -> Response:
     candidate_id = request.path_params["candidate_id"]
     await run_in_threadpool(_same_scenario, state, candidate_id, scenario)
     share = body.share or state.config.gate_for(scenario).canary.share
-    candidate = await run_in_threadpool(state.workflow.canaries.start, candidate_id, share)
+    candidate = await run_in_threadpool(
+        state.workflow.canary, candidate_id, share, body.reason, body.force
+    )
     return JSONResponse(candidate.to_json())
 
 

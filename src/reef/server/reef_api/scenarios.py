@@ -18,10 +18,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reef.config import LearningPlan
-from reef.errors import BadRequest, Conflict
+from reef.errors import BadRequest, Conflict, Forbidden
 from reef.scenario import check_scenario, scenario_named
+from reef.server.auth import caller_is_admin
 from reef.server.http import parse, read_json
 from reef.server.reef_api.records import REPORT_ID, recipe_name
+from reef.server.start_release import start_needs_admin
 from reef.server.state import ServerState
 from reef.store.learning import queue_instruction, queue_instruction_once
 
@@ -65,6 +67,8 @@ async def create_scenario(request: Request) -> Response:
     state = _state(request)
     body = parse(CreateScenario, await read_json(request, state.config.server.max_body_bytes))
     name = scenario_named(request.headers, check_scenario(body.name), "the body's name")
+    if body.release_id is not None and not caller_is_admin(request.scope):
+        raise Forbidden(start_needs_admin(name, body.release_id))
     answer, created = await run_in_threadpool(_create, state, name, body.release_id)
     return JSONResponse(answer, status_code=201 if created else 200)
 
