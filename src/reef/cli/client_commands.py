@@ -88,6 +88,18 @@ def status(
             name, serving.get(name, "base"), str(counts["records"]), str(counts["reports"])
         )
     console.print(table)
+    for name, found in sorted((data.get("release_mismatch") or {}).items()):
+        example = (found.get("examples") or [{}])[0]
+        said = (
+            f"{found['mismatched']} of {found['probed']} gate task(s) answer otherwise "
+            f"(e.g. {example.get('task', '?')}: judged {example.get('judged', '')[:60]!r}, "
+            f"served {example.get('served', '')[:60]!r})"
+        )
+        console.print(
+            f"[red]{escape(name)}: {escape(found['release_id'])} does not serve as judged[/]: "
+            + escape(said),
+            highlight=False,
+        )
     scenarios = data.get("learning", {}).get("scenarios", {})
     learning = _learning_table(scenarios)
     if learning.row_count:

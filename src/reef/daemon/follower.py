@@ -10,6 +10,10 @@ tried again every few seconds (a missing git-lfs can be installed meanwhile).
 A head with full weights (a checkpoint release) has them loaded by the engine, beside what it
 serves, before its binding replaces the old one: requests keep going to the old weights while the
 new ones load, and those in flight finish on them (`LlamaCppEngine.load_checkpoint`).
+
+Once a release is swapped in, a few of its own gate tasks are answered again through the live
+engine (`reef.daemon.release_probe`): a release that does not answer as its gate judged is
+flagged as a mismatch.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import asyncio
 import logging
 import time
 
+from reef.daemon import release_probe
 from reef.engines.base import LoadsCheckpoints
 from reef.inference.binding import Binding
+from reef.releases.chain import Release
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.releases")
@@ -62,7 +68,8 @@ class HeadFollower:
         state = self.state
         started = time.perf_counter()
         try:
-            binding = state.workflow.binding(state.workflow.chain.head(scenario))
+            head = state.workflow.chain.head(scenario)
+            binding = state.workflow.binding(head)
             self._load_weights(binding)
         except Exception as error:
             self.retry_at[scenario] = time.monotonic() + RETRY_BROKEN_SECONDS
@@ -78,6 +85,8 @@ class HeadFollower:
         if self.loaded and (before is None or before.release_id != binding.release_id):
             state.metrics.switches.labels(scenario).inc()
             state.metrics.switch_seconds.labels(scenario).observe(time.perf_counter() - started)
+            if head is not None:
+                self._probe(scenario, head, binding)
         self.serving_commits[scenario] = commit
         self.retry_at.pop(scenario, None)
         self._clear(scenario)
@@ -93,6 +102,26 @@ class HeadFollower:
         for checkpoint in dict.fromkeys(b.checkpoint for b in served if b.checkpoint):
             loading = engine.load_checkpoint(checkpoint)
             asyncio.run_coroutine_threadsafe(loading, self._loop).result()
+
+    def _probe(self, scenario: str, release: Release, binding: Binding) -> None:
+        """Answer some of the release's gate tasks through the live engine, on the event loop,
+        without holding up the follower; a release that cannot be probed clears any flag."""
+        plan = release_probe.probe_plan(self.state, release, binding)
+        if plan is None or self._loop is None:
+            nothing = release_probe.ProbeResult(release.release_id, probed=0)
+            release_probe.record(self.state, scenario, nothing)
+            return
+
+        async def probe_and_record() -> None:
+            try:
+                found = await release_probe.probe(self.state, release, binding, plan)
+            except Exception as error:  # the engine is busy or stopping: nothing is claimed
+                log.warning("could not probe %s after its swap: %s", release.release_id, error)
+                return
+            if self.state.bindings.get(scenario) is binding:  # still what serves
+                release_probe.record(self.state, scenario, found)
+
+        asyncio.run_coroutine_threadsafe(probe_and_record(), self._loop)
 
     def _report(self, scenario: str, message: str) -> None:
         errors = self.state.release_errors

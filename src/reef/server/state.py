@@ -48,6 +48,9 @@ class ServerState:
     bindings: dict[str, Binding] = field(default_factory=dict)
     # Why a scenario's head could not be served (scenario -> message); replaced whole.
     release_errors: dict[str, str] = field(default_factory=dict)
+    # Scenarios whose release answers its own gate tasks otherwise than the gate judged after
+    # its swap (`reef.daemon.release_probe`): scenario -> what the probe found; replaced whole.
+    release_mismatch: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The latest verdict of each running canary this server judges (candidate id -> Verdict).
     canaries: dict[str, Verdict] = field(default_factory=dict)
     # Candidates answering copies of live calls, once serving.

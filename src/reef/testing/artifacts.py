@@ -29,8 +29,11 @@ def random_lora(
     seed: int = 0,
     n_embd: int = 576,
     layers: int = 4,
+    targets: tuple[str, ...] = ("attn_q", "attn_output"),
 ) -> Path:
-    """A LoRA adapter for SmolLM2-135M in llama.cpp's GGUF adapter format, random weights.
+    """A LoRA adapter for SmolLM2-135M in llama.cpp's GGUF adapter format, random weights, on
+    the `targets` of the first `layers` blocks (`KV_TARGETS`: the keys and values a prompt
+    leaves in the cache, as a trained adapter's are).
 
     Big enough to change the model's answers; written with the `gguf` package.
     """
@@ -42,7 +45,7 @@ def random_lora(
     writer.add_type("adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", float(rank))
-    for name, tensor in random_lora_tensors(rank, scale, seed, n_embd, layers).items():
+    for name, tensor in random_lora_tensors(rank, scale, seed, n_embd, layers, targets).items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -67,17 +70,27 @@ def random_checkpoint(folder: Path, rank: int = 8, scale: float = 0.5, seed: int
     return folder
 
 
+KV_TARGETS = ("attn_k", "attn_v")  # the projections whose output the KV cache holds
+SMOLLM2_KV_WIDTH = 192  # SmolLM2-135M's keys and values: 3 KV heads of 64
+
+
 def random_lora_tensors(
-    rank: int = 8, scale: float = 0.5, seed: int = 0, n_embd: int = 576, layers: int = 4
+    rank: int = 8,
+    scale: float = 0.5,
+    seed: int = 0,
+    n_embd: int = 576,
+    layers: int = 4,
+    targets: tuple[str, ...] = ("attn_q", "attn_output"),
 ) -> dict[str, np.ndarray]:
-    """lora_a and lora_b of the first `layers` blocks' attn_q and attn_output, seeded."""
+    """lora_a and lora_b of the first `layers` blocks' `targets`, seeded."""
     rng = np.random.default_rng(seed)
     tensors = {}
     for layer in range(layers):
-        for tensor in ("attn_q", "attn_output"):
+        for tensor in targets:
             name = f"blk.{layer}.{tensor}.weight"
+            width = SMOLLM2_KV_WIDTH if tensor in KV_TARGETS else n_embd
             a = (rng.standard_normal((rank, n_embd)) * scale).astype(np.float32)
             tensors[f"{name}.lora_a"] = a
-            b = (rng.standard_normal((n_embd, rank)) * scale).astype(np.float32)
+            b = (rng.standard_normal((width, rank)) * scale).astype(np.float32)
             tensors[f"{name}.lora_b"] = b
     return tensors

@@ -284,12 +284,13 @@ class LlamaCppEngine:
     @property
     def prefill(self) -> dict[str, Any]:
         """The file whose weights read prompts (None: the served ones), why it was given up if
-        it was, the prompts read on it and handed over, and the seconds spent reading on it and
-        moving KV to and from slots."""
+        it was, the adapters whose prompts it cannot read (and why), the prompts read on it and
+        handed over, and the seconds spent reading on it and moving KV to and from slots."""
         lane = self._lane
         return {
             "weights": str(lane.model_path) if lane and not lane.disabled else None,
             "disabled": lane.disabled if lane else None,
+            "not_on_lane": {str(k): v for k, v in lane.not_on_lane.items()} if lane else {},
             "handed_over": lane.handed_over if lane else 0,
             "reading_s": round(lane.reading_s, 3) if lane else 0.0,
             "moving_s": round(lane.moving_s, 3) if lane else 0.0,

@@ -23,6 +23,12 @@ last block left reads it at once. A background job (a shadow's copy) stands stil
 requests run, so a live prompt takes the lane from one, which is stopped as it would be for its
 slot (`Preempted`). A state that cannot be moved (a llama.cpp whose layout `restream` does not
 know) gives the lane up: that prompt and every later one are read on the decoding weights.
+
+A LoRA adapter changes the keys and values a prompt leaves in the cache, so the lane reads every
+block under the adapter the request is served with (`take`, `evaluate`), loaded on the lane's
+weights as on the served ones. An adapter the lane's weights cannot load (`holds` is False) is
+never half applied: its prompts are read whole on the served weights, and the engine's status
+names it (`not_on_lane`).
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ class PrefillLane:
         self.owner: object | None = None  # the prompt the lane is lent to
         self.tokens: list[int] = []  # the tokens whose KV the lane's sequence holds
         self.adapter: Path | None = None  # the LoRA adapter they were read under
+        self.not_on_lane: dict[Path, str] = {}  # adapters the lane's weights cannot load, why
         self.handed_over = 0  # prompts read on the lane and handed to a slot
         self.disabled: str | None = None  # why the lane was given up, if it was
         self.reading_s = 0.0  # seconds spent reading blocks on the lane
@@ -137,6 +144,20 @@ class PrefillLane:
     @property
     def free(self) -> bool:
         return self.owner is None
+
+    def holds(self, adapter: Path | None) -> bool:
+        """Whether prompts served under `adapter` can be read on the lane: it loads there (once;
+        one that cannot is remembered, and its prompts are read on the served weights)."""
+        if adapter is None:
+            return True
+        if adapter in self.not_on_lane:
+            return False
+        try:
+            self.adapters.load(adapter)
+        except Exception as error:  # llama.cpp refused it on these weights
+            self.not_on_lane[adapter] = str(error)
+            return False
+        return True
 
     def take(
         self,

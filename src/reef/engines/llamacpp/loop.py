@@ -287,7 +287,11 @@ class DecodeLoop:
         budget = self._prompt_budget
         for sequence in [s for s in self._advancing() if s.prefilling]:
             while sequence.prefilling and budget > 0:
-                on_lane = self._lane is not None and not sequence.at_last_block
+                on_lane = (
+                    self._lane is not None
+                    and not sequence.at_last_block
+                    and self._lane.holds(sequence.job.adapter)
+                )
                 if on_lane and not self._holds_lane(sequence):
                     break  # another prompt reads on the lane: this one waits its turn
                 block = sequence.next_block()

@@ -168,6 +168,15 @@ class ReleaseCollector:
         for scenario in sorted(state.release_errors):
             errors.add_metric([scenario], 1)
         yield errors
+        mismatch = GaugeMetricFamily(
+            f"{PREFIX}release_mismatch",
+            "1 while a scenario's release, probed after its swap, answers its own gate tasks "
+            "otherwise than the gate judged (it serves something else than what was released)",
+            labels=["scenario"],
+        )
+        for scenario in sorted(state.bindings):
+            mismatch.add_metric([scenario], 1 if scenario in state.release_mismatch else 0)
+        yield mismatch
         yield from self._canaries()
         yield from self._shadows()
         yield from self._teachers()

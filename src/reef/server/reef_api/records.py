@@ -223,6 +223,8 @@ async def status(request: Request) -> Response:
             "uptime_s": round(time.time() - state.started_at, 3),
             "serving": {name: b.release_id for name, b in sorted(state.bindings.items())},
             "release_errors": dict(sorted(state.release_errors.items())),
+            # Releases that, probed after their swap, answer otherwise than their gate judged.
+            "release_mismatch": dict(sorted(state.release_mismatch.items())),
             # Scenarios whose release routes calls between arms: its policy's arms.
             "routing": {
                 name: _routing_status(b.routing)
