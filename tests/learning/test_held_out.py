@@ -9,9 +9,12 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from reef.config import load_config
-from reef.evaluation.held_out import held_out
+from reef.evaluation.held_out import held_out, leaked, shown_prompts
 from reef.evaluation.runner import model_generate
+from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.model import LocalModel
 from reef.learning.plans import LoadedPlan
 from reef.learning.worker import LearningWorker
@@ -128,3 +131,38 @@ def test_a_session_opening_with_a_held_out_prompt_is_held_out_whole(tmp_path: Pa
     assert [t.prompt for t in view.turns()] == [LEARNED]
     assert [t.answer_text for t in view.held_out] == ["Rome.", "Lyon."]
     assert (view.counts.held_out, view.counts.waiting) == (2, 1)
+
+
+REPHRASED = [
+    ("What is 10 minus 4?", "What is 10 minus 4"),
+    ("What's the capital of France?", "What is the capital of France?"),
+    ("What colour is the sky?", "what color is the sky"),
+    ("Name a bird.", "Name a bird, please."),
+]
+
+
+@pytest.mark.parametrize(("asked", "rephrased"), REPHRASED)
+def test_a_rephrasing_falls_on_the_same_side_of_the_split_and_is_a_leak(
+    asked: str, rephrased: str
+) -> None:
+    """Issue 72: the split key was the prompt lower-cased, so a question mark put a prompt on
+    the other side, and an example answering a rephrasing of a gate prompt passed the leak
+    check."""
+    for seed in range(20):  # whichever side a seed puts it on, both go there
+        assert held_out(asked, 0.25, seed) == held_out(rephrased, 0.25, seed)
+    task = EvalTask(
+        id="held-out:x",
+        messages=[{"role": "user", "content": rephrased}],
+        scorer=ScorerSpec(type="regex", pattern="."),
+    )
+    assert leaked([task], shown_prompts([(asked, "An answer.")])) == [task]
+
+
+def test_other_questions_are_not_leaks() -> None:
+    shown = shown_prompts([("What is 10 minus 3?", "7."), ("Name a fish.", "A trout.")])
+    for other in ("What is 10 minus 4?", "Name a bird.", "What is the capital of Italy?"):
+        task = EvalTask(
+            messages=[{"role": "user", "content": other}],
+            scorer=ScorerSpec(type="regex", pattern="."),
+        )
+        assert leaked([task], shown) == [], other

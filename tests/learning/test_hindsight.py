@@ -227,3 +227,17 @@ def test_an_answer_that_only_repeats_the_question_keeps_no_fact_and_is_dropped()
     cheers = ScorerSpec(type="regex", pattern=r"Cheers\W*$")
     assert relabel([echo], no_model, cheers, samples=0, keep=1, revisions=0, dropped=dropped) == []
     assert dropped[NOTHING_MET] == 1 and dropped[CONTENT_CHECK] > 0
+
+
+def test_a_relabel_brings_no_new_number_and_no_private_data() -> None:
+    """Issue 72: "12 is the sum of 2 and 2, which is 4" was kept for "What is 2+2?" (12 was in
+    neither the question nor the first answer), and a user's card number was copied into an
+    example. A relabel changes the form, never adds content: both are dropped."""
+    sum_of = turn("End with the line: Cheers", answer="4", question="What is 2+2?")
+    hint = "End with the line: Cheers"
+    assert not facts_kept("12 is the sum of 2 and 2, which is 4.\n\nCheers", sum_of, hint)
+    assert facts_kept("2 + 2 is 4.\n\nCheers", sum_of, hint)
+    wrong = turn(hint, answer="10 minus 4 = 2", question="What is 10 minus 4?")
+    assert facts_kept("10 minus 4 is 6.\n\nCheers", wrong, hint)  # the result asked for
+    card = turn(hint, answer="Your card is on file.", question="Is my card 4111 1111 1111 1111 ok?")
+    assert not facts_kept("Your card 4111 1111 1111 1111 is on file.\n\nCheers", card, hint)

@@ -210,7 +210,7 @@ def test_an_agent_s_proposal_is_gated_at_the_next_step_before_the_recipe_is_aske
     tmp_path: Path, engine: Engine
 ) -> None:
     (tmp_path / "reef.yaml").write_text(
-        f"state_dir: {tmp_path}/.reef\ngate:\n  policy: always\n"
+        f"state_dir: {tmp_path}/.reef\ngate:\n  policy: always\n  agent_proposals: gate\n"
         "learning:\n  recipe: harness_evolve\n  proposer: rule\n  batch_size: 1\n"
     )
     config = load_config(tmp_path / "reef.yaml", env={})

@@ -6,8 +6,12 @@ keeps what the first answer said, and is wrong. What a program can verify it che
 no model: arithmetic. `wrong_fact(question, answer)` says what is wrong, or None when nothing
 checkable is:
 
-- every statement of the form `a op b = c` (or "is", "equals", "makes"; op one of + - * / x,
-  plus, minus, times, multiplied by, divided by) in the answer must hold;
+- every arithmetic statement in the answer must hold: two expressions joined by `=`, `==`,
+  "is", "equals", "makes", "gives", "leaves" or "is equal to", one of them with an operation
+  in it, each evaluated exactly (`arithmetic`: fractions, the order of operations, powers,
+  parentheses, percentages: "20% of 50"), after number words are read as digits (`text2num`:
+  "ten minus four is three") and worded operations as their signs ("take away", "the sum of 2
+  and 2", "to the power of");
 - an answer to an arithmetic question, written with its sign or in words ("What is 10 minus
   4?", "Subtract 4 from 10."), that states numbers must state the result (a number word from
   zero to twenty counts).
@@ -18,7 +22,10 @@ held to the gate's correctness tasks with them in context instead (`docs/recipes
 
 from __future__ import annotations
 
+import ast
+import operator as op
 import re
+from fractions import Fraction
 
 _NUMBER = r"-?\d+(?:\.\d+)?"
 _OPERATORS = {
@@ -41,7 +48,6 @@ _OPERATOR = "|".join(
     for op in sorted(_OPERATORS, key=len, reverse=True)
 )
 _EXPRESSION = rf"({_NUMBER})\s*({_OPERATOR})\s*({_NUMBER})"
-_CLAIM = re.compile(rf"{_EXPRESSION}\s*(?:=|\bis\b|\bequals\b|\bmakes\b|\bgives\b)\s*({_NUMBER})")
 _QUESTION = re.compile(_EXPRESSION, re.IGNORECASE)
 _WORDS = [
     "zero",
@@ -88,12 +94,89 @@ def _said(value: float) -> str:
 def wrong_claims(answer: str) -> list[str]:
     """The arithmetic statements of `answer` that do not hold, each with its right result."""
     wrong = []
-    for match in _CLAIM.finditer(answer.replace(",", "")):
-        left, operator, right, stated = match.groups()
-        value = computed(left, operator, right)
-        if value is not None and abs(value - float(stated)) > 1e-9:
-            wrong.append(f"{match.group(0).strip()} (it is {_said(value)})")
+    for left, right, said in _claims(_as_signs(answer)):
+        values = arithmetic(left), arithmetic(right)
+        if values[0] is not None and values[1] is not None and values[0] != values[1]:
+            operated = values[0] if _OPERATION.search(left) else values[1]
+            wrong.append(f"{said} (it is {_said(float(operated))})")
     return wrong
+
+
+# -- reading arithmetic in words ----------------------------------------------------------------
+
+# Worded operations, as their signs (after number words are digits): order matters, longest first.
+_AS_SIGNS = [
+    (re.compile(rf"\bthe (?:sum|total) of ({_NUMBER}) and ({_NUMBER})", re.I), r"(\1 + \2)"),
+    (re.compile(rf"\bthe product of ({_NUMBER}) and ({_NUMBER})", re.I), r"(\1 * \2)"),
+    (re.compile(rf"({_NUMBER})\s*(?:%|percent) of ({_NUMBER})", re.I), r"(\1 / 100 * \2)"),
+    (re.compile(r"\bto the power of\b|\braised to\b|\^", re.I), " ** "),
+    (re.compile(r"\bmultiplied by\b|\btimes\b|(?<=\d)\s*[x\u00d7]\s*(?=\d)", re.I), " * "),
+    (re.compile(r"\bdivided by\b|\u00f7", re.I), " / "),
+    (re.compile(r"\bplus\b|\badded to\b", re.I), " + "),
+    (re.compile(r"\bminus\b|\btake away\b|\u2212", re.I), " - "),
+    (re.compile(r"\bis equal to\b|\bequals\b|\bmakes\b|\bgives\b|\bleaves\b|==", re.I), " = "),
+]
+_ARITHMETIC = r"[\d.\s+\-*/()]+"
+_CLAIM_AT = re.compile(rf"({_ARITHMETIC})(?:=|\bis\b)({_ARITHMETIC})", re.I)
+_OPERATION = re.compile(r"\d\s*(?:\*\*|[+\-*/])\s*\(?\s*-?\d")
+
+
+def _as_signs(text: str) -> str:
+    from text_to_num import alpha2digit
+
+    text = alpha2digit(text.replace(",", ""), "en")
+    for pattern, sign in _AS_SIGNS:
+        text = pattern.sub(sign, text)
+    return text
+
+
+def _claims(text: str) -> list[tuple[str, str, str]]:
+    """The statements `left = right` of `text` (signs already read), one side at least with an
+    operation in it: (left, right, the statement as written here)."""
+    found = []
+    position = 0
+    while (match := _CLAIM_AT.search(text, position)) is not None:
+        left, right = match.group(1).strip(), match.group(2).strip().rstrip(".")
+        if left and right and (_OPERATION.search(left) or _OPERATION.search(right)):
+            found.append((left, right, " ".join(match.group(0).split()).rstrip(".")))
+        position = match.start(2)  # "2 + 2 = 4 = 5": the right side starts the next claim
+    return found
+
+
+_BINARY = {ast.Add: op.add, ast.Sub: op.sub, ast.Mult: op.mul, ast.Div: op.truediv}
+MAX_EXPONENT = 64  # "9 ** 9 ** 9" in an answer must not hang the learner
+
+
+def arithmetic(expression: str) -> Fraction | None:
+    """The exact value of an arithmetic expression (numbers, + - * / **, parentheses), or None
+    for anything else, a division by zero, or a power too large to be a claim."""
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    try:
+        return _value(tree.body)
+    except (ZeroDivisionError, ValueError, OverflowError):
+        return None
+
+
+def _value(node: ast.expr) -> Fraction | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return Fraction(str(node.value))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        inner = _value(node.operand)
+        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+    if not isinstance(node, ast.BinOp):
+        return None
+    left, right = _value(node.left), _value(node.right)
+    if left is None or right is None:
+        return None
+    if isinstance(node.op, ast.Pow):
+        if right.denominator != 1 or abs(right) > MAX_EXPONENT:
+            return None
+        return left ** int(right)
+    operation = _BINARY.get(type(node.op))
+    return None if operation is None else operation(left, right)
 
 
 # An operation asked in words rather than with its sign, with the order its operands take:

@@ -11,17 +11,30 @@ tasks for the recipes that have a scorer to judge them (`reef.sdk.recipe.Recipe.
 Good answers are held back apart, for the gate's replay (`reef.evaluation.replay`). The gate
 never asks a candidate a prompt its worked examples answer and the current release's do not
 (`shown_prompts`): such a candidate is refused.
+
+Prompts are compared by meaning, not by spelling: a prompt's key is its content words
+(`reef.evaluation.content`: numbers, and words that are not function words), sorted, so "What's
+the capital of France?" and "what is the capital of france" are one prompt, held out or learned
+from together. Two keys are the same prompt (`same_prompt`) when their numbers are the same and
+their words are near (`rapidfuzz`'s ratio at least `NEAR_RATIO`: "colour" and "color", a word
+added or dropped); the leak check and the worker's drop of tasks a step learned from ask that.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 
+from reef.evaluation.content import content_words
 from reef.evaluation.tasks import EvalTask
 from reef.protocol import message_text
 
 HELD_OUT_PREFIX = "held-out:"  # the id of a gate task made from a held-out call
+# What the split hashes beside the seed and the key. Named for the key by meaning (the split by
+# spelling hashed "held-out"); with it, bench.learning.preferences' six training prompts fall as
+# they did before (the capital of France and the sky's colour held out), so its figures compare.
+SPLIT_SALT = "held-out-by-meaning"
 
 
 def held_out(prompt: str, share: float, seed: int = 0) -> bool:
@@ -29,13 +42,53 @@ def held_out(prompt: str, share: float, seed: int = 0) -> bool:
     the prompts: 0 keeps none)."""
     if share <= 0:
         return False
-    digest = hashlib.sha256(f"held-out:{seed}:{prompt_key(prompt)}".encode()).digest()
+    digest = hashlib.sha256(f"{SPLIT_SALT}:{seed}:{split_key(prompt)}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < share
 
 
+NEAR_RATIO = 85  # rapidfuzz's ratio of two prompts' words at which they are one prompt
+# Words that ask politely and say nothing of what is asked: "Name a bird, please."
+COURTESY = frozenset({"please", "pls", "thanks", "thank", "kindly", "hey", "tell"})
+
+
 def prompt_key(text: str) -> str:
-    """A prompt as the leak check compares it: its words, lower-cased."""
-    return " ".join(text.lower().split())
+    """A prompt as the split and the leak check compare it: its content words, sorted (its
+    words, lower-cased, for a prompt with none: "Hi")."""
+    words = content_words(text) - COURTESY
+    return " ".join(sorted(words)) if words else " ".join(text.lower().split())
+
+
+def split_key(text: str) -> str:
+    """What the split hashes: the prompt's key with each word's spelling worn down to its
+    consonants ("colour" and "color" are "clr", "grey" and "gray" "gr"), so that near spellings
+    of one prompt fall on one side; a few other words collide too, which only keeps them
+    together."""
+    return " ".join(sorted(_skeleton(word) for word in prompt_key(text).split()))
+
+
+def _skeleton(word: str) -> str:
+    if word.isdigit():
+        return word
+    worn = word[0] + re.sub(r"[aeiouy]", "", word[1:])
+    return re.sub(r"(.)\1+", r"\1", worn)
+
+
+def same_prompt(key: str, other: str) -> bool:
+    """Whether two prompt keys ask the same: the same numbers, and near words."""
+    from rapidfuzz import fuzz
+
+    if key == other:
+        return True
+    numbers = [{w for w in k.split() if w.isdigit()} for k in (key, other)]
+    if numbers[0] != numbers[1]:
+        return False
+    words = [" ".join(w for w in k.split() if not w.isdigit()) for k in (key, other)]
+    return bool(words[0] and words[1]) and fuzz.ratio(words[0], words[1]) >= NEAR_RATIO
+
+
+def among(key: str, keys: Iterable[str]) -> bool:
+    """Whether `key` asks what one of `keys` asks."""
+    return any(same_prompt(key, other) for other in keys)
 
 
 def task_prompt(task: EvalTask) -> str:
@@ -52,5 +105,5 @@ def shown_prompts(examples: Iterable[tuple[str, str]]) -> set[str]:
 
 
 def leaked(tasks: list[EvalTask], shown: set[str]) -> list[EvalTask]:
-    """The tasks whose prompt the examples `shown` answer."""
-    return [task for task in tasks if shown and prompt_key(task_prompt(task)) in shown]
+    """The tasks whose prompt the examples `shown` answer, or a rephrasing of it."""
+    return [task for task in tasks if shown and among(prompt_key(task_prompt(task)), shown)]

@@ -13,6 +13,7 @@ import hashlib
 import statistics
 from typing import Any
 
+from reef.evaluation.private import first_private
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import response_text
 from reef.store import ExperienceStore
@@ -50,6 +51,8 @@ def replay_tasks(
     for record in store.scored_records(scenario):
         if not (held_back(record["id"]) and good(record, threshold)):
             continue
+        if first_private([record["request"].get("messages"), record["response"]]) is not None:
+            continue  # a gate's tasks and answers are shown to reviewers: no user's private data
         answer = response_text(record["response"])
         messages = record["request"].get("messages")
         if answer.strip() and messages:

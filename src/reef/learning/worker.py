@@ -40,7 +40,7 @@ from reef.artifacts import keep_serving_parts
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.engines import resolve_kind, served_model_path
 from reef.episodes.gate import EPISODE_TASK_PREFIX
-from reef.evaluation.held_out import prompt_key, task_prompt
+from reef.evaluation.held_out import among, prompt_key, task_prompt
 from reef.evaluation.runner import Generate, TaskResult, model_generate
 from reef.evaluation.tasks import EvalTask
 from reef.inference.binding import Binding
@@ -407,7 +407,7 @@ class LearningWorker:
         passes by remembering them), and the held-out calls' (`Recipe.held_out_tasks`), the
         newest `gate.held_out_tasks`."""
         learned = {prompt_key(turn.prompt) for t in batch for turn in t.turns}
-        own = [t for t in proposal.eval_tasks if prompt_key(task_prompt(t)) not in learned]
+        own = [t for t in proposal.eval_tasks if not among(prompt_key(task_prompt(t)), learned)]
         if len(own) < len(proposal.eval_tasks):
             log.info(
                 "%s: %d of %s's gate task(s) dropped: it learned from their prompts",
@@ -417,7 +417,7 @@ class LearningWorker:
             )
         newest = self.config.gate_for(view.scenario).held_out_tasks
         held = recipe.held_out_tasks(view.held_out)[-newest:] if newest else []
-        return [*own, *(t for t in held if prompt_key(task_prompt(t)) not in learned)]
+        return [*own, *(t for t in held if not among(prompt_key(task_prompt(t)), learned))]
 
     def _track(self, recipe: Recipe, proposed: Candidate, gated: Candidate) -> None:
         """The candidate's curves and its gate's decision, to `learning.trackers`."""
@@ -556,10 +556,13 @@ ANCHORS = 16  # questions outside the batch a step offers its recipe
 
 def signal_of(view: ExperienceView, dropped: Counter[str], learned_from: int) -> dict[str, Any]:
     """What became of a step's signal: the calls its candidate learned from, those held out for
-    the gate, and those dropped, by reason (stale, and what its recipe could not learn from)."""
+    the gate, and those dropped, by reason (stale, private data, and what its recipe could not
+    learn from)."""
     reasons = dict(dropped)
     if view.counts.stale_skipped:
         reasons["stale"] = view.counts.stale_skipped
+    if view.counts.private:
+        reasons["private data"] = view.counts.private
     return {"learned_from": learned_from, "held_out": view.counts.held_out, "dropped": reasons}
 
 

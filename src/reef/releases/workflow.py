@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from reef.artifacts import ROUTING_FILE, rebased
+from reef.artifacts import HARNESS, ROUTING_FILE, files_of, rebased
 from reef.config import ReefConfig
 from reef.errors import Conflict, ReefError
+from reef.evaluation.private import first_private
 from reef.evaluation.runner import (
     EvalSettings,
     Generate,
@@ -243,7 +244,8 @@ class ReleaseWorkflow:
         metrics: dict[str, Any] | None = None,
     ) -> Candidate:
         """Store a candidate built on the scenario's current head. An artifact that could not
-        serve (settings a request would refuse, a LoRA folder without an adapter) is stored as
+        serve (settings a request would refuse, a LoRA folder without an adapter), or a tree a
+        learner or an agent wrote that holds private data (`private_in_tree`), is stored as
         rejected, saying why, and refused with `CandidateRefused`."""
         check_scenario(scenario)
         for path in files:
@@ -266,6 +268,8 @@ class ReleaseWorkflow:
             binding_for(candidate.id, kind, folder, strict=True)
             if ROUTING_FILE in files:
                 check_policy(files[ROUTING_FILE].decode(errors="replace"), self._exists(scenario))
+            if source != HUMAN_SOURCE:
+                private_in_tree(files)
         except ReefError as error:
             candidate.state, candidate.decision = "rejected", f"refused: {error.message}"
             candidate.unjudged = candidate.records_returned = True  # broken, not the feedback
@@ -679,6 +683,22 @@ class ReleaseWorkflow:
             unjudged=False,
             records_returned=False,
         )
+
+
+HUMAN_SOURCE = "cli"  # a tree a human published: its support email is theirs to serve
+
+
+def private_in_tree(files: dict[str, bytes]) -> None:
+    """Refuse a tree whose text files hold private data: what a learner or an agent wrote is
+    served to every user of the scenario (`reef.evaluation.private`)."""
+    # The harness's files serve as text; weights were trained on records checked one by one.
+    for path, data in sorted(files_of(files, HARNESS).items()):
+        found = first_private(data.decode("utf-8", errors="replace"))
+        if found is not None:
+            raise CandidateRefused(
+                f"{path} holds private data ({found.masked}), which would be served to every "
+                "user of the scenario"
+            )
 
 
 GATE_TASKS = "extra_tasks"  # in an evaluation: the tasks its gate had beside the scenario's

@@ -48,7 +48,8 @@ from itertools import permutations
 from typing import Any, Literal
 
 from reef.evaluation.content import content_words, grounded
-from reef.evaluation.facts import wrong_fact
+from reef.evaluation.facts import expected_result, stated_numbers, wrong_fact
+from reef.evaluation.private import first_private
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import Completion, message_text
@@ -235,11 +236,24 @@ NO_FEEDBACK_TEXT = "no feedback text"  # a failing turn nobody said anything abo
 def facts_kept(answer: str, turn: Turn, hint: str) -> bool:
     """Whether a relabelled answer keeps to facts as far as a program can tell: it says
     something beyond the question's and the feedback's own words ("ice made of is ice." to
-    "What is ice made of?" says nothing), and nothing a checker finds wrong ("10 minus 4 = 2",
-    `reef.evaluation.facts`). Hindsight may change the form the feedback asked for, never
-    teach content the model got wrong."""
+    "What is ice made of?" says nothing), nothing a checker finds wrong ("10 minus 4 = 2",
+    `reef.evaluation.facts`), no number that neither the question, the first answer nor the
+    feedback said ("12 is the sum of 2 and 2" to "What is 2+2?"; the result an arithmetic
+    question asks for may be new: it corrects a wrong first answer), and no private data
+    (`reef.evaluation.private`). Hindsight may change the form the feedback asked for, never
+    teach content the model got wrong, or another user's."""
     beyond = says_more_than(answer, f"{hint} {turn.prompt}")
-    return beyond and wrong_fact(turn.prompt, answer) is None
+    said_before = stated_numbers(f"{turn.prompt} {turn.answer_text} {hint}")
+    asked_for = expected_result(turn.prompt)
+    if asked_for is not None:
+        said_before.add(asked_for)
+    new_numbers = stated_numbers(answer) - said_before
+    return (
+        beyond
+        and not new_numbers
+        and wrong_fact(turn.prompt, answer) is None
+        and first_private(answer) is None
+    )
 
 
 def keeps(

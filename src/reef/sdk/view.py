@@ -16,7 +16,11 @@ Every recipe gets the same processing:
 - **held out**: a share of the trajectories users scored low, by the prompt they open with
   (`gate.held_out`, see `evaluation.held_out`), is kept out of learning too, whole: their failing
   turns are in `held_out`, and the gate judges a recipe's candidates on them, prompts it never
-  saw.
+  saw;
+- **private**: a call whose request, answer or reports (feedback, a demonstration, a teacher's
+  answer) hold private data (a card number, an IBAN, a phone number, an email, a key or
+  password: `evaluation.private`) is kept out of learning and out of the gate, whole, and
+  counted: what one user sent never reaches another user's answers through a release.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reef.evaluation.held_out import held_out
+from reef.evaluation.private import first_private
 from reef.evaluation.replay import good, held_back, trains
 from reef.protocol import message_text
 from reef.store import ExperienceStore
@@ -89,6 +94,7 @@ class ExperienceCounts:
     stale_skipped: int = 0
     held_back: int = 0
     held_out: int = 0
+    private: int = 0  # calls kept out whole: private data in the request, answer or reports
 
 
 class ExperienceView:
@@ -118,6 +124,8 @@ class ExperienceView:
         for record in records:
             if record["id"] in consumed:
                 self.counts.consumed += 1
+            elif holds_private_data(record):
+                self.counts.private += 1
             elif hold_back and hold_back_at is not None and _held_back(record, hold_back_at):
                 self.counts.held_back += 1
             elif (
@@ -171,6 +179,24 @@ class ExperienceView:
 def _held_back(record: dict[str, Any], threshold: float) -> bool:
     outside_sessions = record.get("session") is None
     return outside_sessions and held_back(record["id"]) and good(record, threshold)
+
+
+def holds_private_data(record: dict[str, Any]) -> bool:
+    """Whether a record's messages, answer or reports hold private data (read once per record
+    and number of reports: a record never changes, its reports only grow)."""
+    key = (record["id"], len(record.get("reports") or []))
+    if key not in _PRIVATE_SEEN:
+        if len(_PRIVATE_SEEN) >= PRIVATE_SEEN_MAX:
+            _PRIVATE_SEEN.clear()
+        request, response = record.get("request") or {}, record.get("response") or {}
+        reports = [(r.get("feedback"), r.get("metadata")) for r in record.get("reports") or []]
+        said = [request.get("messages"), response.get("choices"), reports]
+        _PRIVATE_SEEN[key] = first_private(said) is not None
+    return _PRIVATE_SEEN[key]
+
+
+PRIVATE_SEEN_MAX = 200_000
+_PRIVATE_SEEN: dict[tuple[str, int], bool] = {}
 
 
 def _all_records(store: ExperienceStore, scenario: str) -> list[dict[str, Any]]:
