@@ -290,7 +290,9 @@ class GateConfig(_Section):
     floor: float = Field(0.5, ge=0, le=1)
     # The rule of each group of tasks (a task's `group`; the recipe's tasks for the feedback it
     # learns from are `feedback`, replayed good answers `replay`); a group not named here keeps
-    # the `keep` rule with no margin (under `improve`: `any`).
+    # the `keep` rule with no margin (under `improve`: `any`), but `feedback`, which must
+    # `improve`: a candidate that moved nothing the users asked for is not released for what
+    # it kept.
     groups: dict[str, GroupRule] = Field(default_factory=dict)
     # Good answers of the scenario's own traffic (scored at or above `replay_threshold`) held
     # back from learning and replayed as tasks (`reference` scorer, group `replay`): at most
@@ -328,6 +330,8 @@ class GateConfig(_Section):
         named = self.groups.get(group)
         if named is not None:
             return named
+        if group == "feedback":  # reef.evaluation.tasks.FEEDBACK_GROUP
+            return GroupRule(rule="improve")
         return GroupRule(rule="any") if self.policy == "improve" else GroupRule()
 
 

@@ -187,3 +187,40 @@ def test_a_harness_that_trades_correctness_for_a_preference_is_refused_naming_it
     assert candidate["evaluation"]["lost"] == ["right-0", "right-1"]
     listed = run_reef(tmp_path, "release", "candidates")
     assert "right-0, right-1" in listed.stdout
+
+
+# Issue 71: released "0.556 vs 0.222 on 9 tasks" with 0/3 vs 0/3 on what the users asked for.
+NO_FEEDBACK_GAIN = PairedReport(
+    "base",
+    [
+        *[result(f"fact{n}", 0.0, 1.0) for n in range(3)],
+        *[result(f"fact{n}", 1.0, 1.0) for n in range(3, 5)],
+        *[result(f"asked{n}", 0.0, 0.0, "feedback") for n in range(3)],
+    ],
+)
+FEEDBACK_GAIN = PairedReport(
+    "base",
+    [
+        *[result(f"fact{n}", 1.0, 1.0) for n in range(5)],
+        *[result(f"asked{n}", 0.0, 1.0, "feedback") for n in range(3)],
+    ],
+)
+
+
+def test_a_candidate_that_moved_nothing_the_users_asked_for_is_not_released() -> None:
+    assert NO_FEEDBACK_GAIN.candidate_mean > NO_FEEDBACK_GAIN.current_mean
+    decision, why = decide(GateConfig(), NO_FEEDBACK_GAIN)
+    assert decision == "rejected"
+    assert "group feedback does not improve" in why
+    assert "feedback 0/3 -> 0/3" in why  # the decision line names each group's counts
+
+
+def test_a_feedback_gain_that_keeps_the_rest_is_released_with_its_interval() -> None:
+    decision, why = decide(GateConfig(), FEEDBACK_GAIN)
+    assert decision == "released"
+    assert "groups: default 5/5 -> 5/5 [-43%, +43%], feedback 0/3 -> 3/3 [+21%, +100%]" in why
+
+
+def test_a_scenario_may_hold_the_feedback_group_to_another_rule() -> None:
+    keep = GateConfig(groups={"feedback": GroupRule(rule="keep")})
+    assert decide(keep, NO_FEEDBACK_GAIN)[0] == "released"

@@ -244,3 +244,24 @@ def wrong_fact(question: str, answer: str) -> str | None:
     if expected is not None and stated and all(abs(n - expected) > 1e-9 for n in stated):
         return f"does not give the result {_said(expected)}"
     return None
+
+
+def states_the_answer(right: str, answer: str, question: str = "") -> bool:
+    """Whether `answer` gives `right` as the answer and says nothing wrong beside it (the
+    `answer` scorer): it says `right` (a number also as a word, "five"), states no arithmetic
+    that does not hold, and, for a number, no other number than the question's ("15 is the sum
+    of 2 and 3, which is 5" gives 5 and says 15; "6 or 8 legs" gives two)."""
+    if wrong_claims(answer):
+        return False
+    try:
+        wanted = float(right)
+    except ValueError:
+        return re.search(rf"(?i)(?<!\w){re.escape(right)}(?!\w)", answer) is not None
+    stated = stated_numbers(_digits(answer))
+    return wanted in stated and stated <= {wanted, *stated_numbers(_digits(question))}
+
+
+def _digits(text: str) -> str:
+    from text_to_num import alpha2digit
+
+    return alpha2digit(text, "en")

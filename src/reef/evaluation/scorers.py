@@ -12,6 +12,7 @@ import httpx
 
 from reef.errors import ReefError
 from reef.evaluation.content import kept
+from reef.evaluation.facts import states_the_answer
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import last_user_text
 from reef.urls import without_password
@@ -46,6 +47,10 @@ def score(spec: ScorerSpec, answer: str, task: EvalTask) -> float:
     if spec.type == "reference":
         reference = _required(spec.value, "value", spec)
         return float(kept(reference, answer, last_user_text(task.messages)) >= REFERENCE_KEPT)
+    if spec.type == "answer":
+        right = _required(spec.value, "value", spec)
+        short = spec.max_chars is None or len(answer.strip()) <= spec.max_chars
+        return float(short and states_the_answer(right, answer, last_user_text(task.messages)))
     if spec.type == "python":
         result = _callable(_required(spec.function, "function", spec))(answer, task)
         return _as_score(result, spec.function or "")

@@ -32,8 +32,10 @@ FEEDBACK_GROUP = "feedback"  # a recipe's tasks: the prompts users gave feedback
 class ScorerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["exact", "contains", "regex", "reference", "python", "judge"]
+    type: Literal["exact", "contains", "regex", "reference", "python", "judge", "answer"]
     value: str | None = None
+    # `answer`: the longest answer that passes (a short answer is asked for); none: any length.
+    max_chars: int | None = Field(None, ge=1)
     pattern: str | None = None
     case_sensitive: bool = False
     function: str | None = None

@@ -15,6 +15,14 @@ held to the same group rules, and may not score below the current release (under
 Whatever the policy, a candidate that has collapsed, one answer (the same content words) to
 every task where the current release gives several, is rejected first, saying so: a LoRA
 trained on one preference can end up answering "Sure! Sure!" to everything.
+
+The `feedback` group (a recipe's held-out calls, scored by its scorer) must improve unless
+`gate.groups` says otherwise: a candidate that moved nothing the users asked for is not
+released for keeping the rest. Every decision ends with each group's tasks passed, current then
+candidate, and a 95% interval of the change (Newcombe's hybrid score interval for a difference
+of two proportions, method 10 of "Two-sided confidence intervals for the single proportion",
+Statistics in Medicine 1998; the tasks are paired, which this interval ignores, so it is wider
+than a paired one): "feedback 0/3 -> 2/3 [-19%, +85%]" says how thin the evidence is.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ def decide(gate: GateConfig, report: PairedReport | None) -> tuple[Decision, str
         return "released", "gate policy is always: released without evaluation"
     if report is None:
         return "rejected", "no evaluation ran"
+    decision, why = _decide(gate, report)
+    return decision, f"{why}; {groups_said(report)}" if report.tasks else why
+
+
+def _decide(gate: GateConfig, report: PairedReport) -> tuple[Decision, str]:
     current, candidate = report.current_mean, report.candidate_mean
     scores = f"candidate {candidate:.3f} vs current {current:.3f} on {len(report.tasks)} task(s)"
     collapse = collapsed(report)
@@ -167,3 +180,34 @@ def _named(lost: list[TaskResult]) -> str:
     )
     more = len(lost) - NAMED_LOSSES
     return f"{named} and {more} more" if more > 0 else named
+
+
+PASS = 0.5  # a task's score at which it counts as passed in the groups' counts
+Z95 = 1.959963984540054
+
+
+def groups_said(report: PairedReport) -> str:
+    """Each group's tasks passed, current -> candidate, with a 95% interval of the change."""
+    said = []
+    for name, group in sorted(report.groups().items()):
+        count = len(group.tasks)
+        before = sum(task.current_score >= PASS for task in group.tasks)
+        after = sum(task.candidate_score >= PASS for task in group.tasks)
+        low, high = change_interval(before, after, count)
+        said.append(f"{name} {before}/{count} -> {after}/{count} [{low:+.0%}, {high:+.0%}]")
+    return "groups: " + ", ".join(said)
+
+
+def change_interval(before: int, after: int, count: int) -> tuple[float, float]:
+    """Newcombe's hybrid score interval (95%) of after/count - before/count."""
+    from reef.evaluation.live import wilson
+
+    if count == 0:
+        return -1.0, 1.0
+    p1, p2 = after / count, before / count
+    l1, u1 = wilson(after, count, Z95)
+    l2, u2 = wilson(before, count, Z95)
+    difference = p1 - p2
+    low = difference - ((p1 - l1) ** 2 + (u2 - p2) ** 2) ** 0.5
+    high = difference + ((u1 - p1) ** 2 + (p2 - l2) ** 2) ** 0.5
+    return max(-1.0, low), min(1.0, high)
