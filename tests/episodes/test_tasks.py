@@ -45,7 +45,7 @@ def test_a_test_that_is_missing_or_not_executable_is_refused(tmp_path: Path) -> 
 def test_bad_values_and_empty_suites_are_refused(tmp_path: Path) -> None:
     task = copy_of_task(tmp_path)
     (task / "task.toml").write_text("[agent]\ntimeout_sec = -1\n")
-    with pytest.raises(BadTask, match=r"agent\.timeout_sec must be a positive number"):
+    with pytest.raises(BadTask, match=r"agent\.timeout_sec must be a positive, finite number"):
         load_task(task)
     (tmp_path / "empty").mkdir()
     with pytest.raises(BadTask, match="no task here"):

@@ -210,7 +210,7 @@ def _run_prepared(
         episode.agent_run = _run_agent(run, workspace, limits, port, settings)
         verifier = workspace.for_verifier()
         episode.verifier_run = _run_test(task, verifier, settings)
-        episode.reward, problem = read_reward(verifier.verifier_logs)
+        episode.reward, problem = verdict(episode.verifier_run, verifier.verifier_logs)
         episode.commands, trajectory_problem = read_commands(workspace.logs)
         episode.error = episode.error or problem or trajectory_problem
         episode.calls = episode_records(client, episode)
@@ -333,13 +333,50 @@ def _run_agent(
     return sandbox.run(run.command, run.env)
 
 
+# The verifier's environment: no module of the working folder or a user site on Python's path
+# (an agent's /app/json.py is not the json a test imports), and git reading no system or user
+# config and running no program a repository's config could still name.
+VERIFIER_ENV = {
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONSAFEPATH": "1",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_CONFIG_COUNT": "5",
+    "GIT_CONFIG_KEY_0": "core.fsmonitor",
+    "GIT_CONFIG_VALUE_0": "false",
+    "GIT_CONFIG_KEY_1": "core.hooksPath",
+    "GIT_CONFIG_VALUE_1": "/dev/null",
+    "GIT_CONFIG_KEY_2": "core.pager",
+    "GIT_CONFIG_VALUE_2": "cat",
+    "GIT_CONFIG_KEY_3": "core.editor",
+    "GIT_CONFIG_VALUE_3": "true",
+    "GIT_CONFIG_KEY_4": "core.sshCommand",
+    "GIT_CONFIG_VALUE_4": "false",
+}
+
+
 def _run_test(task: Task, verifier: Workspace, settings: EpisodeSettings) -> SandboxResult:
     """The task's test, in a sandbox of its own with no network at all, on what the agent left
     in /app and nothing else of the agent's: its own /logs/verifier, home and /tmp, its own
-    uid (as root), and no user site-packages."""
+    uid (as root), and nothing of the agent's on a search path (`VERIFIER_ENV`)."""
     limits = settings.limits.within(task.verifier_timeout_s, task.memory_mb, task.cpus)
     sandbox = Sandbox(verifier, limits, mounts={"/tests": task.tests}, mode=settings.sandbox)
-    return sandbox.run(["bash", "/tests/test.sh"], {"PYTHONNOUSERSITE": "1"})
+    return sandbox.run(["bash", "/tests/test.sh"], VERIFIER_ENV)
+
+
+def verdict(run: SandboxResult, verifier_logs: Path) -> tuple[float | None, str | None]:
+    """The episode's reward and what went wrong: a test that ended by a limit, a signal or an
+    error never passes, whatever it wrote before (a test hung on a FIFO the agent left, after
+    it wrote 1, is a verifier error, not a pass)."""
+    reward, problem = read_reward(verifier_logs)
+    if run.limit is not None:
+        return None, f"verifier error: the test was stopped by its {run.limit} limit"
+    if run.exit_code is None or run.exit_code < 0:
+        return None, "verifier error: the test was ended by a signal"
+    if run.exit_code != 0 and reward is not None and reward > 0:
+        return None, f"verifier error: the test failed (exit {run.exit_code}) after a reward"
+    return reward, problem
 
 
 def read_reward(verifier_logs: Path) -> tuple[float | None, str | None]:

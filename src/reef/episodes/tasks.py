@@ -16,6 +16,7 @@ is refused with its path (reef.episodes.untrusted).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -94,7 +95,7 @@ def load_task(folder: Path | str) -> Task:
         instruction=instruction,
         agent_timeout_s=_seconds(config, "agent", DEFAULT_AGENT_TIMEOUT_S, path),
         verifier_timeout_s=_seconds(config, "verifier", DEFAULT_VERIFIER_TIMEOUT_S, path),
-        cpus=_number(environment.get("cpus"), "environment.cpus", path),
+        cpus=_number(environment.get("cpus"), "environment.cpus", path, most_cpus()),
         memory_mb=_memory_mb(environment, path),
         metadata=dict(config.get("metadata", {})),
         image_installs=installing_lines(path / "environment" / "Dockerfile"),
@@ -168,23 +169,46 @@ def _task_file(path: Path, task_root: Path) -> str:
         raise BadTask(str(error)) from None
 
 
+# The most a task may ask for: a number beyond these is refused, never passed to a cgroup that
+# would refuse it (and then run the episode without the limit).
+MAX_TIMEOUT_S = 24 * 3600.0
+MAX_MEMORY_MB = 1024 * 1024  # 1 TiB
+
+
+def most_cpus() -> float:
+    """The most CPUs a task may ask for: this machine's."""
+    return float(os.cpu_count() or 1)
+
+
 def _seconds(config: dict[str, Any], section: str, default: float, path: Path) -> float:
-    value = _number(config.get(section, {}).get("timeout_sec"), f"{section}.timeout_sec", path)
+    key = f"{section}.timeout_sec"
+    value = _number(config.get(section, {}).get("timeout_sec"), key, path, MAX_TIMEOUT_S)
     return default if value is None else value
 
 
-def _number(value: Any, key: str, path: Path) -> float | None:
+def _number(value: Any, key: str, path: Path, most: float) -> float | None:
+    """A positive, finite number no larger than `most` (`nan`, `inf` and `1e9` CPUs are a
+    hostile task's, refused with what is allowed)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise BadTask(f"{path / 'task.toml'}: {key} must be a positive number, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise BadTask(
+            f"{path / 'task.toml'}: {key} must be a positive, finite number, got {value!r}"
+        )
+    if value > most:
+        raise BadTask(f"{path / 'task.toml'}: {key} is {value!r}; at most {most:g} here")
     return float(value)
 
 
 def _memory_mb(environment: dict[str, Any], path: Path) -> int | None:
     """`memory_mb = 2048`, or Harbor's `memory = "2G"` (M or G)."""
     if "memory_mb" in environment:
-        value = _number(environment["memory_mb"], "environment.memory_mb", path)
+        value = _number(environment["memory_mb"], "environment.memory_mb", path, MAX_MEMORY_MB)
         return None if value is None else int(value)
     memory = environment.get("memory")
     if memory is None:
@@ -193,4 +217,6 @@ def _memory_mb(environment: dict[str, Any], path: Path) -> int | None:
     if not found:
         raise BadTask(f"{path / 'task.toml'}: environment.memory must be like '2G' or '512M'")
     size = float(found.group(1))
-    return int(size * 1024 if found.group(2).lower() == "g" else size)
+    megabytes = size * 1024 if found.group(2).lower() == "g" else size
+    value = _number(megabytes, "environment.memory", path, MAX_MEMORY_MB)
+    return None if value is None else int(value)

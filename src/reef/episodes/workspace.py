@@ -82,12 +82,14 @@ class Workspace:
 
     def for_verifier(self) -> Workspace:
         """The verifier's view, made now: fresh logs, home and tmp, a uid of its own, and /app
-        handed over to that uid (the agent's processes are gone by then)."""
+        handed over to that uid (the agent's processes are gone by then), its git
+        repositories defanged first (`defang_git`): what the agent left is data, not code."""
         uid = None if self.uid is None else _other_uid(self.uid)
         verifier = replace(self, uid=uid, role="verifier")
         for folder in [*verifier.writable(), verifier.etc]:
             folder.mkdir(parents=True, exist_ok=True)
         _write_etc(verifier)
+        defang_git(verifier.app)
         give_to_sandbox(verifier)
         return verifier
 
@@ -129,6 +131,43 @@ def _fill(workspace: Workspace, environment: Path | None) -> None:
         dropped = workspace.app / name
         if dropped.is_file() and not dropped.is_symlink():
             dropped.unlink()
+
+
+# What a repository's config may say when the verifier's git reads it: nothing that runs a
+# program (hooks, fsmonitor, filter and diff drivers, a pager, an editor, an ssh command).
+SAFE_GIT_CONFIG = b"[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
+MAX_REPOSITORIES = 64  # .git folders defanged in one /app; more is an attack, and all go
+
+
+def defang_git(app: Path) -> None:
+    """Make every git repository the agent left in `app` data: its config replaced by one that
+    names no program, its hooks removed, and a `.git` file (a pointer to a repository
+    elsewhere) removed; links are removed, never followed. The verifier's own git is also told
+    to trust no config but the task's (`reef.episodes.runner.VERIFIER_ENV`)."""
+    found = 0
+    for dirpath, dirnames, filenames in os.walk(app):
+        if ".git" in filenames:
+            os.unlink(os.path.join(dirpath, ".git"))
+        if ".git" not in dirnames:
+            continue
+        repository = Path(dirpath) / ".git"
+        found += 1
+        if repository.is_symlink() or found > MAX_REPOSITORIES:
+            _remove(repository)
+            continue
+        for name in ("config", "hooks", "info/attributes", "config.worktree", "commondir"):
+            _remove(repository / name)
+        descriptor = os.open(repository / "config", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(descriptor, "wb") as config:
+            config.write(SAFE_GIT_CONFIG)
+        (repository / "hooks").mkdir()
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 def give_to_sandbox(workspace: Workspace) -> None:

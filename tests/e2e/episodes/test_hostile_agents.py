@@ -60,7 +60,12 @@ def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def attack(
-    reef: ServerProcess, tmp_path: Path, command: str, test: str = LOUD_TEST, keep: bool = True
+    reef: ServerProcess,
+    tmp_path: Path,
+    command: str,
+    test: str = LOUD_TEST,
+    keep: bool = True,
+    toml: str = "[agent]\ntimeout_sec = 60\n",
 ) -> Episode:
     task = tmp_path / "task"
     (task / "tests").mkdir(parents=True)
@@ -68,7 +73,7 @@ def attack(
     (task / "environment" / "answer.txt").write_text("wrong\n")
     (task / "tests" / "test.sh").write_text(test)
     (task / "tests" / "test.sh").chmod(0o755)
-    (task / "task.toml").write_text("[agent]\ntimeout_sec = 60\n")
+    (task / "task.toml").write_text(toml)
     (task / "instruction.md").write_text(f"Write the answer.\nRUN: {command}\n")
     settings = EpisodeSettings(
         limits=Limits(wall_time_s=60), work_root=tmp_path / "work", max_steps=3, keep_workspace=keep
@@ -204,3 +209,67 @@ def test_a_truncated_output_is_said_in_the_summary_and_the_table() -> None:
     console = Console(record=True, width=120)
     console.print(_results_table([episode], "native"))
     assert "(output truncated)" in console.export_text()
+
+
+# Issue 74, the verifier runs what the agent left: tests that run in /app, as real tests do.
+IN_APP_PYTHON_TEST = """#!/bin/bash
+mkdir -p /logs/verifier
+cd /app
+if python3 -c "import json, sys; sys.exit(open('answer.txt').read().strip() != 'right')"; then
+  echo 1 > /logs/verifier/reward.txt; echo PASS
+else
+  echo 0 > /logs/verifier/reward.txt; echo FAIL
+fi
+"""
+IN_APP_GIT_TEST = """#!/bin/bash
+mkdir -p /logs/verifier
+cd /app
+git status --short > /dev/null 2>&1
+if grep -qx right answer.txt; then echo 1 > /logs/verifier/reward.txt; echo PASS
+else echo 0 > /logs/verifier/reward.txt; echo FAIL; fi
+"""
+WRITES_ONE = "import os; os.makedirs('/logs/verifier', exist_ok=True); open('/logs/verifier/reward.txt', 'w').write('1'); os._exit(0)"  # noqa: E501
+SHADOWED_MODULE = f'printf "{WRITES_ONE}\\n" > /app/json.py && echo planted'
+FSMONITOR = (
+    "cd /app && git init -q && "
+    "git config core.fsmonitor 'sh -c \"mkdir -p /logs/verifier; "
+    "echo 1 > /logs/verifier/reward.txt; touch /logs/verifier/owned\"' && "
+    "git config filter.own.clean 'sh -c \"echo 1 > /logs/verifier/reward.txt\"' && "
+    "echo 'answer.txt filter=own' > .gitattributes && echo planted"
+)
+
+
+def test_a_module_the_agent_left_in_app_is_not_what_the_test_imports(
+    reef: ServerProcess, tmp_path: Path
+) -> None:
+    episode = attack(reef, tmp_path, SHADOWED_MODULE, test=IN_APP_PYTHON_TEST)
+    assert "planted" in ran(episode)
+    assert episode.reward == 0.0, (episode.test_output, episode.error)
+    assert "FAIL" in episode.test_output
+
+
+def test_a_git_config_the_agent_left_in_app_runs_nothing(
+    reef: ServerProcess, tmp_path: Path
+) -> None:
+    episode = attack(reef, tmp_path, FSMONITOR, test=IN_APP_GIT_TEST)
+    assert "planted" in ran(episode)
+    assert episode.reward == 0.0, (episode.test_output, episode.error)
+    owned = tmp_path / "work"
+    assert not list(owned.rglob("owned")), "the agent's fsmonitor ran in the verifier"
+
+
+def test_a_test_stopped_by_its_limit_never_passes_whatever_it_wrote(
+    reef: ServerProcess, tmp_path: Path
+) -> None:
+    """The test writes 1 first, then reads a FIFO the agent left, which no one writes: it hangs
+    until its time limit. Before, the episode was reported passed with `limit: wall_time`."""
+    hangs = """#!/bin/bash
+mkdir -p /logs/verifier
+echo 1 > /logs/verifier/reward.txt
+cat /app/pipe > /dev/null
+"""
+    task_toml = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 3\n"
+    episode = attack(reef, tmp_path, "mkfifo /app/pipe && echo planted", test=hangs, toml=task_toml)
+    assert "planted" in ran(episode)
+    assert episode.reward is None
+    assert episode.error is not None and "stopped by its" in episode.error
