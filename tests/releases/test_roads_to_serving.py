@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reef.errors import Conflict
 from reef.evaluation.runner import model_generate
 from reef.inference.model import LocalModel
 from reef.releases.chain import read_folder
@@ -135,8 +136,8 @@ def test_an_interrupted_regate_leaves_the_old_candidate_as_it_was(reef: InProces
     regated = workflow.candidates.list("default")
     (new,) = [c for c in regated if (c.metrics or {}).get("regated_from") == stale.id]
     assert new.state == "rejected" and new.unjudged
-    with pytest.raises(GateScoredWorse, match="never evaluated"):
-        workflow.approve(new.id)
+    with pytest.raises(Conflict, match="is rejected; only a candidate that is held"):
+        workflow.approve(new.id, force=True)  # said once, not "use --force" then "rejected"
 
 
 def test_a_routed_arm_scored_worse_counts_as_worse() -> None:

@@ -509,6 +509,7 @@ class ReleaseWorkflow:
         what it would override, and the release's reason says it was forced. One built on a
         head that has moved since is refused, saying to re-gate it (`regate`)."""
         candidate = self.candidates.get(candidate_id)
+        decidable(candidate, (*REGATABLE, "canary"), "released")
         why = reason or "approved by a human"
         road = "promote" if candidate.state == "canary" else "approve"
         forced = enter(candidate, road, force)
@@ -535,6 +536,7 @@ class ReleaseWorkflow:
         """A human puts a held candidate on a canary, through the same door as `approve`: a
         canary serves real sessions, so one the gate scored worse needs `force` here too."""
         candidate = self.candidates.get(candidate_id)
+        decidable(candidate, ("held", "proposed"), "put on a canary")
         why = reason or "put on a canary by a human"
         forced = enter(candidate, "put on a canary", force)
         if forced:
@@ -699,6 +701,17 @@ def private_in_tree(files: dict[str, bytes]) -> None:
                 f"{path} holds private data ({found.masked}), which would be served to every "
                 "user of the scenario"
             )
+
+
+def decidable(candidate: Candidate, states: tuple[str, ...], done: str) -> None:
+    """Refuse, before anything else is said of it, a candidate in no state to be `done`: a
+    rejected one is not told to use --force first and then that it is rejected."""
+    if candidate.state not in states:
+        raise Conflict(
+            f"candidate {candidate.id} is {candidate.state}; only a candidate that is "
+            f"{' or '.join(states)} can be {done}",
+            code="candidate_state",
+        )
 
 
 GATE_TASKS = "extra_tasks"  # in an evaluation: the tasks its gate had beside the scenario's
