@@ -25,6 +25,29 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from reef import __version__
+
+        typer.echo(f"reef {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def reef(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print Reef's version and exit.",
+        is_eager=True,
+        callback=_print_version,
+    ),
+) -> None:
+    """An OpenAI-compatible inference server that learns from its own traffic."""
+
+
 app.command("init")(init_command.init)
 app.command("serve")(serve_command.serve)
 app.command("status")(client_commands.status)

@@ -7,6 +7,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -14,7 +15,9 @@ errors = Console(stderr=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print `message` as it is (an install hint's `'reef[plot]'`, a task's own text: never
+    read as markup) after a red `error:`, and exit with `code`."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -356,7 +356,11 @@ def reject(
 def rollback(
     scenario: Annotated[str, typer.Option(help="The scenario to roll back.")] = "default",
     to: Annotated[
-        str | None, typer.Option(help="Release to return to (default: the previous).")
+        str | None,
+        typer.Option(
+            help="Release to return to (default: the previous); base: the model alone, "
+            "as before the first release."
+        ),
     ] = None,
     reason: Annotated[str | None, typer.Option(help="Why, for the release's record.")] = None,
     expected_head: ExpectedHeadOption = None,

@@ -49,6 +49,7 @@ ARTIFACT_KINDS: tuple[str, ...] = tuple(KIND_PARTS)
 MANIFEST = "reef-release.json"
 # `expected_head` of rollback and promote when the caller does not say which head it saw.
 CURRENT_HEAD = "<current head>"
+BASE_RELEASE = "base"  # what serves before any release: the model alone (reef.inference.binding)
 ATTRIBUTES = ".gitattributes"
 LFS_PATTERNS = ("*.gguf", "*.safetensors", "*.bin", "*.pt")
 _AUTHOR = git.Actor("reef", "reef@localhost")
@@ -517,17 +518,24 @@ class ReleaseChain:
         expected_head: str | None = CURRENT_HEAD,
     ) -> Release:
         """Publish a new release equal to `to` (default: the release before the head), every
-        part of it. With `expected_head` (the head the caller saw), a head that has moved since
-        is a `ReleaseConflict` and nothing is published."""
+        part of it; `to` "base" (the default for a first release) publishes an empty release,
+        so that the model alone serves again, as before the first. With `expected_head` (the
+        head the caller saw), a head that has moved since is a `ReleaseConflict` and nothing is
+        published."""
         head = self.head(scenario)
         if head is None:
             raise UnknownRelease(f"scenario {scenario!r} has no releases to roll back")
         if to is None:
-            if head.parent_release_id is None:
-                raise ReefError(
-                    f"{head.release_id} is the first release: nothing to roll back to", status=400
-                )
-            to = head.parent_release_id
+            to = head.parent_release_id or BASE_RELEASE
+        if to == BASE_RELEASE:
+            return self.publish(
+                scenario,
+                "harness",
+                {},
+                head.release_id if expected_head == CURRENT_HEAD else expected_head,
+                reason=reason or "rollback to base: the model alone serves",
+                origin={"action": "rollback", "release_id": BASE_RELEASE},
+            )
         if scenario_of(to) != scenario:
             raise ReefError(f"{to} is not a release of {scenario!r}: use promote", status=400)
         return self._copy(to, scenario, head, "rollback", reason, expected_head)
