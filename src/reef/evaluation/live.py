@@ -11,7 +11,10 @@ those since it began serving, until the next one did):
   share of all the calls it answered that the scorer accepts, scored or not;
 
 each as a count, a rate and its 95% Wilson interval, so that 2 of 6 is read as the wide guess it
-is. The base model's row ("base") is what served before any release: the same users, earlier.
+is. Only what the release's own model answered passes: a call the scenario's teacher took over
+is the student's failure, however well the teacher answered, and a record imported from
+elsewhere (`POST /reef/records/batch`) counts for no release, whatever `release_id` it says.
+The base model's row ("base") is what served before any release: the same users, earlier.
 With `gate.shadow.base_share`, the base also answers a share of each release's calls as a shadow
 (`reef.daemon.shadow`, never heard): `base_shadow` is its pass rate on those very calls and
 `shadowed` the release's own on them, both by the recipe's scorer: the same stream, side by side.
@@ -33,6 +36,9 @@ from reef.protocol import response_text
 from reef.store import ExperienceStore
 from reef.store.learning import calls_fingerprint
 from reef.store.shadows import shadow_scores_by_release
+
+IMPORTED = "import"  # a record's engine when `POST /reef/records/batch` stored it
+TEACHER_ARM = "teacher"  # a record's arm when the scenario's teacher answered it
 
 Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
 # Scorers a program runs on each live answer (a judge would ask a model per call).
@@ -159,6 +165,8 @@ def read_progress(
     judged = scorer if scorer is not None and scorer.type in LIVE_SCORERS else None
     calls: dict[str, list[dict[str, Any]]] = {}
     for call in store.latest_records(scenario, limit):
+        if call.get("engine") == IMPORTED:
+            continue  # made elsewhere: no release of this chain answered it
         calls.setdefault(call["release_id"], []).append(call)
     shadowed = _base_shadowed(store, scenario, limit)
     progress = [
@@ -191,14 +199,21 @@ def _release_progress(
     scorer: ScorerSpec | None,
     shadow: tuple[PassRate, PassRate] | None,
 ) -> ReleaseProgress:
-    scored = [scores for call in calls if (scores := _scores(call))]
-    reports = PassRate(sum(statistics.fmean(s) >= threshold for s in scored), len(scored))
+    scored = [(call, scores) for call in calls if (scores := _scores(call))]
+    passed = sum(_own(call) and statistics.fmean(s) >= threshold for call, s in scored)
+    reports = PassRate(passed, len(scored))
     accepted = None
     if scorer is not None:
-        accepted = PassRate(sum(_accepts(scorer, call) for call in calls), len(calls))
+        accepted = PassRate(sum(_own(c) and _accepts(scorer, c) for c in calls), len(calls))
     first = min(call["created_at"] for call in calls)
     shadowed, base = shadow or (None, None)
     return ReleaseProgress(release_id, len(calls), first, reports, accepted, shadowed, base)
+
+
+def _own(call: dict[str, Any]) -> bool:
+    """Whether the release's own model answered the call: one the scenario's teacher took over
+    (its arm `teacher`) is the student's failure, however well the teacher did."""
+    return call.get("arm") != TEACHER_ARM
 
 
 def _scores(call: dict[str, Any]) -> list[float]:

@@ -342,6 +342,21 @@ async def import_batch(state: ServerState, batch: Batch) -> tuple[int, int]:
     return added, total - added
 
 
+def _releases_on_the_chain(state: ServerState, batch: Batch, scenario: str) -> None:
+    """Refuse a record that names a release this scenario's chain does not have: its calls
+    would read as that release's (blocking: git)."""
+    known = {release.release_id for release in state.workflow.chain.releases(scenario)}
+    places = {receipt.get("agent_record_id"): n for n, receipt in enumerate(batch.receipts)}
+    for record in batch.records:
+        if record.release_id != BASE_RELEASE and record.release_id not in known:
+            raise _refuse(
+                places.get(record.id, 0),
+                record.id,
+                f"release_id {record.release_id!r} is not a release of scenario {scenario!r}: "
+                "drop it (an imported call is the base's) or name one `reef release list` shows",
+            )
+
+
 async def records_batch(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     scenario = scenario_from(request.headers)
@@ -355,6 +370,7 @@ async def records_batch(request: Request) -> Response:
             "server.max_body_bytes; nothing of this batch was stored"
         ) from None
     batch = check_batch(body, scenario)
+    await run_in_threadpool(_releases_on_the_chain, state, batch, scenario)
     added, again = await import_batch(state, batch)
     return JSONResponse({"records": batch.receipts, "imported": added, "duplicates": again})
 
