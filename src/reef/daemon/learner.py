@@ -57,6 +57,10 @@ def worker_main(config: ReefConfig, server: RunningServer) -> None:
         level=config.server.log_level.upper(),
         format="%(asctime)s learning %(levelname)s %(message)s",
     )
+    if config.server.log_level != "debug":
+        # httpx logs each of the worker's internal calls to the server at info (issue 75).
+        for noisy in ("httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_worker(config, server))
 
