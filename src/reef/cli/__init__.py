@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from reef import __version__
 from reef.cli import (
     client_commands,
     import_command,
@@ -29,8 +30,6 @@ app = typer.Typer(
 
 def _print_version(asked: bool) -> None:
     if asked:
-        from reef import __version__
-
         typer.echo(f"reef {__version__}")
         raise typer.Exit()
 

@@ -31,6 +31,7 @@ from typing import Literal
 
 from reef.config import GateConfig, GroupRule
 from reef.evaluation.content import content_words
+from reef.evaluation.live import wilson
 from reef.evaluation.runner import PairedReport, RoutedArm, TaskResult
 
 Decision = Literal["released", "rejected", "held", "canary"]
@@ -200,8 +201,6 @@ def groups_said(report: PairedReport) -> str:
 
 def change_interval(before: int, after: int, count: int) -> tuple[float, float]:
     """Newcombe's hybrid score interval (95%) of after/count - before/count."""
-    from reef.evaluation.live import wilson
-
     if count == 0:
         return -1.0, 1.0
     p1, p2 = after / count, before / count
