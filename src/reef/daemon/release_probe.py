@@ -14,7 +14,9 @@ probe says what serves is not what was judged, it does not choose what to serve.
 Only what can be replayed is probed: tasks whose messages are known again (the scenario's eval
 files, and the tasks the gate had beside them, kept with the evaluation), on a release without
 a routing policy (its arms answer by session), evaluated greedy (a sampled gate answer is not a
-promise of one answer).
+promise of one answer), on an engine whose greedy answers do not depend on what runs beside
+them (`REPLAYABLE_ENGINES`: llama.cpp reads every prompt in the same shapes, slots.py; vLLM
+and a remote API batch as they like, and a probe there would flag their noise).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from reef.releases.workflow import gate_tasks_of_evaluation
 from reef.server.state import ServerState
 
 log = logging.getLogger("reef.releases")
+REPLAYABLE_ENGINES = frozenset({"llamacpp", "scripted"})
 
 
 @dataclass
@@ -64,6 +67,8 @@ def probe_plan(
     evaluation = release.evaluation or {}
     gate = state.config.gate_for(release.scenario)
     if count == 0 or binding.routing is not None or gate.temperature != 0:
+        return None
+    if state.engine.name not in REPLAYABLE_ENGINES:
         return None
     recorded = {
         str(result.get("task_hash")): str(result.get("candidate_answer", ""))
