@@ -7,7 +7,8 @@ A scripted user wants answers that start with "Sure!" and writes out, for each t
 the answer it wanted (a demonstration). The `sft` recipe fine-tunes a LoRA on those examples, the
 gate evaluates it on the serving engine, and the server switches to it: the next call is served
 under the adapter. Every step holds whatever the model samples on this machine (the training data
-is the user's, the gate's floor of 0 releases whatever the evaluation scored); whether held-out
+is the user's, the gate's floor of 0, with no rule for any group, releases whatever the
+evaluation scored); whether held-out
 answers then start with "Sure!" is a learning outcome, measured by `bench/learning/preferences.py`.
 """
 
@@ -32,6 +33,7 @@ gate:
   policy: floor
   floor: 0.0
   max_tokens: 24
+  groups: {{feedback: {{rule: any}}}}  # the mechanics are tested here, not what is learned
 learning:
   recipe: sft
   interval_s: 0.5
