@@ -71,7 +71,7 @@ def unevaluated(candidate: Candidate) -> str | None:
     evaluation = candidate.evaluation
     if not evaluation:
         return "was never evaluated"
-    if not evaluation.get("tasks") and not evaluation.get("episodes"):
+    if not evaluation.get("tasks"):  # chat tasks and episodes alike
         return "was evaluated on no task"
     evaluated_against = evaluation.get("current_release_id")
     if evaluated_against is not None and evaluated_against != (candidate.base_release_id or "base"):
@@ -83,8 +83,8 @@ def enter(candidate: Candidate, road: str, force: bool) -> str | None:
     """Let `candidate` through the door by `road` (a verb: "approve", "put on a canary"):
     None when nothing stands against it; with `force`, the words to add to the release's reason
     ("forced: it ..."); without, `GateScoredWorse` saying what it would override."""
-    problems = [found for found in (unevaluated(candidate), scored_worse(candidate.evaluation))]
-    said = " and ".join(p for p in problems if p)
+    problems = (unevaluated(candidate), scored_worse(candidate.evaluation))
+    said = " and ".join(problem for problem in problems if problem)
     if not said:
         return None
     if not force:
