@@ -10,6 +10,7 @@ import importlib.util
 import math
 import os
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -686,13 +687,32 @@ def load_config(
         config = ReefConfig.model_validate(data)
     except ValidationError as error:
         source = f" in {path}" if path else ""
-        problems = describe_validation_error(error).replace("; ", "\n")
+        problems = describe_validation_error(error, _keys_at).replace("; ", "\n")
         raise ConfigError(f"invalid configuration{source}:\n{problems}") from None
     config.server.tokens = [*config.server.tokens, *_tokens(env, "REEF_TOKEN")]
     if env.get("REEF_METRICS_TOKEN"):
         config.server.metrics_token = SecretStr(env["REEF_METRICS_TOKEN"])
     config.server.admin_tokens = [*config.server.admin_tokens, *_tokens(env, "REEF_ADMIN_TOKEN")]
     return config
+
+
+def _keys_at(path: tuple[Any, ...]) -> list[str]:
+    """The keys a config section takes at `path` (["gate"] -> GateConfig's), for "did you
+    mean"; none where the path leads past a model (a recipe's own settings, a dict's keys)."""
+    model: Any = ReefConfig
+    for part in path:
+        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
+        if field is None:
+            return []
+        found = [
+            kind
+            for kind in typing.get_args(field.annotation) or (field.annotation,)
+            if isinstance(kind, type) and issubclass(kind, BaseModel)
+        ]
+        if not found:
+            return []
+        model = found[0]
+    return list(model.model_fields)
 
 
 def _anchor_folders(data: dict[str, Any], folder: Path) -> None:

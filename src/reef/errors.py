@@ -6,6 +6,8 @@ The server turns every `ReefError` into OpenAI's error shape:
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable
 from typing import Any
 
 from reef.urls import without_password
@@ -100,13 +102,17 @@ class Overloaded(ReefError):
     code = "queue_full"
 
 
-def describe_validation_error(error: Any) -> str:
-    """One line per problem in a pydantic ValidationError, each naming the field's path."""
+def describe_validation_error(
+    error: Any, known: Callable[[tuple[Any, ...]], list[str]] | None = None
+) -> str:
+    """One line per problem in a pydantic ValidationError, each naming the field's path; an
+    unknown key says which known one it may be (`known(path)`: the keys beside it)."""
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "body"
         if item["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key")
+            near = _near(str(item["loc"][-1]), known(item["loc"][:-1]) if known else [])
+            lines.append(f"{where}: unknown key" + (f" (did you mean {near}?)" if near else ""))
         elif item["type"] == "missing":
             lines.append(f"{where}: required")
         else:
@@ -124,3 +130,9 @@ class ConfigurationRefused(ReefError):
 
     status = 400
     type = "configuration_error"
+
+
+def _near(key: str, keys: list[str]) -> str | None:
+    """The known key `key` most likely misspells, or None."""
+    found = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    return found[0] if found else None

@@ -193,3 +193,16 @@ def test_passwords_in_the_store_and_remote_urls_never_show(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="neither a SQLite file's path") as refused:
         load_config(tmp_path / "reef.yaml", env={})
     assert "s3cret" not in str(refused.value)
+
+
+def test_a_misspelt_key_says_which_key_it_may_be(tmp_path: Path) -> None:
+    (tmp_path / "reef.yaml").write_text(
+        "gate:\n  polcy: review\nengine:\n  llamacpp:\n    n_tread: 2\nsevrer: {}\nzzz: 1\n"
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path / "reef.yaml", env={})
+    said = str(refused.value)
+    assert "gate.polcy: unknown key (did you mean policy?)" in said
+    assert "engine.llamacpp.n_tread: unknown key (did you mean n_threads?)" in said
+    assert "sevrer: unknown key (did you mean server?)" in said
+    assert "zzz: unknown key\n" in said + "\n"  # nothing near: no guess

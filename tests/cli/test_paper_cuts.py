@@ -50,3 +50,26 @@ def test_the_first_release_rolls_back_to_the_model_alone(
     again = runner.invoke(app, ["release", "rollback", "--to", "base", "--json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["release_id"] == "default@3"
+
+
+def test_init_writes_a_learning_block_that_works_when_uncommented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reef.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, ["init", "demo"]).exit_code == 0
+    written = (tmp_path / "demo" / "reef.yaml").read_text()
+    assert load_config(tmp_path / "demo" / "reef.yaml", env={}).learning.recipe is None
+    block = written[written.index("# learning:") :]
+    uncommented = "\n".join(
+        line[2:] if line.startswith(("# learning:", "#   ")) else line
+        for line in block.splitlines()
+    )
+    (tmp_path / "demo" / "reef.yaml").write_text(written.replace(block, uncommented))
+    config = load_config(tmp_path / "demo" / "reef.yaml", env={})
+    assert config.learning.recipe == "harness_evolve"
+    assert config.learning.recipe_settings()["scorer"] == {
+        "type": "regex",
+        "pattern": "Cheers\\W*$",
+    }
