@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import NoReturn
 
@@ -11,13 +12,22 @@ from rich.markup import escape
 from rich.table import Table
 
 console = Console()
+# Control characters (ESC and the rest of C0 but tab and newline, DEL, C1): a terminal obeys
+# them, so text from outside (a task's category, an agent's error) never prints them.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 errors = Console(stderr=True)
+
+
+def as_text(value: object) -> str:
+    """Text from outside as Rich prints it literally: control characters shown as `?`, markup
+    escaped ("[/red]" in a task's Dockerfile is text, not a style)."""
+    return escape(CONTROL.sub("?", str(value)))
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print `message` as it is (an install hint's `'reef[plot]'`, a task's own text: never
     read as markup) after a red `error:`, and exit with `code`."""
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    errors.print(f"[bold red]error:[/] {as_text(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

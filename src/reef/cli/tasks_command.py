@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from reef.cli.options import ConfigOption, project_config
-from reef.cli.output import console, errors, fail
+from reef.cli.output import as_text, console, errors, fail
 from reef.client import DEFAULT_URL, env_token
 from reef.config import EpisodesConfig
 from reef.episodes.agents import AGENTS
@@ -37,13 +37,15 @@ def list_tasks(
 ) -> None:
     """The tasks of a suite: their time-outs, whether they have an oracle, what they need."""
     tasks = _suite(folder)
-    table = Table(title=f"{len(tasks)} tasks in {folder}")
+    table = Table(title=f"{len(tasks)} tasks in {as_text(folder)}")
     for column in ("task", "group", "agent timeout", "oracle", "runs here"):
         table.add_column(column)
     for task in tasks:
         runs = "needs its image: " + "; ".join(task.image_installs) if task.needs_image else "yes"
         oracle = "yes" if task.solution else "no"
-        table.add_row(task.name, task.group, f"{task.agent_timeout_s:.0f} s", oracle, runs)
+        # Every string here is the task's own: data, never markup or terminal control.
+        name, group, runs = as_text(task.name), as_text(task.group), as_text(runs)
+        table.add_row(name, group, f"{task.agent_timeout_s:.0f} s", oracle, runs)
     console.print(table)
 
 
@@ -177,7 +179,7 @@ def _results_table(episodes: list[Episode], agent: str) -> Table:
         )
         reward = "-" if episode.reward is None else f"{episode.reward:g}"
         table.add_row(
-            episode.task,
+            as_text(episode.task),
             reward,
             _result(episode),
             str(len(episode.calls)),
@@ -193,4 +195,4 @@ def _result(episode: Episode) -> str:
         return f"[green]pass[/]{cut}"
     if episode.limit:
         return f"[red]limit: {episode.limit}[/]{cut}"
-    return f"[red]fail[/]{cut} {episode.error or ''}".strip()
+    return f"[red]fail[/]{cut} {as_text(episode.error or '')}".strip()

@@ -411,20 +411,62 @@ def _finite(value: str | float) -> float:
 
 def read_commands(agent_logs: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The agent's steps from `agent/trajectory.jsonl` under its /logs, read as a regular file
-    of bounded size, never through a link; and what was wrong with it, if anything."""
+    of bounded size, never through a link; and what was wrong with it, if anything. The agent
+    wrote it: a line nested deeper than `MAX_STEP_DEPTH`, longer than `MAX_STEP_BYTES`, or not
+    JSON is counted and said, never parsed into a crash (a 100,000-deep line raised
+    RecursionError and ended the whole suite's run)."""
     try:
         data = read_sandbox_file(agent_logs, "agent/trajectory.jsonl", TRAJECTORY_BYTES)
     except UnsafePath as error:
         return [], f"the agent's trajectory is refused: /logs/{error}"
-    steps = []
+    steps, bad = [], 0
     for line in (data or b"").decode(errors="replace").splitlines():
-        try:
-            step = json.loads(line)
-        except ValueError:
-            continue  # the agent was killed mid-line
-        if isinstance(step, dict):
+        step = parse_step(line)
+        if step is None:
+            bad += line.strip() != ""
+        else:
             steps.append(step)
-    return steps, None
+    said = f"{bad} line(s) of the agent's trajectory could not be read" if bad else None
+    return steps, said
+
+
+MAX_STEP_DEPTH = 32  # nesting a step's JSON may have
+MAX_STEP_BYTES = 1024 * 1024
+
+
+def parse_step(line: str) -> dict[str, Any] | None:
+    """One trajectory line as a step, or None for a line that is not one (too deep, too long,
+    not JSON, not an object), checked before the parser sees it."""
+    if len(line) > MAX_STEP_BYTES or _depth(line) > MAX_STEP_DEPTH:
+        return None
+    try:
+        step = json.loads(line)
+    except ValueError:
+        return None  # the agent was killed mid-line, or wrote something else
+    return step if isinstance(step, dict) else None
+
+
+def _depth(line: str) -> int:
+    """How deep a JSON line nests, counting brackets outside strings."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for char in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+            continue
+        if char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def describe_step(step: dict[str, object]) -> str:

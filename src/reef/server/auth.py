@@ -14,6 +14,7 @@ import functools
 import hmac
 import ipaddress
 import json
+import urllib.parse
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -209,7 +210,15 @@ def granted_headers(headers: list[tuple[bytes, bytes]], grant: EpisodeGrant) -> 
     }
     if trial_of(grant.tree) is not None:
         given[b"x-reef-capture"] = "false"
-    return kept + [(name, value.encode("latin-1")) for name, value in given.items()]
+    return kept + [(name, header_value(value)) for name, value in given.items()]
+
+
+def header_value(value: str) -> bytes:
+    """A header's bytes: ASCII as it is, anything else percent-encoded as UTF-8 (a task folder
+    named `tâche-任务` made every agent call a 500 when encoded as latin-1)."""
+    if value.isascii():
+        return value.encode("ascii")
+    return urllib.parse.quote(value, safe=" !#$&'()*+,/:;=?@[]~").encode("ascii")
 
 
 def _bearer(scope: Scope) -> str:

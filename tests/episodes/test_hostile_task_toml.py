@@ -46,3 +46,19 @@ def test_a_number_out_of_bounds_is_refused_saying_what_is_allowed(
 def test_numbers_within_bounds_load(tmp_path: Path) -> None:
     loaded = load_task(task(tmp_path / "t", '[environment]\ncpus = 1\nmemory = "512M"\n'))
     assert loaded.cpus == 1.0 and loaded.memory_mb == 512
+
+
+def test_a_task_s_strings_are_printed_as_data(tmp_path: Path) -> None:
+    """A category with ESC sequences cleared the screen and set the window title in `reef
+    tasks list`; `[/red]` gave a MarkupError traceback. Both print as text now."""
+    from typer.testing import CliRunner
+
+    from reef.cli import app
+
+    hostile = "\\u001b[2J\\u001b]0;owned\\u0007 [/red] [bold]x"
+    folder = task(tmp_path / "tâche-任务", f'[metadata]\ncategory = "{hostile}"\n')
+    result = CliRunner().invoke(app, ["tasks", "list", str(folder)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output
+    assert "[/red] [bold]x" in result.output  # the markup as written, not applied
+    assert "tâche-任务" in result.output

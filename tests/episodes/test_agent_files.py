@@ -1,0 +1,36 @@
+"""Nothing the agent writes is trusted by the runner (issue 74): a trajectory line nested
+100,000 deep raised RecursionError, `reef tasks run` died, no report was posted and the next
+task never ran. Each bad line is now counted and said; the good ones are read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reef.episodes.runner import MAX_STEP_DEPTH, parse_step, read_commands
+
+
+def test_a_deep_line_is_counted_not_parsed(tmp_path: Path) -> None:
+    (tmp_path / "agent").mkdir()
+    good = json.dumps({"tool": "shell", "arguments": 'ls [[[ {{ \\ "'}) + "\n"
+    hostile = "[" * 100_000 + "]" * 100_000 + "\n"
+    deep_object = '{"a": ' + "[" * (MAX_STEP_DEPTH + 1) + "]" * (MAX_STEP_DEPTH + 1) + "}\n"
+    (tmp_path / "agent" / "trajectory.jsonl").write_text(good + hostile + deep_object + "{cut")
+    steps, said = read_commands(tmp_path)
+    assert steps == [json.loads(good)]
+    assert said == "3 line(s) of the agent's trajectory could not be read"
+
+
+def test_brackets_inside_strings_do_not_count_as_depth() -> None:
+    line = json.dumps({"answer": "[" * 500 + '"' + "{" * 500})
+    assert parse_step(line) == json.loads(line)
+
+
+def test_a_task_named_in_unicode_grants_headers_a_server_can_send() -> None:
+    from reef.episodes.tokens import EpisodeGrant
+    from reef.server.auth import granted_headers
+
+    grant = EpisodeGrant("default", "ep-t-1", "tâche-任务", "current", 0.0)
+    headers = dict(granted_headers([], grant))
+    assert headers[b"x-reef-tag-task"] == b"t%C3%A2che-%E4%BB%BB%E5%8A%A1"
+    assert headers[b"x-reef-scenario"] == b"default"
