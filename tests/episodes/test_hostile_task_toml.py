@@ -48,17 +48,21 @@ def test_numbers_within_bounds_load(tmp_path: Path) -> None:
     assert loaded.cpus == 1.0 and loaded.memory_mb == 512
 
 
-def test_a_task_s_strings_are_printed_as_data(tmp_path: Path) -> None:
+def test_a_task_s_strings_are_printed_as_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A category with ESC sequences cleared the screen and set the window title in `reef
     tasks list`; `[/red]` gave a MarkupError traceback. Both print as text now."""
     from typer.testing import CliRunner
 
-    from reef.cli import app
+    from reef.cli import app, output
 
-    hostile = "\\u001b[2J\\u001b]0;owned\\u0007 [/red] [bold]x"
+    # A table as wide as its cells whatever the terminal (Rich keeps its width in `_width`).
+    monkeypatch.setattr(output.console, "_width", 200)
+    hostile = "\\u001b]0;x\\u0007[/red]"  # a window title, then markup that closes nothing
     folder = task(tmp_path / "tâche-任务", f'[metadata]\ncategory = "{hostile}"\n')
-    result = CliRunner().invoke(app, ["tasks", "list", str(folder)], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["tasks", "list", str(folder)])
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.output and "\x07" not in result.output
-    assert "[/red] [bold]x" in result.output  # the markup as written, not applied
+    assert "[/red]" in result.output  # the markup as written, not applied
     assert "tâche-任务" in result.output

@@ -30,7 +30,9 @@ PRIVATE = [
     "reach me at +44 20 7946 0958",
     "write to alice.smith@example.com",
     "my api key is sk-proj-abcdEFGH1234567890abcdEFGH1234567890xyz",
-    "password: hunter2!",
+    "my password is hunter2!",
+    'password = "hunter2!"',
+    "the api key: 9f8e7d6c5b4a",
     "AKIAIOSFODNN7EXAMPLE",
     "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
     "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
@@ -105,7 +107,7 @@ def test_private_data_anywhere_in_a_call_keeps_it_out_of_learning(store: Experie
             "I don't know.",
             {"demonstration": "You are Alice Smith, alice.smith@example.com."},
         ),
-        call(store, "Help", "Sure.", "my password: hunter2! please remember it"),  # feedback
+        call(store, "Help", "Sure.", "my password is hunter2! please remember it"),  # feedback
     ]
     view = ExperienceView(store, "default", consumed=set())
     learned = {turn.record_id for t in view.trajectories for turn in t.turns}
@@ -158,6 +160,9 @@ def test_a_tree_a_human_published_is_theirs_to_serve(workflow: ReleaseWorkflow) 
         "open src/reef/engines/llamacpp/handover.py at line 120",
         "the run 550e8400-e29b-41d4-a716-446655440000 failed",
         "export PATH=/usr/local/bin:$PATH",
+        "token = int(key)",
+        "def login(password: str, token: str | None = None) -> bool:",
+        "api_key = os.environ['OPENAI_API_KEY']",
     ],
 )
 def test_an_agent_s_ids_hashes_and_paths_are_not_secrets(text: str) -> None:

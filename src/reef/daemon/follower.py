@@ -86,7 +86,10 @@ class HeadFollower:
             state.metrics.switches.labels(scenario).inc()
             state.metrics.switch_seconds.labels(scenario).observe(time.perf_counter() - started)
             if head is not None:
-                self._probe(scenario, head, binding)
+                try:
+                    self._probe(scenario, head, binding)
+                except Exception as error:  # a probe never stops the follower or a swap
+                    log.warning("could not plan a probe of %s: %s", binding.release_id, error)
         self.serving_commits[scenario] = commit
         self.retry_at.pop(scenario, None)
         self._clear(scenario)

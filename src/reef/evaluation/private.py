@@ -18,7 +18,8 @@ What is found, each by the field's own tools where one exists:
 - **emails**: an address's shape;
 - **API keys and tokens**: `detect-secrets`' detectors of known formats (AWS, GitHub, GitLab,
   Slack, Stripe, JWT, private keys, …), the model providers' prefixed keys (`sk-…`, `hf_…`), and
-  a value said to be a password, key or token ("password: …", "my api key is …"). A random-looking
+  a value said to be a password, key or token ("my password is …", "the api key: …", or a
+  quoted literal: `password = "…"`; not `token = int(key)`, which is code). A random-looking
   word alone is not enough (detect-secrets' high-entropy plugins read only quoted values in code
   for that reason): agents' calls are full of commit hashes, ids and paths, and dropping them all
   would leave nothing to learn from.
@@ -41,11 +42,20 @@ CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
 CARD_GROUPS = re.compile(r"(?<![\d-])\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?![\d-])")
 EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 IBAN_SHAPE = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b")
-# A value said to be a secret: "password: hunter2", "my api key is abc123…".
-SAID_SECRET = re.compile(
-    r"(?i)\b(?:password|passwd|passphrase|api[ _-]?key|secret(?:[ _-]?key)?|access[ _-]?token"
-    r"|auth[ _-]?token|token)\b\s*(?:is|=|:)\s*[\"']?(\S{6,})"
+# A value said to be a secret, in prose ("my password is hunter2!", "the api key: abc123…") or
+# as a quoted literal (`password = "hunter2!"`): not `token = int(key)` or `password: str`,
+# which coding agents' calls are full of.
+_SECRET_WORD = (
+    r"(?:password|passwd|passphrase|api[ _-]?key|secret(?:[ _-]?key)?|access[ _-]?token"
+    r"|auth[ _-]?token|token)"
 )
+SAID_SECRET = re.compile(
+    rf"(?i)\b(?:my|our|your|the)\s+{_SECRET_WORD}\s*(?:\bis\b|:)\s*[\"']?([^\s\"']{{6,}})"
+    rf"|\b{_SECRET_WORD}\b\s*[=:]\s*[\"']([^\s\"']{{6,}})[\"']"
+)
+# A line a known key format could be on: most lines of text and code are not, and skip the
+# detectors (25 regular expressions each).
+KEYISH = re.compile(r"[A-Za-z0-9_\-+/=.]{16,}|PRIVATE KEY|(?i:key|token|secret|password)")
 # Model providers' keys, which detect-secrets does not know in their current forms.
 PREFIXED_KEY = re.compile(r"\b(?:sk-(?:proj-|ant-)?|hf_)[A-Za-z0-9_-]{20,}")
 # What every finding needs somewhere in the text: most text has none, and is read in microseconds.
@@ -144,11 +154,14 @@ def _emails(text: str) -> Iterator[Finding]:
 
 
 def _secrets(text: str) -> Iterator[Finding]:
-    for plugin in _key_detectors():
-        for value in plugin.analyze_string(text):
-            yield Finding("secret", str(value))
+    for line in text.splitlines():
+        if not KEYISH.search(line):
+            continue
+        for plugin in _key_detectors():
+            for value in plugin.analyze_string(line):
+                yield Finding("secret", str(value))
     for match in SAID_SECRET.finditer(text):
-        yield Finding("secret", match.group(1))
+        yield Finding("secret", match.group(1) or match.group(2))
     for match in PREFIXED_KEY.finditer(text):
         yield Finding("secret", match.group())
 
