@@ -109,6 +109,10 @@ def test_a_streamed_message_adds_up_and_carries_its_receipt_in_a_ping(
     receipt = dict(events)["ping"]["reef"]["agent_record_id"]
     record = http.get(f"/reef/records/{receipt}").json()
     assert record["stream"] is True and record["request"]["stream"] is True
+    # message_start says the prompt's tokens, as the whole answer and count_tokens do (issue 75).
+    started = dict(events)["message_start"]["message"]["usage"]
+    assert started["input_tokens"] == record["prompt_tokens"] > 0
+    assert started["cache_read_input_tokens"] == started["cache_creation_input_tokens"] == 0
     streamed = "".join(
         data["delta"]["text"] for name, data in events if name == "content_block_delta"
     )
@@ -248,7 +252,7 @@ def test_x_api_key_is_accepted_and_a_wrong_key_refused_in_anthropic_shape(
             {
                 "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Hi"}],
-                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "thinking": {"type": "always"},  # not one of Anthropic's kinds
             },
             "thinking",
         ),
@@ -291,3 +295,21 @@ def test_a_stop_sequence_the_engine_names_is_the_stop_reason() -> None:
         assert (unnamed["stop_reason"], unnamed["stop_sequence"]) == ("end_turn", None)
     cut = answer(finish_reason="length", stop_reason=None)
     assert (cut["stop_reason"], cut["stop_sequence"]) == ("max_tokens", None)
+
+
+def test_usage_has_the_cache_fields_and_thinking_enabled_is_accepted(
+    claude: anthropic.Anthropic,
+) -> None:
+    """Issue 75: `usage` lacked the cache fields the SDK reads, and `thinking: {"type":
+    "enabled"}` was refused. The served models have no thinking: no thinking block comes back."""
+    message = claude.messages.create(
+        model="default",
+        max_tokens=8,
+        messages=[{"role": "user", "content": "Say hi."}],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"temperature": 0},
+    )
+    assert [block.type for block in message.content] == ["text"]
+    assert message.usage.cache_read_input_tokens == 0
+    assert message.usage.cache_creation_input_tokens == 0
+    assert message.usage.input_tokens > 0

@@ -48,7 +48,12 @@ async def messages(request: Request) -> Response:
     call = state.call_context(request.headers)
     chat = call.served(parse(ChatRequest, body))
     if chat.stream:
-        return await streamed(state, call, body, chat, MessageStreamShape())
+        # message_start says the prompt's tokens, as Anthropic's does: counted here, where the
+        # engine can (0 where it cannot: an upstream, vLLM).
+        counted = 0
+        if isinstance(state.engine, CountsTokens):
+            counted = await run_in_threadpool(state.engine.count_prompt_tokens, chat)
+        return await streamed(state, call, body, chat, MessageStreamShape(counted))
     completion, headers = await served_whole(request, state, call, body, chat)
     return JSONResponse(anthropic_message(completion.response), headers=headers)
 

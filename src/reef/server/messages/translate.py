@@ -122,8 +122,9 @@ class ToolChoice(BaseModel):
 class Thinking(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    # "adaptive" lets the model decide whether to think: the served models never do.
-    type: Literal["disabled", "adaptive"]
+    # "adaptive" lets the model decide whether to think, "enabled" (with its `budget_tokens`)
+    # asks it to: the served models have no thinking, so neither gives a thinking block.
+    type: Literal["disabled", "adaptive", "enabled"]
 
 
 class JsonOutputFormat(BaseModel):
@@ -162,7 +163,7 @@ class MessagesRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None  # accepted and not used (user_id)
-    thinking: Thinking | None = None  # accepted as {"type": "disabled"} or "adaptive"
+    thinking: Thinking | None = None  # accepted (disabled, adaptive, enabled); no thinking block
     context_management: dict[str, Any] | None = None  # accepted, not used (no thinking to clear)
     output_config: OutputConfig | None = None
 
@@ -302,10 +303,18 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 def _usage(response: dict[str, Any]) -> dict[str, int]:
+    """Anthropic's usage: the prompt's tokens (none of them written to or read from a prompt
+    cache in Anthropic's sense: the engine's own prefix cache is not billed), the answer's."""
     usage = response.get("usage") or {}
+    return usage_of(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+def usage_of(input_tokens: int, output_tokens: int) -> dict[str, int]:
     return {
-        "input_tokens": int(usage.get("prompt_tokens") or 0),
-        "output_tokens": int(usage.get("completion_tokens") or 0),
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
     }
 
 
@@ -360,7 +369,8 @@ class MessageStreamShape:
     message_stop. The receipt is a `ping` event (the SDKs skip pings) sent before message_delta:
     `{"type": "ping", "reef": {"agent_record_id": ...}}`."""
 
-    def __init__(self) -> None:
+    def __init__(self, input_tokens: int = 0) -> None:
+        self.input_tokens = input_tokens  # the prompt's, where the engine can count them
         self.started = False
         self.blocks = 0  # blocks started so far; the open one is the last
         self.open: str | int | None = None  # "text", a tool call's index, or None
@@ -394,7 +404,7 @@ class MessageStreamShape:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": usage_of(self.input_tokens, 0),
         }
         return event("message_start", {"type": "message_start", "message": message})
 
