@@ -162,6 +162,31 @@ def test_embeddings_as_floats_equal_the_sdks_base64(client: OpenAI, http: httpx.
     assert "'float' or 'base64'" in refused.json()["error"]["message"]
 
 
+def test_embeddings_of_token_ids_equal_those_of_their_text(
+    client: OpenAI, http: httpx.Client
+) -> None:
+    """OpenAI's `input` may be token ids (one input) or lists of them (issue 75: refused)."""
+    from reef.engines.llamacpp import embedded_model_path
+    from reef.engines.llamacpp.weights import load_model
+
+    model = load_model(embedded_model_path())
+    try:
+        ids = list(model.tokenize(b"the cat sat on the mat", add_bos=True, special=False))
+        n_vocab = model.n_vocab()
+    finally:
+        model.close()
+    text = client.embeddings.create(model="default", input="the cat sat on the mat")
+    one = client.embeddings.create(model="default", input=ids)
+    assert one.data[0].embedding == pytest.approx(text.data[0].embedding, abs=1e-5)
+    assert one.usage.prompt_tokens == len(ids)
+    many = client.embeddings.create(model="default", input=[ids, ids[:3]])
+    assert [item.index for item in many.data] == [0, 1]
+    assert many.data[0].embedding == pytest.approx(text.data[0].embedding, abs=1e-5)
+    refused = http.post("/v1/embeddings", json={"input": [n_vocab + 5]})
+    assert refused.status_code == 400
+    assert "not in the model's vocabulary" in refused.json()["error"]["message"]
+
+
 @pytest.fixture(scope="module")
 def front(
     llama_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory

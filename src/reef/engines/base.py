@@ -78,9 +78,10 @@ class ForwardsJson(Protocol):
 
 @runtime_checkable
 class Embeds(Protocol):
-    """An engine that embeds texts itself: the vectors, and the tokens they took."""
+    """An engine that embeds texts itself (or token ids of its own vocabulary, as OpenAI's
+    `input` may be): the vectors, and the tokens they took."""
 
-    async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]: ...
+    async def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]: ...
 
 
 @runtime_checkable

@@ -31,6 +31,23 @@ def embedding_tokens(model: Any, text: str, window: int = EMBEDDING_WINDOW) -> l
     return tokens
 
 
+def embedding_ids(ids: list[int], n_vocab: int, window: int = EMBEDDING_WINDOW) -> list[int]:
+    """Token ids sent as an input (OpenAI's `input` as integers), checked against the model's
+    vocabulary and the window."""
+    if not ids:
+        raise Unsupported("an input is empty: send at least one token id")
+    if len(ids) > window:
+        raise Unsupported(
+            f"an input is {len(ids)} tokens; embeddings take at most {window} per input: split it"
+        )
+    wrong = next((token for token in ids if not 0 <= token < n_vocab), None)
+    if wrong is not None:
+        raise Unsupported(
+            f"token id {wrong} is not in the model's vocabulary (ids are 0 to {n_vocab - 1})"
+        )
+    return list(ids)
+
+
 class LlamaEmbedder:
     """Mean-pooled, L2-normalised embeddings from a loaded model (call on its worker thread)."""
 

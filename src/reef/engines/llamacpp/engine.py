@@ -46,7 +46,7 @@ from reef.engines.llamacpp.context import (
     batch_context,
     kv_cache_bytes,
 )
-from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_tokens
+from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_ids, embedding_tokens
 from reef.engines.llamacpp.handover import PrefillLane
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
@@ -509,13 +509,19 @@ class LlamaCppEngine:
         self._live_checkpoints.discard(chosen)
         return chosen
 
-    async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """Embeddings of `texts` and the tokens they took, computed between two decode turns."""
+    async def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
+        """Embeddings of `texts` (or token ids of this model's vocabulary) and the tokens they
+        took, computed between two decode turns."""
         if self._model is None:
             raise EngineUnavailable(
                 "the llama.cpp engine is not loaded (server starting or stopping)"
             )
-        inputs = [embedding_tokens(self._model, text) for text in texts]
+        inputs = [
+            embedding_tokens(self._model, text)
+            if isinstance(text, str)
+            else embedding_ids(text, self._model.n_vocab())
+            for text in texts
+        ]
         loop = asyncio.get_running_loop()
         result: asyncio.Future[Any] = loop.create_future()
         with self._admission():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.requests import Request
@@ -36,14 +37,15 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    input: str | list[str]
+    # A text, texts, token ids (one input), or lists of token ids, as OpenAI's `input`.
+    input: str | list[str] | list[int] | list[list[int]]
     encoding_format: str | None = None
 
     @field_validator("input")
     @classmethod
-    def _texts(cls, value: str | list[str]) -> str | list[str]:
+    def _texts(cls, value: Any) -> Any:
         if isinstance(value, list) and not 1 <= len(value) <= MAX_EMBEDDING_INPUTS:
-            raise ValueError(f"send 1 to {MAX_EMBEDDING_INPUTS} strings")
+            raise ValueError(f"send 1 to {MAX_EMBEDDING_INPUTS} inputs")
         return value
 
     @field_validator("encoding_format")
@@ -53,8 +55,12 @@ class EmbeddingRequest(BaseModel):
             raise ValueError("encoding_format must be 'float' or 'base64'")
         return value
 
-    def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else self.input
+    def texts(self) -> list[str | list[int]]:
+        """Each input: a text, or a list of token ids."""
+        found = self.input
+        if isinstance(found, str) or (found and isinstance(found[0], int)):
+            return [found]
+        return list(found)  # type: ignore[arg-type]
 
 
 async def embeddings(request: Request) -> Response:
