@@ -102,6 +102,8 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    # Not OpenAI's, but llama.cpp's and Anthropic's: sample among the k most likely tokens.
+    top_k: int | None = Field(None, ge=1)
     n: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None

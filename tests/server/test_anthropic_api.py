@@ -313,3 +313,19 @@ def test_usage_has_the_cache_fields_and_thinking_enabled_is_accepted(
     assert message.usage.cache_read_input_tokens == 0
     assert message.usage.cache_creation_input_tokens == 0
     assert message.usage.input_tokens > 0
+
+
+def test_top_k_is_honoured(claude: anthropic.Anthropic, http: httpx.Client) -> None:
+    """Issue 75: `top_k` was refused although llama.cpp samples with it. With k = 1 a sampled
+    answer is the greedy one, whatever the seed; the record says what it was drawn with."""
+    ask: Any = [{"role": "user", "content": "Name a colour."}]
+    greedy = claude.messages.create(
+        model="default", max_tokens=12, messages=ask, extra_body={"temperature": 0}
+    )
+    raw = claude.messages.with_raw_response.create(
+        model="default", max_tokens=12, messages=ask, extra_body={"temperature": 1, "top_k": 1}
+    )
+    sampled = raw.parse()
+    assert sampled.content[0].text == greedy.content[0].text  # type: ignore[union-attr]
+    record = http.get(f"/reef/records/{raw.headers['x-reef-agent-record-id']}").json()
+    assert record["sampling"]["top_k"] == 1

@@ -51,7 +51,7 @@ from reef.engines.llamacpp.handover import PrefillLane
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.prefill_weights import PrefillSetting, forget_copy, prefill_path
-from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, Sampling
+from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, Sampling
 from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
 from reef.engines.llamacpp.weights import Repack, load_model
 from reef.errors import EngineUnavailable, Overloaded, Unsupported
@@ -692,6 +692,7 @@ class LlamaCppEngine:
             logit_bias=self._logit_bias(request),
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=DEFAULT_TOP_K if request.top_k is None else request.top_k,
             stops=request.stop_sequences(),
             top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
             presence_penalty=request.presence_penalty or 0.0,

@@ -44,6 +44,7 @@ class Sampling:
     presence_penalty: float
     frequency_penalty: float
     seed: int
+    top_k: int = DEFAULT_TOP_K
 
     def as_served(self) -> dict[str, Any]:
         """The settings the answer was sampled with, defaults included, as a record keeps them:
@@ -52,7 +53,7 @@ class Sampling:
         return {
             "temperature": self.temperature,
             "top_p": None if greedy else self.top_p,
-            "top_k": None if greedy else DEFAULT_TOP_K,
+            "top_k": None if greedy else self.top_k,
             "min_p": None if greedy else DEFAULT_MIN_P,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
@@ -166,7 +167,7 @@ def _samplers(vocab: Any, n_vocab: int, sampling: Sampling, grammar: str | None)
         chain.append(llama_cpp.llama_sampler_init_greedy())
         return chain
     chain += [
-        llama_cpp.llama_sampler_init_top_k(DEFAULT_TOP_K),
+        llama_cpp.llama_sampler_init_top_k(sampling.top_k),
         llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1),
         llama_cpp.llama_sampler_init_min_p(DEFAULT_MIN_P, 1),
         llama_cpp.llama_sampler_init_temp(sampling.temperature),

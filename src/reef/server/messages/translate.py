@@ -158,6 +158,7 @@ class MessagesRequest(BaseModel):
     system: str | list[TextBlock] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)  # llama.cpp samples with it; chat's `top_k`
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
@@ -188,7 +189,7 @@ class MessagesRequest(BaseModel):
         body: dict[str, Any] = {"messages": messages, "max_tokens": self.max_tokens}
         if self.model is not None:
             body["model"] = self.model
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "top_k"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         if self.stop_sequences:
