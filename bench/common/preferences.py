@@ -190,14 +190,17 @@ def project(
     policy: str,
     path: str = "alone",
     taught_url: str | None = None,
+    prefill: str = "auto",
 ) -> Path:
+    """A project serving the embedded model as a user's does (`prefill`: which weights read
+    prompts, `engine.llamacpp.prefill_weights`; auto is the server's default)."""
     (folder / "evals").mkdir(parents=True)
     preference_tasks = "".join(
         eval_tasks(EVALS[:3], pattern, group="preference") for pattern in preference.task_patterns
     )
     (folder / "evals/default.jsonl").write_text(correctness_tasks() + preference_tasks)
     (folder / "reef.yaml").write_text(
-        "engine:\n  llamacpp: {n_ctx: 1024, n_threads: 2}\n"
+        f"engine:\n  llamacpp: {{n_ctx: 1024, n_threads: 2, prefill_weights: {prefill}}}\n"
         f"gate:\n  policy: {policy}\n  max_tokens: {TOKENS}\n"
         "  groups: {default: {max_lost: 1}}\n"
         f"learning: {json.dumps(learning(preference, recipe, path, taught_url))}\n"
@@ -407,6 +410,7 @@ def run(
     taught: tuple[Table, str] | None = None,
     metric_calls: int | None = None,
     src: Path | None = None,
+    prefill: str = "auto",
 ) -> dict:
     """One run from the base; with `taught`, the taught model's table and URL, which answers
     only while the user trains (never while the student is measured). With `metric_calls`, the
@@ -416,7 +420,7 @@ def run(
     table, taught_url = taught if taught else (Table(answering=False), None)
     table.preference, table.answering = preference.name.split("/")[0], False
     folder = Path(tempfile.mkdtemp(prefix="reef-pref-"))
-    project(folder, preference, recipe, policy, path, taught_url)
+    project(folder, preference, recipe, policy, path, taught_url, prefill)
     decisions = []
     env = {**os.environ, "PYTHONPATH": str(src)} if src else None
     with reef_serve(folder, free_port(), env=env).start() as server:
@@ -461,6 +465,7 @@ def run(
         "recipe": recipe,
         "policy": policy,
         "path": path,
+        "prefill": prefill,
         "told": told,
         "told_answering": told_answering,
         "before": before,

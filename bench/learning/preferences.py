@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.learning.preferences [--preferences sure,short] [--recipes sft]
         [--policies no_regression,improve] [--rounds 3] [--budget 300] [--phrasings]
         [--paths alone,reviser,judged,teacher,demonstration] [--metric-calls 120]
+        [--prefill auto,same]
 
 For each preference, recipe and gate policy, in a fresh project: `reef serve` on the embedded
 SmolLM2-135M with the recipe configured as docs/recipes.md shows it, and in the gate the six
@@ -39,6 +40,10 @@ beside the share that also still answers the question, by hindsight's check by w
 keeps both). That check refuses an answer in another language than the question's, right or
 not, unless it repeats the question's own words or numbers: for a language preference the second
 share says little, and the answers must be read.
+
+`--prefill auto,same` runs each once with the prompt lane on (`engine.llamacpp.prefill_weights:
+auto`, the server's default) and once without (`same`): a change that serves something else than
+what was released under one of them (issue 70) shows as the row that did not move.
 
 `--metric-calls N` gives each run a budget of metric calls (the answers its steps ask the served
 model for to score: the recipe's search and the gate's evaluation, as `/reef/status` counts them):
@@ -101,6 +106,12 @@ def main() -> None:
         help="each run's budget of metric calls (answers its steps score, search and gate): "
         "rounds go on until it is spent, and the pass rate after each is drawn against it",
     )
+    parser.add_argument(
+        "--prefill",
+        default="auto",
+        help="which weights read prompts (engine.llamacpp.prefill_weights), one run each: "
+        "auto (the server's default), same, or both as auto,same",
+    )
     parser.add_argument("--json", type=Path, default=OUT / "preferences.json")
     args = parser.parse_args()
     chosen = [p for p in PREFERENCES if p.name in args.preferences.split(",")]
@@ -118,7 +129,7 @@ def main() -> None:
         return survey_told(chosen)
     rows = []
     print(
-        f"{'preference':18} {'recipe':15} {'path':13} {'told':>5} {'held-out':>13} "
+        f"{'preference':18} {'recipe':15} {'path':13} {'prefill':7} {'told':>5} {'held-out':>13} "
         f"{'and right':>13} {'correct':>8} {'release':>10} {'parts':>16} {'rounds':>22} "
         f"{'s':>5} {'calls':>6}"
     )
@@ -128,18 +139,20 @@ def main() -> None:
             for recipe in args.recipes.split(","):
                 for policy in args.policies.split(","):
                     for path in paths:
-                        row = run(
-                            preference,
-                            recipe,
-                            policy,
-                            args.rounds,
-                            args.budget,
-                            path,
-                            (table, taught_url),
-                            args.metric_calls,
-                        )
-                        rows.append(row)
-                        show(row)
+                        for prefill in args.prefill.split(","):
+                            row = run(
+                                preference,
+                                recipe,
+                                policy,
+                                args.rounds,
+                                args.budget,
+                                path,
+                                (table, taught_url),
+                                args.metric_calls,
+                                prefill=prefill,
+                            )
+                            rows.append(row)
+                            show(row)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
     draw(rows, args.json.with_suffix(".png"))
@@ -162,7 +175,8 @@ def survey_told(chosen: list[Preference]) -> None:
 
 def show(row: dict) -> None:
     print(
-        f"{row['preference']:18} {row['recipe']:15} {row['path']:13} {row['told']:>5.2f} "
+        f"{row['preference']:18} {row['recipe']:15} {row['path']:13} "
+        f"{row.get('prefill', 'auto'):7} {row['told']:>5.2f} "
         f"{row['before']:>5.2f} -> {row['after']:<5.2f} "
         f"{row['right_before']:>5.2f} -> {row['right_after']:<5.2f} "
         f"{row['correct_before']:>3} -> {row['correct_after']:<2} "
@@ -182,7 +196,10 @@ def draw(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['preference']}\n{r['recipe']}\n{r.get('path', 'alone')}" for r in rows]
+    labels = [
+        f"{r['preference']}\n{r['recipe']}\n{r.get('path', 'alone')}\n{r.get('prefill', 'auto')}"
+        for r in rows
+    ]
     positions = list(range(len(rows)))
     figure, (rates, knowledge) = plt.subplots(2, 1, figsize=(max(6, 1.5 * len(rows)), 6))
     rates.bar([p - 0.2 for p in positions], [r["before"] for r in rows], 0.4, label="base")
