@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -24,7 +24,7 @@ from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, console, fail
 from reef.config import ReefConfig
 from reef.errors import ReefError
-from reef.evaluation.runner import model_generate
+from reef.evaluation.runner import Generate, TaskResult, model_generate
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.inference.model import open_model
 from reef.releases.chain import (
@@ -424,33 +424,46 @@ def publish(
 
 async def _run_gate(workflow: ReleaseWorkflow, candidate: Candidate) -> Candidate:
     config: ReefConfig = workflow.config
-    if config.gate_for(candidate.scenario).policy == "always":
-        return await workflow.gate(candidate, _no_generation)
     try:
         total: int | None = len(load_tasks(tasks_path(config.evals_dir, candidate.scenario)))
     except ReefError:
         total = None  # the gate will reject it and say why
     if config.gate_for(candidate.scenario).episodes is not None:
         total = None  # episodes besides (or instead of) the chat tasks: counted as they end
-    async with open_model(config) as model:
-        columns = (
-            TextColumn("evaluating {task.description} on " + model.name),
-            BarColumn(),
-            MofNCompleteColumn(),
-        )
-        with Progress(*columns, console=console, transient=True) as progress:
-            bar = progress.add_task(candidate.id, total=total)
-            generate = model_generate(model, workflow.eval_settings(candidate.scenario))
-            return await workflow.gate(candidate, generate, lambda _: progress.advance(bar))
+
+    async def gate(generate: Generate, on_task: OnTask) -> Candidate:
+        return await workflow.gate(candidate, generate, on_task)
+
+    return await _with_model(workflow, candidate.scenario, candidate.id, total, gate)
 
 
 async def _regate(workflow: ReleaseWorkflow, candidate_id: str) -> tuple[Candidate, Candidate]:
     """Re-gate with the model loaded first: an interrupt while it loads leaves the old
     candidate as it was and proposes nothing."""
+    scenario = workflow.candidates.get(candidate_id).scenario
+
+    async def regate(generate: Generate, on_task: OnTask) -> tuple[Candidate, Candidate]:
+        return await workflow.regate(candidate_id, generate, on_task)
+
+    return await _with_model(workflow, scenario, candidate_id, None, regate)
+
+
+OnTask = Callable[[TaskResult], None]
+T = TypeVar("T")
+
+
+async def _with_model(
+    workflow: ReleaseWorkflow,
+    scenario: str,
+    label: str,
+    total: int | None,
+    run: Callable[[Generate, OnTask], Awaitable[T]],
+) -> T:
+    """`run` a gate on the model loaded here, with a progress bar of `total` tasks; under the
+    `always` policy, with no model (it evaluates nothing)."""
     config: ReefConfig = workflow.config
-    old = workflow.candidates.get(candidate_id)
-    if config.gate_for(old.scenario).policy == "always":
-        return await workflow.regate(candidate_id, _no_generation)
+    if config.gate_for(scenario).policy == "always":
+        return await run(_no_generation, lambda _: None)
     async with open_model(config) as model:
         columns = (
             TextColumn("evaluating {task.description} on " + model.name),
@@ -458,9 +471,9 @@ async def _regate(workflow: ReleaseWorkflow, candidate_id: str) -> tuple[Candida
             MofNCompleteColumn(),
         )
         with Progress(*columns, console=console, transient=True) as progress:
-            bar = progress.add_task(candidate_id, total=None)
-            generate = model_generate(model, workflow.eval_settings(old.scenario))
-            return await workflow.regate(candidate_id, generate, lambda _: progress.advance(bar))
+            bar = progress.add_task(label, total=total)
+            generate = model_generate(model, workflow.eval_settings(scenario))
+            return await run(generate, lambda _: progress.advance(bar))
 
 
 async def _no_generation(*_: Any) -> str:
