@@ -18,8 +18,10 @@ What is found, each by the field's own tools where one exists:
 - **emails**: an address's shape;
 - **API keys and tokens**: `detect-secrets`' detectors of known formats (AWS, GitHub, GitLab,
   Slack, Stripe, JWT, private keys, …), the model providers' prefixed keys (`sk-…`, `hf_…`), and
-  a value said to be a password, key or token ("my password is …", "the api key: …", or a
-  quoted literal: `password = "…"`; not `token = int(key)`, which is code). A random-looking
+  a value said to be a password, PIN, key or token, in the few words after its name ("password
+  is hunter2!", "pw: …", "the password for the wifi is …", "my pin is 1234"), a word with a
+  digit and none of code's brackets: not `token = int(key)`, "the password is correct" or
+  "token limit: 4096". A random-looking
   word alone is not enough (detect-secrets' high-entropy plugins read only quoted values in code
   for that reason): agents' calls are full of commit hashes, ids and paths, and dropping them all
   would leave nothing to learn from.
@@ -42,17 +44,18 @@ CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
 CARD_GROUPS = re.compile(r"(?<![\d-])\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?![\d-])")
 EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 IBAN_SHAPE = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b")
-# A value said to be a secret, in prose ("my password is hunter2!", "the api key: abc123…") or
-# as a quoted literal (`password = "hunter2!"`): not `token = int(key)` or `password: str`,
-# which coding agents' calls are full of.
-_SECRET_WORD = (
-    r"(?:password|passwd|passphrase|api[ _-]?key|secret(?:[ _-]?key)?|access[ _-]?token"
-    r"|auth[ _-]?token|token)"
+# A value said to be a secret: within a few words after one of these, a word that is one by its
+# shape (`_secretlike`): "my password is hunter2!", "password: hunter2!", "pw = Sup3rS3cret",
+# "the password for the wifi is Blue42Cat", "my pin is 1234", "use the token abc123XYZ789".
+# Not `password: str`, `token = int(key)`, "the password is correct", "token limit: 4096".
+SECRET_WORD = re.compile(
+    r"(?i)\b(?:password|passwd|passcode|passphrase|pw|pin|api[ _-]?key|secret(?:[ _-]?key)?"
+    r"|access[ _-]?(?:key|token)|auth[ _-]?token|token)\b"
 )
-SAID_SECRET = re.compile(
-    rf"(?i)\b(?:my|our|your|the)\s+{_SECRET_WORD}\s*(?:\bis\b|:)\s*[\"']?([^\s\"']{{6,}})"
-    rf"|\b{_SECRET_WORD}\b\s*[=:]\s*[\"']([^\s\"']{{6,}})[\"']"
-)
+_AFTER_SECRET_WORD = re.compile(r"[^\s]+")
+SAID_WITHIN = 6  # words after the secret's name that may say it
+CONNECTORS = frozenset({"is", ":", "=", "was", "be"})
+SHORT_SECRETS = ("pin", "passcode")  # four digits are enough for these
 # A line a known key format could be on: most lines of text and code are not, and skip the
 # detectors (25 regular expressions each).
 KEYISH = re.compile(r"[A-Za-z0-9_\-+/=.]{16,}|PRIVATE KEY|(?i:key|token|secret|password)")
@@ -60,8 +63,8 @@ KEYISH = re.compile(r"[A-Za-z0-9_\-+/=.]{16,}|PRIVATE KEY|(?i:key|token|secret|p
 PREFIXED_KEY = re.compile(r"\b(?:sk-(?:proj-|ant-)?|hf_)[A-Za-z0-9_-]{20,}")
 # What every finding needs somewhere in the text: most text has none, and is read in microseconds.
 WORTH_READING = re.compile(
-    r"(?:\d[ ()+.-]{0,2}){7,}|@|\S{20,}|(?i:password|passwd|passphrase|secret|token|api.?key"
-    r"|private key)"
+    r"(?:\d[ ()+.-]{0,2}){7,}|@|\S{20,}|(?i:password|passwd|passcode|passphrase|\bpw\b|\bpin\b"
+    r"|secret|token|api.?key|access.?key|private key)"
 )
 PHONE_REGION = "US"  # where a number written without its country code is read from
 LEFT_OUT_DETECTORS = {"IPPublicDetector"}
@@ -160,10 +163,43 @@ def _secrets(text: str) -> Iterator[Finding]:
         for plugin in _key_detectors():
             for value in plugin.analyze_string(line):
                 yield Finding("secret", str(value))
-    for match in SAID_SECRET.finditer(text):
-        yield Finding("secret", match.group(1) or match.group(2))
+    for match in SECRET_WORD.finditer(text):
+        found = _said_after(text[match.end() : match.end() + 200], match.group().lower())
+        if found is not None:
+            yield Finding("secret", found)
     for match in PREFIXED_KEY.finditer(text):
         yield Finding("secret", match.group())
+
+
+def _said_after(rest: str, name: str) -> str | None:
+    """The secret said in the few words after its `name`, or None: a word after `is`, `:` or
+    `=` that has a digit and no code's brackets (four characters for a PIN, six else), or, with
+    nothing between, a word of eight or more letters and digits."""
+    connected = False
+    for word in _AFTER_SECRET_WORD.findall(rest)[:SAID_WITHIN]:
+        if word.lower().rstrip(":=") in CONNECTORS or word in (":", "="):
+            connected = True
+            continue
+        if word[0] in ":=" or word[-1] in ":=":  # "pw:", "=Sup3rS3cret": the sign in the word
+            connected = True
+            word = word.strip(":=")
+            if not word:
+                continue
+        value = word.strip("\"'`.,;!?")  # quotes around it, the sentence's end after it
+        value = word.strip("\"'`,;") if any(c.isdigit() for c in value) else value
+        if _secretlike(value, 4 if name in SHORT_SECRETS else 6 if connected else 8):
+            return value
+    return None
+
+
+def _secretlike(word: str, shortest: int) -> bool:
+    """A word that could be a password or key: long enough, a digit in it, none of a code
+    expression's brackets or calls."""
+    return (
+        len(word) >= shortest
+        and any(c.isdigit() for c in word)
+        and not any(c in word for c in "()[]{}<>")
+    )
 
 
 @functools.cache
