@@ -241,3 +241,12 @@ def test_a_relabel_brings_no_new_number_and_no_private_data() -> None:
     assert facts_kept("10 minus 4 is 6.\n\nCheers", wrong, hint)  # the result asked for
     card = turn(hint, answer="Your card is on file.", question="Is my card 4111 1111 1111 1111 ok?")
     assert not facts_kept("Your card 4111 1111 1111 1111 is on file.\n\nCheers", card, hint)
+
+
+def test_a_numbered_list_asked_for_is_form_not_new_numbers() -> None:
+    """Said another way: "answer as a numbered list" makes "1. Red", numbers neither the
+    question nor the first answer said; they number the items and are kept."""
+    hint = "Answer as a numbered list."
+    colours = turn(hint, answer="Red, blue and green.", question="Name three colours.")
+    assert facts_kept("1. Red\n2. Blue\n3. Green", colours, hint)
+    assert not facts_kept("1. Red\n2. Blue, which is 7 times darker", colours, hint)

@@ -244,6 +244,7 @@ def facts_kept(answer: str, turn: Turn, hint: str) -> bool:
     teach content the model got wrong, or another user's."""
     beyond = says_more_than(answer, f"{hint} {turn.prompt}")
     said_before = stated_numbers(f"{turn.prompt} {turn.answer_text} {hint}")
+    said_before |= _list_markers(answer)  # "1. Red" numbers the list, says nothing of red
     asked_for = expected_result(turn.prompt)
     if asked_for is not None:
         said_before.add(asked_for)
@@ -254,6 +255,14 @@ def facts_kept(answer: str, turn: Turn, hint: str) -> bool:
         and wrong_fact(turn.prompt, answer) is None
         and first_private(answer) is None
     )
+
+
+_LIST_MARKER = re.compile(r"(?m)^\s*(\d+)[.)]\s")
+
+
+def _list_markers(answer: str) -> set[float]:
+    """The numbers of a numbered list's items: form, which feedback may ask for."""
+    return {float(number) for number in _LIST_MARKER.findall(answer)}
 
 
 def keeps(
