@@ -34,3 +34,28 @@ def test_a_task_named_in_unicode_grants_headers_a_server_can_send() -> None:
     headers = dict(granted_headers([], grant))
     assert headers[b"x-reef-tag-task"] == b"t%C3%A2che-%E4%BB%BB%E5%8A%A1"
     assert headers[b"x-reef-scenario"] == b"default"
+
+
+def test_defanging_a_repository_never_reaches_through_its_links(tmp_path: Path) -> None:
+    """The runner defangs /app's git repositories as root: an `info` folder (or `hooks`) that
+    is a link to a host folder goes as a link, and what it names stays."""
+    from reef.episodes.workspace import SAFE_GIT_CONFIG, defang_git
+
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "attributes").write_text("kept\n")
+    (host / "pre-commit").write_text("kept\n")
+    app = tmp_path / "app"
+    repository = app / "src" / ".git"
+    repository.mkdir(parents=True)
+    (repository / "config").write_text('[core]\n\tfsmonitor = "touch /tmp/owned"\n')
+    (repository / "info").symlink_to(host)
+    (repository / "hooks").symlink_to(host)
+    (app / "sub").mkdir()
+    (app / "sub" / ".git").write_text("gitdir: /elsewhere\n")
+    defang_git(app)
+    assert (host / "attributes").read_text() == "kept\n"
+    assert (host / "pre-commit").read_text() == "kept\n"
+    assert (repository / "config").read_bytes() == SAFE_GIT_CONFIG
+    assert not (repository / "info").exists() and not (repository / "hooks").is_symlink()
+    assert not (app / "sub" / ".git").exists()

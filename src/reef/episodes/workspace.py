@@ -155,7 +155,9 @@ def defang_git(app: Path) -> None:
         if repository.is_symlink() or found > MAX_REPOSITORIES:
             _remove(repository)
             continue
-        for name in ("config", "hooks", "info/attributes", "config.worktree", "commondir"):
+        # Each is an entry of the repository itself, never reached through one of its folders
+        # (`info` may be a link to a host folder: it goes whole, as a link).
+        for name in ("config", "hooks", "info", "config.worktree", "commondir"):
             _remove(repository / name)
         descriptor = os.open(repository / "config", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         with os.fdopen(descriptor, "wb") as config:
