@@ -20,13 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from reef.engines.llamacpp import LlamaCppEngine, embedded_model_path, handover
-from reef.engines.llamacpp.convert import convert
+from reef.engines.llamacpp import LlamaCppEngine, handover
 from reef.engines.llamacpp.prefill_weights import PrefillSetting
 from reef.inference.binding import Binding
 from reef.inference.model import LocalModel
 from reef.protocol import ChatRequest, Completion
 from reef.testing.artifacts import KV_TARGETS, random_lora
+from tests.e2e.engines.test_llamacpp_handover import bf16_copy
+
+__all__ = ["bf16_copy"]  # the handover module's fixture: one BF16 copy made the same way
 
 # Three blocks of 64 tokens: the first two are read on the lane.
 PROMPT = "Summarise this text. " + "The river runs past the old mill and under the bridge. " * 12
@@ -53,13 +55,6 @@ def make(prefill: PrefillSetting) -> LlamaCppEngine:
     return LlamaCppEngine(
         n_ctx=1024, n_threads=2, slots=2, stop_loops=False, prefill_weights=prefill
     )
-
-
-@pytest.fixture(scope="module")
-def bf16_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copy = tmp_path_factory.mktemp("prefill") / "SmolLM2-135M-Instruct.bf16.gguf"
-    convert(embedded_model_path(), "bf16", copy, 2)
-    return copy
 
 
 @pytest.fixture(scope="module")
