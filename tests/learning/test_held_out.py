@@ -138,6 +138,16 @@ REPHRASED = [
     ("What's the capital of France?", "What is the capital of France?"),
     ("What colour is the sky?", "what color is the sky"),
     ("Name a bird.", "Name a bird, please."),
+    ("What is 10 minus 4?", "What is ten minus four?"),
+    ("Name a bird.", "Give me a bird's name."),
+    ("What is the capital of France?", "Could you tell me the capital of France?"),
+]
+# Rephrasings the split may put apart (a sign for its word, a word added) and the leak check
+# still catches: the worker drops a held-out task whose prompt a step learned from, too.
+LEAK_ONLY = [
+    ("What is 10 minus 4?", "10 - 4 = ?"),
+    ("What is 3 times 4?", "What is 3 x 4?"),
+    ("What is the capital of France?", "What is the capital city of France?"),
 ]
 
 
@@ -158,9 +168,19 @@ def test_a_rephrasing_falls_on_the_same_side_of_the_split_and_is_a_leak(
     assert leaked([task], shown_prompts([(asked, "An answer.")])) == [task]
 
 
+@pytest.mark.parametrize(("asked", "rephrased"), LEAK_ONLY)
+def test_a_rephrasing_with_a_sign_or_a_word_more_is_a_leak(asked: str, rephrased: str) -> None:
+    task = EvalTask(
+        messages=[{"role": "user", "content": rephrased}],
+        scorer=ScorerSpec(type="regex", pattern="."),
+    )
+    assert leaked([task], shown_prompts([(asked, "An answer.")])) == [task]
+
+
 def test_other_questions_are_not_leaks() -> None:
     shown = shown_prompts([("What is 10 minus 3?", "7."), ("Name a fish.", "A trout.")])
-    for other in ("What is 10 minus 4?", "Name a bird.", "What is the capital of Italy?"):
+    others = ("What is 10 minus 4?", "Name a bird.", "What is the capital of Italy?", "x")
+    for other in (*others, "What is 10 plus 3?", "What colour is the sea?"):
         task = EvalTask(
             messages=[{"role": "user", "content": other}],
             scorer=ScorerSpec(type="regex", pattern="."),

@@ -46,15 +46,32 @@ def held_out(prompt: str, share: float, seed: int = 0) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < share
 
 
-NEAR_RATIO = 85  # rapidfuzz's ratio of two prompts' words at which they are one prompt
-# Words that ask politely and say nothing of what is asked: "Name a bird, please."
-COURTESY = frozenset({"please", "pls", "thanks", "thank", "kindly", "hey", "tell"})
+NEAR_RATIO = 90  # rapidfuzz's token-set ratio of two prompts' words at which they are one prompt
+# Words that ask and say nothing of what is asked: "Name a bird, please.", "Give me a bird's
+# name", "I want to know the capital of France".
+REQUEST_WORDS = frozenset(
+    {"please", "pls", "thanks", "thank", "kindly", "hey", "tell", "give", "want", "know",
+     "wonder", "show", "need", "like"}
+)
+# Arithmetic's signs between numbers, as the words prompts also use: "10 - 4" asks "10 minus 4".
+_SIGNS = [(re.compile(rf"(?<=\d)\s*(?:{sign})\s*(?=\d)"), f" {word} ") for sign, word in
+          ((r"\+", "plus"), ("-", "minus"), (r"\*|x|\u00d7", "times"), ("/|\u00f7", "divided"))]
 
 
 def prompt_key(text: str) -> str:
-    """A prompt as the split and the leak check compare it: its content words, sorted (its
-    words, lower-cased, for a prompt with none: "Hi")."""
-    words = content_words(text) - COURTESY
+    """A prompt as the leak check compares it: its content words, sorted, numbers as digits
+    ("ten" is 10) and signs as words ("10 - 4" is "10 minus 4"), without the words that only
+    ask (its words, lower-cased, for a prompt with none: "Hi")."""
+    return _key(text, signs=True)
+
+
+def _key(text: str, signs: bool) -> str:
+    from text_to_num import alpha2digit
+
+    read = alpha2digit(text, "en")
+    for sign, word in _SIGNS if signs else ():
+        read = sign.sub(word, read)
+    words = content_words(read) - REQUEST_WORDS
     return " ".join(sorted(words)) if words else " ".join(text.lower().split())
 
 
@@ -63,7 +80,9 @@ def split_key(text: str) -> str:
     consonants ("colour" and "color" are "clr", "grey" and "gray" "gr"), so that near spellings
     of one prompt fall on one side; a few other words collide too, which only keeps them
     together."""
-    return " ".join(sorted(_skeleton(word) for word in prompt_key(text).split()))
+    # Signs stay signs here: a question's "2+2" and its "2 plus 2" may fall apart, which the
+    # leak check (`prompt_key`, signs read as words) still catches.
+    return " ".join(sorted(_skeleton(word) for word in _key(text, signs=False).split()))
 
 
 def _skeleton(word: str) -> str:
@@ -74,7 +93,8 @@ def _skeleton(word: str) -> str:
 
 
 def same_prompt(key: str, other: str) -> bool:
-    """Whether two prompt keys ask the same: the same numbers, and near words."""
+    """Whether two prompt keys ask the same: the same numbers, and near words, one prompt's
+    words all in the other's counting as near ("capital city france" asks "capital france")."""
     from rapidfuzz import fuzz
 
     if key == other:
@@ -83,7 +103,7 @@ def same_prompt(key: str, other: str) -> bool:
     if numbers[0] != numbers[1]:
         return False
     words = [" ".join(w for w in k.split() if not w.isdigit()) for k in (key, other)]
-    return bool(words[0] and words[1]) and fuzz.ratio(words[0], words[1]) >= NEAR_RATIO
+    return bool(words[0] and words[1]) and fuzz.token_set_ratio(*words) >= NEAR_RATIO
 
 
 def among(key: str, keys: Iterable[str]) -> bool:
