@@ -309,9 +309,18 @@ class GateConfig(_Section):
     # A scenario with fewer eval tasks of its own than this is also judged on the project's
     # other evals/ files.
     min_tasks: int = Field(6, ge=0)
-    temperature: float = Field(0.0, ge=0, le=2)
+    # Each task is answered as the scenario is served (`reef.evaluation.served`): `samples`
+    # times on each side, at `temperature` (None: the temperature most of the scenario's recent
+    # calls asked for, or the engine's default when they set none), on seeds `seed`,
+    # `seed + 1`, ...; at most `max_tokens` tokens (fewer when recent calls asked for fewer).
+    # Temperature 0 answers once.
+    temperature: float | None = Field(None, ge=0, le=2)
+    samples: int = Field(8, ge=1, le=64)
     seed: int = 0
     max_tokens: int = Field(256, ge=1)
+    # A candidate whose recipe's feedback group (its held-out scored calls) has fewer tasks
+    # than this is held for a human: too few to tell a gain from noise.
+    min_feedback_tasks: int = Field(3, ge=0)
     # What a candidate the gate (or a human) rejects on its merits does with the records it was
     # built from. consumed: they are spent (the same records would build the same candidate
     # again); returned: later steps may learn from them again. A candidate that was never judged

@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reef.evaluation.live import PassRate, live_progress, wilson
+from reef.cli.client_commands import _below_gate_lines
+from reef.evaluation.live import PassRate, below_gate, gate_estimate, live_progress, wilson
 from reef.evaluation.tasks import ScorerSpec
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.in_process import reef_in_process
@@ -133,3 +134,22 @@ def test_the_base_shadows_a_share_of_a_release_s_calls_on_the_same_stream(
         assert status["shadows"]["base:default"]["answered"] == 1
 
 
+
+
+def test_a_release_serving_below_what_its_gate_predicted_is_said() -> None:
+    """The gate's feedback estimate (samples passed on the `feedback` group) beside the live
+    rate: issue 71's release went through at a greedy 6/7 and served 1/26 live."""
+    evaluation = {
+        "groups": {
+            "correctness": {"answered": 48, "current_passes": 30, "candidate_passes": 31},
+            "feedback": {"answered": 24, "current_passes": 2, "candidate_passes": 15},
+        }
+    }
+    gate = gate_estimate(evaluation)
+    assert gate == PassRate(15, 24)
+    assert gate_estimate({"groups": {"feedback": {"tasks": 3, "candidate_mean": 0.6}}}) is None
+    assert below_gate(gate, PassRate(1, 26)) == "gate predicted 62% [43%-79%], live 4% [1%-19%]"
+    assert below_gate(gate, PassRate(9, 20)) is None  # inside the noise of both
+    assert below_gate(None, PassRate(1, 26)) is None and below_gate(gate, PassRate(0, 0)) is None
+    progress = {"default": {"progress": [{"release_id": "default@1", "below_gate": "x"}]}}
+    assert _below_gate_lines(progress) == ["default: default@1 serves below its gate: x"]

@@ -128,7 +128,7 @@ def test_a_chain_of_single_losses_stops_at_the_rules_total(upstream: str, tmp_pa
     assert states == ["released", "released", "rejected", "rejected"]
     assert (
         "lost 3 task(s) of group correctness against the best released (at most 2 may be): "
-        "c0 (1.00 -> 0.00), c1 (1.00 -> 0.00), c2 (1.00 -> 0.00)"
+        "c0 (8/8 -> 0/8), c1 (8/8 -> 0/8), c2 (8/8 -> 0/8)"
     ) in stopped["decision"]
     assert stopped["evaluation"]["lost"] == ["c0", "c1", "c2"]
     c0 = next(r for r in stopped["evaluation"]["results"] if r["task_id"] == "c0")
@@ -150,7 +150,7 @@ def test_a_forced_release_and_rollbacks_do_not_lower_the_bar(upstream: str, tmp_
     assert candidate["state"] == "rejected"
     assert (
         "lost 2 task(s) of group correctness against the best released: "
-        "c0 (1.00 -> 0.00), c1 (1.00 -> 0.00)"
+        "c0 (8/8 -> 0/8), c1 (8/8 -> 0/8)"
     ) in candidate["decision"]
 
 
@@ -161,7 +161,7 @@ def test_an_edited_task_is_a_new_task(upstream: str, tmp_path: Path) -> None:
     assert publish(root, agent(tmp_path / "a0", forget=0, prefer=0))["state"] == "released"
     publish(root, agent(tmp_path / "forced", forget=1, prefer=0), "--approve")
     refused = publish(root, agent(tmp_path / "a1", forget=1, prefer=2))
-    assert refused["state"] == "rejected" and "c0 (1.00 -> 0.00)" in refused["decision"]
+    assert refused["state"] == "rejected" and "c0 (8/8 -> 0/8)" in refused["decision"]
     evals = root / "evals/default.jsonl"
     evals.write_text(evals.read_text().replace("Say the word for c0.", "Now say the word for c0."))
     released = publish(root, agent(tmp_path / "a2", forget=1, prefer=2))

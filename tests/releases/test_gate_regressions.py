@@ -180,8 +180,8 @@ def test_a_harness_that_trades_correctness_for_a_preference_is_refused_naming_it
     assert candidate["evaluation"]["candidate_mean"] > candidate["evaluation"]["current_mean"]
     assert candidate["state"] == "rejected"
     lost = (
-        "lost 2 task(s) of group default against the best released: right-0 (1.00 -> 0.00), "
-        "right-1 (1.00 -> 0.00)"
+        "lost 2 task(s) of group default against the best released: right-0 (8/8 -> 0/8), "
+        "right-1 (8/8 -> 0/8)"
     )
     assert lost in candidate["decision"]
     assert candidate["evaluation"]["lost"] == ["right-0", "right-1"]

@@ -78,7 +78,7 @@ def test_better_candidate_is_released_and_worse_one_rejected(
     worse = harness(tmp_path / "long", "You answer at length.", {"max_tokens": 48})
     rejected = gate(workflow, engine, worse)
     assert rejected.state == "rejected"
-    lost = "lost 2 task(s) of group default against the best released: t0 (1.00 -> 0.00), t1"
+    lost = "lost 2 task(s) of group default against the best released: t0 (8/8 -> 0/8), t1"
     assert lost in (rejected.decision or "")
     assert rejected.evaluation["current_release_id"] == "default@1"
     assert workflow.chain.head("default").release_id == "default@1"  # type: ignore[union-attr]

@@ -107,6 +107,8 @@ def status(
     progress = _progress_table(scenarios)
     if progress.row_count:
         console.print(progress)
+    for line in _below_gate_lines(scenarios):
+        console.print(f"[red]{escape(line)}[/]", highlight=False)
     for line in _signal_lines(scenarios):
         console.print(line, highlight=False, markup=False)
 
@@ -136,7 +138,7 @@ def _progress_table(scenarios: dict[str, Any]) -> Table:
     """Is it learning: each release's live pass rate, users' reports and the recipe's scorer,
     each as passed/calls, the rate and its 95% interval."""
     columns = ("scenario", "release", "served", "reports passed", "scorer accepts")
-    table = Table(*columns, "vs the base on its calls")
+    table = Table(*columns, "vs the base on its calls", "gate said (feedback)")
     table.title = "live pass rate per release (95% interval)"
     for name, found in sorted(scenarios.items()):
         for release in found.get("progress") or []:
@@ -147,8 +149,19 @@ def _progress_table(scenarios: dict[str, Any]) -> Table:
                 said(release["reports"]),
                 said(release["scorer"]),
                 beside_base(release),
+                said(release.get("gate")),
             )
     return table
+
+
+def _below_gate_lines(scenarios: dict[str, Any]) -> list[str]:
+    """A line per release whose live rate fell below what its gate predicted."""
+    return [
+        f"{name}: {release['release_id']} serves below its gate: {release['below_gate']}"
+        for name, found in sorted(scenarios.items())
+        for release in found.get("progress") or []
+        if release.get("below_gate")
+    ]
 
 
 def _signal_lines(scenarios: dict[str, Any]) -> list[str]:

@@ -4,8 +4,9 @@ The gate answered each task under the candidate with the engine that now serves 
 release is a promise that those answers are what users get. So, once a scenario's head has been
 swapped in, a few of the release's own gate tasks (`releases.probe_tasks`, the first ones its
 evaluation recorded) are answered again through the live path: the engine this server serves
-with, under the binding it now serves, greedy with the gate's settings. Each answer must be the
-one the gate recorded. A release whose answers differ (an engine that reads prompts on other
+with, under the binding it now serves, with the sampling the gate recorded (its first sample, on
+the gate's seed: a seeded draw over the same logits gives the same tokens). Each answer must be
+the one the gate recorded. A release whose answers differ (an engine that reads prompts on other
 weights without the release's adapter, an adapter loaded from the wrong file, a harness
 applied twice) is flagged: `release_mismatch` in `/reef/status` and `reef status`,
 `reef:release_mismatch` in `/metrics`, and the swap logged as suspect. It still serves: the
@@ -13,10 +14,10 @@ probe says what serves is not what was judged, it does not choose what to serve.
 
 Only what can be replayed is probed: tasks whose messages are known again (the scenario's eval
 files, and the tasks the gate had beside them, kept with the evaluation), on a release without
-a routing policy (its arms answer by session), evaluated greedy (a sampled gate answer is not a
-promise of one answer), on an engine whose greedy answers do not depend on what runs beside
-them (`REPLAYABLE_ENGINES`: llama.cpp reads every prompt in the same shapes, slots.py; vLLM
-and a remote API batch as they like, and a probe there would flag their noise).
+a routing policy (its arms answer by session), whose evaluation recorded its sampling, on an
+engine whose answers do not depend on what runs beside them (`REPLAYABLE_ENGINES`: llama.cpp
+reads every prompt in the same shapes, slots.py, and seeds each sequence's draw; vLLM and a
+remote API batch as they like, and a probe there would flag their noise).
 """
 
 from __future__ import annotations
@@ -65,8 +66,7 @@ def probe_plan(
     release cannot be probed (blocking: reads the eval files)."""
     count = state.config.releases.probe_tasks
     evaluation = release.evaluation or {}
-    gate = state.config.gate_for(release.scenario)
-    if count == 0 or binding.routing is not None or gate.temperature != 0:
+    if count == 0 or binding.routing is not None or recorded_sampling(evaluation) is None:
         return None
     if state.engine.name not in REPLAYABLE_ENGINES:
         return None
@@ -88,12 +88,26 @@ def probe_plan(
     return plan[:count] or None
 
 
+def recorded_sampling(evaluation: dict[str, Any]) -> EvalSettings | None:
+    """The sampling of the gate's first answer to each task, as its evaluation recorded it."""
+    sampling = evaluation.get("sampling")
+    if not isinstance(sampling, dict):
+        return None  # evaluated before the gate recorded it: nothing to replay exactly
+    try:
+        return EvalSettings(
+            temperature=sampling["temperature"],
+            seed=int(sampling["seed"]),
+            max_tokens=int(sampling["max_tokens"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 async def probe(
     state: ServerState, release: Release, binding: Binding, plan: list[tuple[EvalTask, str]]
 ) -> ProbeResult:
     """Answer each planned task through the live engine under `binding` and compare."""
-    gate = state.config.gate_for(release.scenario)
-    settings = EvalSettings(gate.temperature, gate.seed, gate.max_tokens)
+    settings = recorded_sampling(release.evaluation or {}) or EvalSettings()
     generate = model_generate(LocalModel(state.engine), settings)
     result = ProbeResult(release.release_id, len(plan))
     for task, judged in plan:

@@ -22,16 +22,16 @@ With `gate.shadow.base_share`, the base also answers a share of each release's c
 
 from __future__ import annotations
 
-import math
 import statistics
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from reef.config import ReefConfig
+from reef.evaluation.intervals import wilson
 from reef.evaluation.replay import trains
 from reef.evaluation.scorers import score
-from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.protocol import response_text
 from reef.store import ExperienceStore
 from reef.store.learning import calls_fingerprint
@@ -40,22 +40,10 @@ from reef.store.shadows import shadow_scores_by_release
 IMPORTED = "import"  # a record's engine when `POST /reef/records/batch` stored it
 TEACHER_ARM = "teacher"  # a record's arm when the scenario's teacher answered it
 
-Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
 # Scorers a program runs on each live answer (a judge would ask a model per call).
 LIVE_SCORERS = ("exact", "contains", "regex", "python")
 PROGRESS_CALLS = 2000  # the newest calls of a scenario its progress is read from
 BASE_SHADOW = "base"  # the candidate id of the base model's shadow answers (`reef.daemon.shadow`)
-
-
-def wilson(passed: int, count: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of `passed` of `count` (0..1 for no count)."""
-    if count == 0:
-        return 0.0, 1.0
-    rate = passed / count
-    centre = rate + z * z / (2 * count)
-    spread = z * math.sqrt(rate * (1 - rate) / count + z * z / (4 * count * count))
-    scale = 1 + z * z / count
-    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
 
 
 @dataclass(frozen=True)
@@ -89,6 +77,32 @@ class PassRate:
 def said(found: dict[str, Any] | None) -> str:
     """A pass rate as `PassRate.to_json` wrote it, said: "2/6 33% [10%-70%]", or "-"."""
     return PassRate(int(found["passed"]), int(found["count"])).said() if found else "-"
+
+
+def gate_estimate(evaluation: dict[str, Any] | None) -> PassRate | None:
+    """What the gate measured of a release on the feedback users asked for: its samples passed
+    on the `feedback` group (held-out scored calls), or None (no such group, or an evaluation
+    from before the gate counted samples)."""
+    groups = (evaluation or {}).get("groups") or {}
+    feedback = groups.get(FEEDBACK_GROUP) if isinstance(groups, dict) else None
+    if not isinstance(feedback, dict) or not feedback.get("answered"):
+        return None
+    return PassRate(int(feedback["candidate_passes"]), int(feedback["answered"]))
+
+
+def below_gate(gate: PassRate | None, live: PassRate | None) -> str | None:
+    """Said when a release's live rate lies below the gate's prediction beyond both intervals
+    ("gate predicted 55% [40%-70%], live 4% [1%-19%]"), else None."""
+    if gate is None or live is None or not gate.count or not live.count:
+        return None
+    if wilson(live.passed, live.count)[1] >= wilson(gate.passed, gate.count)[0]:
+        return None
+    return f"gate predicted {_rate(gate)}, live {_rate(live)}"
+
+
+def _rate(found: PassRate) -> str:
+    low, high = wilson(found.passed, found.count)
+    return f"{found.passed / found.count:.0%} [{low:.0%}-{high:.0%}]"
 
 
 def beside_base(release: dict[str, Any]) -> str:

@@ -1,7 +1,11 @@
 """Paired evaluation: the current release and a candidate answer the same tasks, same settings.
 
-Both sides get the same messages, sampling settings and seed, so the only difference between
-their answers is the artifact. Tasks are sent concurrently (at most `concurrency` requests at a
+Both sides get the same messages, sampling settings and seeds, so the only difference between
+their answers is the artifact. Each task is answered `samples` times on each side, as it is
+served (sampled), answer i on the seed `seed + i` on both sides: a task's score is its mean over
+the samples (its pass rate, for a 1/0 scorer), and the samples are kept with the result for the
+gate's intervals (`reef.releases.gate`). A greedy evaluation (temperature 0) answers once: its
+answers would all be the same. Tasks are sent concurrently (at most `concurrency` requests at a
 time, both sides of a task together) so that an engine that batches decodes them together; the
 report keeps the tasks' order. Any error (an engine failure, a scorer that raises) propagates and
 stops the tasks still running: the gate treats it as a rejection, never as a pass.
@@ -21,11 +25,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from reef.evaluation.intervals import worse_beyond_noise
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import DEFAULT_GROUP, EvalTask, task_hash
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
 from reef.protocol import ChatRequest, last_user_text
+
+PASS = 0.5  # a sample's score at which it counts as passed
 
 # Produces the answer text for a request under a binding.
 Generate = Callable[[ChatRequest, Binding], Awaitable[str]]
@@ -44,9 +51,18 @@ def beside_traffic(slots: int) -> int:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    temperature: float = 0.0
+    # None: the engine's default, as a request that sets none is served.
+    temperature: float | None = 0.0
     seed: int = 0
     max_tokens: int = 256
+    samples: int = 1  # answers per task and side (1 when greedy)
+
+    @property
+    def answers_per_task(self) -> int:
+        return 1 if self.temperature == 0 else max(1, self.samples)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"samples": self.answers_per_task}
 
 
 @dataclass
@@ -62,6 +78,31 @@ class TaskResult:
     # The best score a released release reached on this task, and which one; None: none known.
     reference_score: float | None = None
     reference_release_id: str | None = None
+    # Each sample's score, on each side (the scores above are their means); one sample: empty.
+    current_scores: list[float] = field(default_factory=list)
+    candidate_scores: list[float] = field(default_factory=list)
+    current_answers: list[str] = field(default_factory=list)
+    candidate_answers: list[str] = field(default_factory=list)
+
+    @property
+    def samples(self) -> int:
+        return max(1, len(self.candidate_scores))
+
+    @property
+    def current_passes(self) -> int:
+        return _passes(self.current_scores or [self.current_score])
+
+    @property
+    def candidate_passes(self) -> int:
+        return _passes(self.candidate_scores or [self.candidate_score])
+
+    @property
+    def bar_passes(self) -> float:
+        """The bar (`bar`) in samples passed: the current release's passes, or the best
+        released's rate over as many samples when that is higher."""
+        if self.reference_score is None:
+            return self.current_passes
+        return max(self.current_passes, self.reference_score * self.samples)
 
     @property
     def bar(self) -> float:
@@ -72,8 +113,16 @@ class TaskResult:
         return max(self.current_score, self.reference_score)
 
     def lost(self, margin: float = 0.0) -> bool:
-        """The candidate scores lower than the task's bar, by more than `margin`."""
-        return self.bar - self.candidate_score > margin
+        """The candidate scores lower than the task's bar, by more than `margin`: answered
+        once (greedy), lower at all; sampled, lower beyond the noise of its samples (one-sided,
+        `reef.evaluation.intervals.worse_beyond_noise`), never one sample flipping."""
+        if self.samples == 1:
+            return self.bar - self.candidate_score > margin
+        return worse_beyond_noise(self.bar_passes, self.candidate_passes, self.samples, margin)
+
+
+def _passes(scores: list[float]) -> int:
+    return sum(score >= PASS for score in scores)
 
 
 @dataclass
@@ -91,6 +140,7 @@ class PairedReport:
     current_release_id: str
     tasks: list[TaskResult] = field(default_factory=list)
     arms: list[RoutedArm] = field(default_factory=list)
+    settings: EvalSettings | None = None  # how the chat tasks were answered
 
     @property
     def current_mean(self) -> float:
@@ -100,12 +150,35 @@ class PairedReport:
     def candidate_mean(self) -> float:
         return statistics.fmean(t.candidate_score for t in self.tasks) if self.tasks else 0.0
 
+    @property
+    def answered(self) -> int:
+        """Samples answered on each side, over every task."""
+        return sum(t.samples for t in self.tasks)
+
+    @property
+    def current_passes(self) -> int:
+        return sum(t.current_passes for t in self.tasks)
+
+    @property
+    def candidate_passes(self) -> int:
+        return sum(t.candidate_passes for t in self.tasks)
+
+    @property
+    def bar_passes(self) -> float:
+        return sum(t.bar_passes for t in self.tasks)
+
+    @property
+    def sampled(self) -> bool:
+        return any(t.samples > 1 for t in self.tasks)
+
     def groups(self) -> dict[str, PairedReport]:
         """The report of each group of tasks, in the order the groups first appear."""
         named = dict.fromkeys(t.group for t in self.tasks)
         return {
             group: PairedReport(
-                self.current_release_id, [t for t in self.tasks if t.group == group]
+                self.current_release_id,
+                [t for t in self.tasks if t.group == group],
+                settings=self.settings,
             )
             for group in named
         }
@@ -127,9 +200,13 @@ class PairedReport:
                     "tasks": len(group.tasks),
                     "current_mean": round(group.current_mean, 4),
                     "candidate_mean": round(group.candidate_mean, 4),
+                    "answered": group.answered,  # samples on each side
+                    "current_passes": group.current_passes,
+                    "candidate_passes": group.candidate_passes,
                 }
                 for name, group in self.groups().items()
             },
+            "sampling": self.settings.to_json() if self.settings else None,
             "results": [asdict(t) for t in self.tasks],
             "arms": [
                 {
@@ -144,9 +221,52 @@ class PairedReport:
         }
 
 
-def task_request(task: EvalTask, settings: EvalSettings) -> ChatRequest:
-    return ChatRequest.model_validate(
-        {"messages": task.messages, "temperature": settings.temperature, "seed": settings.seed}
+def task_request(task: EvalTask, settings: EvalSettings, sample: int = 0) -> ChatRequest:
+    """The request for answer `sample` of a task: the same on both sides of a paired run."""
+    body: dict[str, Any] = {"messages": task.messages, "seed": settings.seed + sample}
+    if settings.temperature is not None:
+        body["temperature"] = settings.temperature
+    return ChatRequest.model_validate(body)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One side's answers to a task, one per sample, and their scores."""
+
+    answers: list[str]
+    scores: list[float]
+
+    @property
+    def score(self) -> float:
+        return statistics.fmean(self.scores)
+
+
+async def sample_task(
+    task: EvalTask,
+    binding: Binding,
+    generate: Generate,
+    settings: EvalSettings,
+    limit: asyncio.Semaphore,
+) -> Sampled:
+    """`binding`'s answers to `task`, `settings.answers_per_task` of them, sent together (an
+    engine that batches decodes them as one batch, on the prompt it cached for the first)."""
+
+    async def answer(sample: int) -> str:
+        async with limit:
+            return await generate(task_request(task, settings, sample), binding)
+
+    answers = list(await asyncio.gather(*map(answer, range(settings.answers_per_task))))
+    return Sampled(answers, [score(task.scorer, answer, task) for answer in answers])
+
+
+def _as_candidate(result: TaskResult, side: Sampled) -> TaskResult:
+    many = len(side.answers) > 1
+    return dataclasses.replace(
+        result,
+        candidate_score=side.score,
+        candidate_answer=side.answers[0],
+        candidate_scores=side.scores if many else [],
+        candidate_answers=side.answers if many else [],
     )
 
 
@@ -161,31 +281,31 @@ async def run_paired(
 ) -> PairedReport:
     limit = asyncio.Semaphore(concurrency)
 
-    async def answer(request: ChatRequest, binding: Binding) -> str:
-        async with limit:
-            return await generate(request, binding)
-
     async def evaluate(task: EvalTask) -> TaskResult:
-        request = task_request(task, settings)
-        current_answer, candidate_answer = await asyncio.gather(
-            answer(request, current), answer(request, candidate)
+        now, then = await asyncio.gather(
+            sample_task(task, current, generate, settings, limit),
+            sample_task(task, candidate, generate, settings, limit),
         )
+        many = len(now.answers) > 1
         result = TaskResult(
             task_id=task.id,
-            current_score=score(task.scorer, current_answer, task),
-            candidate_score=score(task.scorer, candidate_answer, task),
-            current_answer=current_answer,
-            candidate_answer=candidate_answer,
+            current_score=now.score,
+            candidate_score=now.score,
+            current_answer=now.answers[0],
+            candidate_answer=now.answers[0],
             group=task.group,
             prompt=last_user_text(task.messages),
             task_hash=task_hash(task),
+            current_scores=now.scores if many else [],
+            current_answers=now.answers if many else [],
         )
+        result = _as_candidate(result, then)
         if on_task:
             on_task(result)
         return result
 
     results = await _all_or_none([evaluate(task) for task in tasks])
-    return PairedReport(current_release_id=current.release_id, tasks=results)
+    return PairedReport(current_release_id=current.release_id, tasks=results, settings=settings)
 
 
 async def run_beside(
@@ -201,11 +321,7 @@ async def run_beside(
     limit = asyncio.Semaphore(concurrency)
 
     async def evaluate(task: EvalTask, paired: TaskResult) -> TaskResult:
-        async with limit:
-            answer = await generate(task_request(task, settings), binding)
-        return dataclasses.replace(
-            paired, candidate_score=score(task.scorer, answer, task), candidate_answer=answer
-        )
+        return _as_candidate(paired, await sample_task(task, binding, generate, settings, limit))
 
     results = await _all_or_none(
         [evaluate(task, paired) for task, paired in zip(tasks, report.tasks, strict=True)]
@@ -217,7 +333,13 @@ def as_candidate(report: PairedReport) -> PairedReport:
     """The current side of `report` as the candidate side too: a routed arm that serves the
     current release's own parts, which the report has answered already."""
     same = [
-        dataclasses.replace(t, candidate_score=t.current_score, candidate_answer=t.current_answer)
+        dataclasses.replace(
+            t,
+            candidate_score=t.current_score,
+            candidate_answer=t.current_answer,
+            candidate_scores=list(t.current_scores),
+            candidate_answers=list(t.current_answers),
+        )
         for t in report.tasks
     ]
     return PairedReport(report.current_release_id, same)

@@ -16,13 +16,20 @@ Whatever the policy, a candidate that has collapsed, one answer (the same conten
 every task where the current release gives several, is rejected first, saying so: a LoRA
 trained on one preference can end up answering "Sure! Sure!" to everything.
 
+The gate answers each task as it is served, several times (`gate.samples`, at the serving
+temperature, `reef.evaluation.runner`), so a rule reads rates, never one answer: `keep` is
+broken when a task, or the group's samples together, fall below the bar beyond the noise (a
+one-sided 95% bound, `reef.evaluation.intervals.worse_beyond_noise`); `improve` needs a gain
+beyond the noise (the 95% interval of the change above the margin). A greedy gate (temperature
+0) answers once, and a flipped answer is then a loss: greedy is what serves.
+
 The `feedback` group (a recipe's held-out calls, scored by its scorer) must improve unless
 `gate.groups` says otherwise: a candidate that moved nothing the users asked for is not
-released for keeping the rest. Every decision ends with each group's tasks passed, current then
-candidate, and a 95% interval of the change (Newcombe's hybrid score interval for a difference
-of two proportions, method 10 of "Two-sided confidence intervals for the single proportion",
-Statistics in Medicine 1998; the tasks are paired, which this interval ignores, so it is wider
-than a paired one): "feedback 0/3 -> 2/3 [-19%, +85%]" says how thin the evidence is.
+released for keeping the rest; with fewer than `gate.min_feedback_tasks` feedback tasks the
+evidence is too thin to decide, and the candidate is held for a human. Every decision ends with
+each group's samples passed, current then candidate, and a 95% interval of the change
+(Newcombe's, `reef.evaluation.intervals.change_interval`): "feedback 0/24 -> 21/24 [+64%, +96%]"
+says how thin the evidence is.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ from typing import Literal
 
 from reef.config import GateConfig, GroupRule
 from reef.evaluation.content import content_words
-from reef.evaluation.live import wilson
+from reef.evaluation.intervals import change_interval, gain_beyond_noise, worse_beyond_noise
 from reef.evaluation.runner import PairedReport, RoutedArm, TaskResult
+from reef.evaluation.tasks import FEEDBACK_GROUP
 
 Decision = Literal["released", "rejected", "held", "canary"]
 NAMED_LOSSES = 5  # lost tasks a decision names before it says "and N more"
@@ -52,11 +60,17 @@ def decide(gate: GateConfig, report: PairedReport | None) -> tuple[Decision, str
 
 def _decide(gate: GateConfig, report: PairedReport) -> tuple[Decision, str]:
     current, candidate = report.current_mean, report.candidate_mean
-    scores = f"candidate {candidate:.3f} vs current {current:.3f} on {len(report.tasks)} task(s)"
+    scores = f"candidate {candidate:.3f} vs current {current:.3f} on {_tasks_said(report)}"
     collapse = collapsed(report)
     if collapse:
         return "rejected", f"{scores}; {collapse}"
     broken = broken_rules(gate, report) + broken_arms(gate, report)
+    thin = thin_feedback(gate, report)
+    if thin and gate.policy != "review":
+        others = broken_rules(gate, report, skip=FEEDBACK_GROUP) + broken_arms(gate, report)
+        if others:
+            return "rejected", f"{scores}; " + "; ".join(others)
+        return "held", f"{scores}; {thin}: waiting for a human"
     if gate.policy == "review":
         found = "".join(f"; {problem}" for problem in broken)
         return "held", f"{scores}{found}; gate policy is review: waiting for a human"
@@ -74,6 +88,30 @@ def _decide(gate: GateConfig, report: PairedReport) -> tuple[Decision, str]:
         beats = f"beats current by more than the margin {gate.margin:.3f}"
         return "released", f"{scores}; {beats}{_groups_kept(gate)}{arms}"
     return "rejected", f"{scores}; does not beat current by more than the margin {gate.margin:.3f}"
+
+
+def _tasks_said(report: PairedReport) -> str:
+    tasks = f"{len(report.tasks)} task(s)"
+    if not report.sampled:
+        return tasks
+    most = max(t.samples for t in report.tasks)
+    return f"{tasks}, {most} sampled answers each"
+
+
+def thin_feedback(gate: GateConfig, report: PairedReport) -> str | None:
+    """Why the feedback group is too thin to decide on, or None (no feedback group: the
+    candidate's recipe learned from no scored feedback, or none was held out; or a group that
+    `gate.groups` does not require to improve: it does not decide)."""
+    feedback = [t for t in report.tasks if t.group == FEEDBACK_GROUP]
+    if not feedback or len(feedback) >= gate.min_feedback_tasks:
+        return None
+    if gate.rule_for(FEEDBACK_GROUP).rule != "improve":
+        return None
+    return (
+        f"only {len(feedback)} feedback task(s) held out, and gate.min_feedback_tasks is "
+        f"{gate.min_feedback_tasks}: too few to tell a gain from noise (more scored calls, or "
+        "a lower gate.min_feedback_tasks)"
+    )
 
 
 def _groups_kept(gate: GateConfig) -> str:
@@ -103,11 +141,12 @@ def collapsed(report: PairedReport) -> str | None:
     )
 
 
-def broken_rules(gate: GateConfig, report: PairedReport) -> list[str]:
-    """What each group of tasks fails of its rule, in words (nothing when every group keeps it)."""
+def broken_rules(gate: GateConfig, report: PairedReport, skip: str | None = None) -> list[str]:
+    """What each group of tasks (but `skip`) fails of its rule, in words (nothing when every
+    group keeps it)."""
     problems = []
     for name, group in report.groups().items():
-        problem = _broken(name, group, gate.rule_for(name))
+        problem = None if name == skip else _broken(name, group, gate.rule_for(name))
         if problem:
             problems.append(problem)
     return problems
@@ -150,10 +189,11 @@ def _arm_problems(gate: GateConfig, arm: RoutedArm) -> list[str]:
 
 
 def _fell(name: str, group: PairedReport, rule: GroupRule) -> str | None:
-    if group.candidate_mean < group.current_mean - rule.margin:
+    before, after, count = group.current_passes, group.candidate_passes, group.answered
+    if worse_beyond_noise(before, after, count, rule.margin):
         return (
-            f"group {name} falls below the current release's by more than {rule.margin:.3f} "
-            f"({group.candidate_mean:.3f} vs {group.current_mean:.3f})"
+            f"group {name} falls below the current release's by more than {rule.margin:.3f}, "
+            f"beyond the noise ({_change(before, after, count)})"
         )
     return None
 
@@ -164,11 +204,20 @@ def _broken(name: str, group: PairedReport, rule: GroupRule) -> str | None:
         if len(lost) > rule.max_lost:
             allowed = f" (at most {rule.max_lost} may be)" if rule.max_lost else ""
             return f"lost {len(lost)} task(s) of group {name} {AGAINST}{allowed}: {_named(lost)}"
-    elif rule.rule == "improve":
-        if group.candidate_mean <= group.current_mean + rule.margin:
+        # Small losses no task shows alone, added up over the tasks not counted lost.
+        rest = PairedReport(group.current_release_id, [t for t in group.tasks if t not in lost])
+        bar, after, count = rest.bar_passes, rest.candidate_passes, rest.answered
+        if rest.sampled and worse_beyond_noise(bar, after, count, rule.margin):
             return (
-                f"group {name} does not improve by more than {rule.margin:.3f} "
-                f"({group.candidate_mean:.3f} vs {group.current_mean:.3f})"
+                f"group {name} falls below the bar {AGAINST} beyond the noise over the tasks "
+                f"not lost alone ({_change(bar, after, count)})"
+            )
+    elif rule.rule == "improve":
+        before, after, count = group.current_passes, group.candidate_passes, group.answered
+        if not gain_beyond_noise(before, after, count, rule.margin):
+            return (
+                f"group {name} does not improve by more than {rule.margin:.3f} beyond the "
+                f"noise ({_change(before, after, count)})"
             )
     elif rule.rule == "floor" and group.candidate_mean < rule.floor:
         return f"group {name} is below its floor {rule.floor:.3f} ({group.candidate_mean:.3f})"
@@ -176,37 +225,31 @@ def _broken(name: str, group: PairedReport, rule: GroupRule) -> str | None:
 
 
 def _named(lost: list[TaskResult]) -> str:
-    named = ", ".join(
-        f"{t.task_id} ({t.bar:.2f} -> {t.candidate_score:.2f})" for t in lost[:NAMED_LOSSES]
-    )
+    named = ", ".join(f"{t.task_id} ({_task_change(t)})" for t in lost[:NAMED_LOSSES])
     more = len(lost) - NAMED_LOSSES
     return f"{named} and {more} more" if more > 0 else named
 
 
-PASS = 0.5  # a task's score at which it counts as passed in the groups' counts
-Z95 = 1.959963984540054
+def _task_change(task: TaskResult) -> str:
+    if task.samples == 1:
+        return f"{task.bar:.2f} -> {task.candidate_score:.2f}"
+    return f"{_count(task.bar_passes)}/{task.samples} -> {task.candidate_passes}/{task.samples}"
+
+
+def _count(passes: float) -> str:
+    return f"{passes:g}" if passes == int(passes) else f"{passes:.1f}"
+
+
+def _change(before: float, after: float, count: int) -> str:
+    """`before/count -> after/count [low, high]`: the 95% interval of the change."""
+    low, high = change_interval(before, after, count)
+    return f"{_count(before)}/{count} -> {_count(after)}/{count} [{low:+.0%}, {high:+.0%}]"
 
 
 def groups_said(report: PairedReport) -> str:
-    """Each group's tasks passed, current -> candidate, with a 95% interval of the change."""
-    said = []
-    for name, group in sorted(report.groups().items()):
-        count = len(group.tasks)
-        before = sum(task.current_score >= PASS for task in group.tasks)
-        after = sum(task.candidate_score >= PASS for task in group.tasks)
-        low, high = change_interval(before, after, count)
-        said.append(f"{name} {before}/{count} -> {after}/{count} [{low:+.0%}, {high:+.0%}]")
+    """Each group's samples passed, current -> candidate, with a 95% interval of the change."""
+    said = [
+        f"{name} {_change(group.current_passes, group.candidate_passes, group.answered)}"
+        for name, group in sorted(report.groups().items())
+    ]
     return "groups: " + ", ".join(said)
-
-
-def change_interval(before: int, after: int, count: int) -> tuple[float, float]:
-    """Newcombe's hybrid score interval (95%) of after/count - before/count."""
-    if count == 0:
-        return -1.0, 1.0
-    p1, p2 = after / count, before / count
-    l1, u1 = wilson(after, count, Z95)
-    l2, u2 = wilson(before, count, Z95)
-    difference = p1 - p2
-    low = difference - ((p1 - l1) ** 2 + (u2 - p2) ** 2) ** 0.5
-    high = difference + ((u1 - p1) ** 2 + (p2 - l2) ** 2) ** 0.5
-    return max(-1.0, low), min(1.0, high)

@@ -35,6 +35,7 @@ from reef.evaluation.runner import (
     run_beside,
     run_paired,
 )
+from reef.evaluation.served import served_settings
 from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.inference.routing import BASE, SELF, parse_policy
@@ -62,8 +63,8 @@ class CandidateEvaluation:
         self.own_binding = own_binding
 
     def settings(self, scenario: str) -> EvalSettings:
-        gate = self.config.gate_for(scenario)
-        return EvalSettings(gate.temperature, gate.seed, gate.max_tokens)
+        """How the tasks are answered: as `scenario` is served (`reef.evaluation.served`)."""
+        return served_settings(self.candidates.store, scenario, self.config.gate_for(scenario))
 
     async def evaluate(
         self,

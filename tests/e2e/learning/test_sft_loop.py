@@ -81,7 +81,7 @@ def test_answers_the_user_wrote_train_a_lora_that_serves(tmp_path: Path, kind: s
             if status["serving"].get("default", "base") != "base":
                 break
             last = status["learning"]["scenarios"].get("default", {}).get("last_step", {})
-            assert last.get("outcome") not in ("rejected", "error", "no proposal"), (
+            assert last.get("outcome") not in ("rejected", "held", "error", "no proposal"), (
                 last,
                 server.log()[-3000:],
             )

@@ -93,7 +93,7 @@ def chaos_replica(folder: Path, name: str) -> Path:
     ]
     (project / "evals" / "default.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     (project / "reef.yaml").write_text(
-        "gate:\n  policy: floor\n"
+        "gate:\n  policy: floor\n  samples: 1\n"  # one answer a task: a gate of a few seconds
         "releases:\n  heartbeat_s: 0.5\n"
         "learning:\n  interval_s: 0.2\n  lease_s: 2.0\n"
         f"  recipe: {folder}/recipes.py:Echo\n  batch_size: 1\n"
