@@ -171,13 +171,17 @@ class ReefClient(_Client):
         *,
         scenario: str = "default",
         report_id: str | None = None,
+        clamp: bool = False,
     ) -> dict[str, Any]:
         """`POST /reef/report`: a score, a feedback or both against receipts of `scenario`;
-        answers the stored report."""
+        answers the stored report. A score outside the scenario's range is refused (400), or
+        with `clamp` stored at the nearer edge."""
         body: dict[str, Any] = {"references": references}
         for key, value in (("score", score), ("feedback", feedback), ("report_id", report_id)):
             if value is not None:
                 body[key] = value
+        if clamp:
+            body["clamp"] = True
         stored: dict[str, Any] = self.post(
             "/reef/report", body, headers={"x-reef-scenario": scenario}
         )

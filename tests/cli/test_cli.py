@@ -341,3 +341,19 @@ def test_learning_progress_shows_a_bar_with_the_loss() -> None:
     task = bars.tasks[0]
     assert (task.description, task.completed, task.total) == ("training a LoRA", 3, 40)
     assert task.fields["loss"] == "loss 1.2346"
+
+
+def test_a_model_file_that_is_not_a_whole_gguf_is_said_in_a_sentence(tmp_path: Path) -> None:
+    """Not a GGUF (a text file), or a GGUF cut short: a sentence saying what to do, no
+    traceback, and the server never says it serves."""
+    (tmp_path / "notes.gguf").write_text("not a model\n")
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    for name, said in (
+        ("notes.gguf", "is not a GGUF file (it starts with b'not '"),
+        ("cut.gguf", "llama.cpp could not load"),
+    ):
+        done = run_reef(tmp_path, "serve", "--model", name, "--port", str(free_port()), timeout=60)
+        output = done.stdout + done.stderr
+        assert done.returncode == 1, output
+        assert said in output and "Traceback" not in output, output
+        assert "serving on" not in output, output

@@ -50,15 +50,33 @@ def test_records_fit_a_narrow_terminal_and_show_no_empty_column(tmp_path: Path) 
         assert "learned as" not in shown and "scenario" not in shown
 
 
-def test_a_score_outside_the_declared_range_is_stored_and_said(tmp_path: Path) -> None:
+def test_a_score_outside_the_declared_range_is_refused_or_clamped_when_asked(
+    tmp_path: Path,
+) -> None:
+    """A score of 5 on a 0-to-1 scenario would skew every pass rate that reads it: refused,
+    naming the range and the ways on; `--clamp` stores it at the edge, saying so."""
     with reef_in_process(tmp_path) as server:
         answered = httpx.post(
             f"{server.url}/v1/chat/completions",
             json={"messages": [{"role": "user", "content": PROMPT}]},
         )
         record_id = answered.headers["x-reef-agent-record-id"]
-        outside = reef(server.url, "report", record_id, "--score", "5", columns=200)
+        refused = httpx.post(
+            f"{server.url}/reef/report", json={"references": [record_id], "score": 5}
+        )
+        clamped = reef(server.url, "report", record_id, "--score", "5", "--clamp", columns=200)
         inside = reef(server.url, "report", record_id, "--score", "1", columns=200)
-    assert "reported" in outside and "score 5 is outside default's score range [0, 1]" in outside
-    assert "a canary reads it as 1" in outside
+        scores = [
+            r["score"]
+            for r in httpx.get(f"{server.url}/reef/records/{record_id}").json()["reports"]
+        ]
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "score_out_of_range"
+    assert "score 5 is outside default's score range [0, 1]" in error["message"]
+    assert (
+        "reef report --clamp" in error["message"] and "gate.canary.score_range" in error["message"]
+    )
+    assert "reported" in clamped and "score 5 is outside [0, 1]: stored as 1" in clamped
     assert "reported" in inside and "outside" not in inside
+    assert scores == [1.0, 1.0]  # nothing of the refused report was stored

@@ -282,6 +282,9 @@ def report(
     feedback: Annotated[str | None, typer.Option(help="Free text.")] = None,
     scenario: Annotated[str, typer.Option(help="The records' scenario.")] = "default",
     report_id: Annotated[str | None, typer.Option(help="Idempotency key.")] = None,
+    clamp: Annotated[
+        bool, typer.Option(help="Store a score outside the range at its nearer edge.")
+    ] = False,
     url: UrlOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -289,7 +292,9 @@ def report(
     if score is None and feedback is None:
         fail("give --score, --feedback or both", code=2)
     with open_client(server_url(url, config)) as client:
-        stored = client.report(receipts, score, feedback, scenario=scenario, report_id=report_id)
+        stored = client.report(
+            receipts, score, feedback, scenario=scenario, report_id=report_id, clamp=clamp
+        )
     console.print(f"[green]reported[/] {stored['id']} on {len(stored['references'])} record(s)")
     for warning in stored.get("warnings") or []:
         console.print(f"[yellow]note[/] {escape(warning)}", highlight=False)

@@ -92,10 +92,14 @@ def serve(
     url = f"http://{resolved.server.host}:{resolved.server.port}"
     console.print(
         f"Reef: engine [bold]{kind}[/] ({reason}), model [bold]{serving_engine.model}[/], "
-        f"experience in {store.name}, serving on [bold]{url}/v1[/]",
+        f"experience in {store.name}: starting the engine",
         highlight=False,
         soft_wrap=True,
     )
+
+    def announce() -> None:
+        console.print(f"Reef: serving on [bold]{url}/v1[/]", highlight=False, soft_wrap=True)
+
     workflow = ReleaseWorkflow(resolved, store)
     workflow.tracing = tracing  # a candidate approved here: its publish is a span
     state = ServerState(
@@ -107,7 +111,7 @@ def serve(
         tracing=tracing,
     )
     try:
-        run(state)
+        run(state, announce)
     except ReefError as error:
         fail(error.message)
     except KeyboardInterrupt:

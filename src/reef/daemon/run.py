@@ -54,10 +54,15 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-async def serve(state: ServerState, server: ReefServer | None = None) -> None:
+async def serve(
+    state: ServerState,
+    server: ReefServer | None = None,
+    announce: Callable[[], None] | None = None,
+) -> None:
     """Start the engine, serve until SIGINT/SIGTERM (in-flight requests finish), then close.
     `server`: the uvicorn server to serve with, for a caller that stops it itself (a test
-    serving in a thread sets its `should_exit`)."""
+    serving in a thread sets its `should_exit`); `announce`: called once the engine has
+    started, before the socket opens (an engine that fails to start is never said to serve)."""
     followers: list[asyncio.Task[None]] = []
     try:
         await state.engine.start()
@@ -76,6 +81,8 @@ async def serve(state: ServerState, server: ReefServer | None = None) -> None:
         state.teachers = teachers_of(state.config, _scenarios(state))
         for teacher in state.teachers.values():
             await teacher.start()
+        if announce is not None:
+            announce()
         try:
             await (server or ReefServer(state)).serve()
         finally:
@@ -141,9 +148,9 @@ class ReefServer(uvicorn.Server):
             await asyncio.to_thread(stop_worker, self.learner)
 
 
-def run(state: ServerState) -> None:
+def run(state: ServerState, announce: Callable[[], None] | None = None) -> None:
     with asyncio.Runner(loop_factory=_fast_loop()) as runner:
-        runner.run(serve(state))
+        runner.run(serve(state, announce=announce))
 
 
 def _fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -62,7 +62,7 @@ from reef.inference.routing import BASE, canary_policy
 from reef.releases.chain import ReleaseChain, ReleaseConflict, read_folder
 from reef.store import ExperienceStore
 from reef.store.candidates import Candidate, CandidateStore
-from reef.store.routed import arm_reports, routing_candidate, taken_over
+from reef.store.routed import arm_reports, taken_over
 
 CANARY_ARM = "canary"
 STABLE_ARM = "stable"
@@ -137,11 +137,6 @@ def _within(score: float, score_range: tuple[float, float]) -> float:
     # sent between the canary's publish and its candidate's move to `canary` was not checked.
     low, high = score_range
     return min(max(score, low), high)
-
-
-def running_canary_of(store: ExperienceStore, record_ids: Sequence[str]) -> tuple[str, str] | None:
-    """(record, candidate): one of these records that a candidate on a canary routed, if any."""
-    return routing_candidate(store, record_ids, "canary")
 
 
 def judge(

@@ -478,11 +478,11 @@ class LlamaCppEngine:
         started = time.perf_counter()
         try:
             await engine.start()
-        except ValueError as error:  # llama-cpp-python's word for a file llama.cpp cannot load
+        except EngineUnavailable as error:  # `load_model`: not a GGUF, or one llama.cpp refused
             await engine.close()
             raise Unsupported(
-                f"llama.cpp could not load the checkpoint {path} ({error}): a checkpoint's "
-                "checkpoint/*.gguf must be a whole model of the same vocabulary"
+                f"llama.cpp could not load the checkpoint {path} ({error.message}): a "
+                "checkpoint's checkpoint/*.gguf must be a whole model of the same vocabulary"
             ) from None
         log.info("llama.cpp: loaded checkpoint %s in %.1f s", path, time.perf_counter() - started)
         engine._live = self._live  # one count of live requests for the CPU they share

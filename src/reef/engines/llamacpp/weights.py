@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from reef.errors import EngineUnavailable
+
 Repack = Literal["auto"] | bool
 # The feature llama.cpp's system-information line names for a build with AMX kernels.
 AMX_FEATURE = "AMX_INT8 = 1"
@@ -47,8 +49,34 @@ def model_params(repack: Repack = "auto", vocab_only: bool = False) -> Any:
     return params
 
 
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse, in a sentence, a file that is not a GGUF (llama.cpp would say only that it
+    failed to load it, under a traceback)."""
+    with path.open("rb") as file:
+        start = file.read(len(GGUF_MAGIC))
+    if start != GGUF_MAGIC:
+        raise EngineUnavailable(
+            f"{path} is not a GGUF file (it starts with {start!r}, not {GGUF_MAGIC!r}): "
+            "engine.llamacpp.model (or --model) takes a .gguf file, llama.cpp's format; "
+            "leave it unset to serve the embedded SmolLM2-135M"
+        )
+
+
 def load_model(path: Path, repack: Repack = "auto") -> Any:
     """The model in `path` (a llama-cpp-python `LlamaModel`: weights, vocabulary, metadata)."""
     from llama_cpp import _internals
 
-    return _internals.LlamaModel(path_model=str(path), params=model_params(repack), verbose=False)
+    check_gguf(path)
+    try:
+        return _internals.LlamaModel(
+            path_model=str(path), params=model_params(repack), verbose=False
+        )
+    except ValueError:  # llama.cpp says no more than "Failed to load model from file"
+        raise EngineUnavailable(
+            f"llama.cpp could not load {path}: the GGUF may be cut short (an interrupted "
+            "download) or of an architecture this llama.cpp does not know; check the file "
+            "against its source, or serve another"
+        ) from None

@@ -22,11 +22,10 @@ from starlette.routing import Route
 
 from reef.config import ReefConfig
 from reef.engines.base import Slotted
-from reef.errors import BadRequest, Conflict, NotFound
-from reef.evaluation.live import learning_progress
+from reef.errors import BadRequest, Conflict, NotFound, ReefError
+from reef.evaluation.live import ReleaseProgress, below_gate, gate_estimate, learning_progress
 from reef.inference.binding import Binding
 from reef.inference.routing import Routing
-from reef.releases.canary import running_canary_of
 from reef.scenario import RuntimeScenarios
 from reef.sdk.recipe import RecipeError, recipe_class
 from reef.server.http import parse, query_int, read_json
@@ -52,6 +51,8 @@ class ReportRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     report_id: str | None = Field(None, pattern=REPORT_ID)
     agent_record_id: str | None = Field(None, pattern=REPORT_ID)
+    # A score outside the scenario's range is refused; `clamp` stores it at the nearer edge.
+    clamp: bool = False
 
     @field_validator("score", mode="before")
     @classmethod
@@ -99,13 +100,12 @@ async def report(request: Request) -> Response:
     state: ServerState = request.app.state.reef
     body = parse(ReportRequest, await read_json(request, state.config.server.max_body_bytes))
     scenario = state.scenarios.require(scenario_from(request.headers), state.config, state.bindings)
-    if body.score is not None and body.references:
-        await run_in_threadpool(_check_canary_score, state, scenario, body.score, body.references)
+    score, warning = _in_range(state, scenario, body.score, body.clamp)
     fields: dict[str, Any] = {"id": body.key} if body.key else {}
     new = Report(
         scenario=scenario,
         references=body.references,
-        score=body.score,
+        score=score,
         feedback=body.feedback,
         metadata=body.metadata,
         **fields,
@@ -123,42 +123,30 @@ async def report(request: Request) -> Response:
         state.metrics.reports.labels(scenario).inc()
     # Upstream Reef's answer beside Reef's own: the report's id is its record id there.
     answer = {**stored, "agent_record_id": stored["id"], "request_type": "report"}
-    warning = _outside_range(state, scenario, body.score)
     if warning:
         answer["warnings"] = [warning]
     return JSONResponse(answer, status_code=201 if created else 200)
 
 
-def _outside_range(state: ServerState, scenario: str, score: float | None) -> str | None:
-    """What becomes of a score outside the range the scenario declares (its contract's
-    `report.score_range`, `gate.canary.score_range`), in words; None for one inside it."""
+def _in_range(
+    state: ServerState, scenario: str, score: float | None, clamp: bool
+) -> tuple[float | None, str | None]:
+    """The score to store, and what was done to it: one outside the scenario's range
+    (`gate.canary.score_range`) would skew every pass rate and threshold that reads it, so it is
+    refused, or with `clamp` stored at the nearer edge and said."""
     low, high = state.config.gate_for(scenario).canary.score_range
     if score is None or low <= score <= high:
-        return None
+        return score, None
     edge = high if score > high else low
-    return (
+    if clamp:
+        return edge, f"score {score:g} is outside [{low:g}, {high:g}]: stored as {edge:g}"
+    raise BadRequest(
         f"score {score:g} is outside {scenario}'s score range [{low:g}, {high:g}] "
-        f"(gate.canary.score_range): it is stored as sent, a canary reads it as {edge:g}, and "
-        "recipes and the live pass rate compare it with their thresholds as it is"
+        f"(gate.canary.score_range): send a score from {low:g} to {high:g}, send \"clamp\": "
+        f"true (`reef report --clamp`) to store it as {edge:g}, or widen "
+        "gate.canary.score_range in reef.yaml",
+        code="score_out_of_range",
     )
-
-
-def _check_canary_score(
-    state: ServerState, scenario: str, score: float, references: list[str]
-) -> None:
-    """A score outside `gate.canary.score_range` may not judge a running canary."""
-    low, high = state.config.gate_for(scenario).canary.score_range
-    if low <= score <= high:
-        return
-    routed = running_canary_of(state.store, references)
-    if routed is not None:
-        record, candidate = routed
-        raise BadRequest(
-            f"score {score} is outside gate.canary.score_range [{low}, {high}]: record "
-            f"{record} was served on the canary of {candidate}, whose reports must score "
-            f"within that range; send a score from {low} to {high}",
-            code="score_out_of_range",
-        )
 
 
 def list_records(request: Request) -> Response:
@@ -260,8 +248,24 @@ def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
     loads the configured recipes for their names)."""
     learning = _with_plans(state.config, state.scenarios, learning_status(state.store))
     for scenario, releases in learning_progress(state.store, state.config).items():
-        learning.setdefault(scenario, {})["progress"] = [r.to_json() for r in releases]
+        rows = [r.to_json() | _against_gate(state, r) for r in releases]
+        learning.setdefault(scenario, {})["progress"] = rows
     return state.store.stats(), learning
+
+
+def _against_gate(state: ServerState, release: ReleaseProgress) -> dict[str, Any]:
+    """The gate's estimate of a release on the feedback group beside its live rate (the
+    recipe's scorer on every call it answered, else users' reports), and, when live falls below
+    it beyond both intervals, a sentence saying so (`below_gate`)."""
+    if release.release_id == "base":
+        return {"gate": None, "below_gate": None}
+    try:
+        evaluation = state.workflow.chain.get(release.release_id).evaluation
+    except ReefError:  # a release of another chain (imported calls, a rolled-back replica)
+        return {"gate": None, "below_gate": None}
+    gate = gate_estimate(evaluation)
+    live = release.scorer if release.scorer and release.scorer.count else release.reports
+    return {"gate": gate.to_json() if gate else None, "below_gate": below_gate(gate, live)}
 
 
 def _with_plans(
