@@ -257,10 +257,9 @@ class LlamaCppEngine:
             return self._open_lane(path, threads)
         except (ValueError, RuntimeError, EngineUnavailable) as error:
             if self.prefill_weights != "auto":
-                if isinstance(error, EngineUnavailable):
-                    raise
+                said = error.message if isinstance(error, EngineUnavailable) else error
                 raise EngineUnavailable(
-                    f"engine.llamacpp.prefill_weights: llama.cpp cannot open {path} ({error}): "
+                    f"engine.llamacpp.prefill_weights: llama.cpp cannot open {path} ({said}): "
                     "name a GGUF of the served model, or set auto or same"
                 ) from error
             log.warning(
