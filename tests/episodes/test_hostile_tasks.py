@@ -161,3 +161,29 @@ def test_a_suite_s_task_that_is_a_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "suite" / "linked").symlink_to(elsewhere)
     with pytest.raises(BadTask, match="linked: a link"):
         load_suite(tmp_path / "suite")
+
+
+def test_a_link_or_a_fifo_beside_the_task_s_folders_is_refused_and_never_hashed(
+    tmp_path: Path, canary: Path
+) -> None:
+    """Links at the task's root were not checked, and the gate's task hash read through them
+    as root (and would wait forever on a FIFO there)."""
+    from reef.episodes.gate import task_folder_hash
+
+    task = make_task(tmp_path / "leaky")
+    link(task / "notes.md", canary)
+    with pytest.raises(BadTask, match=r"notes\.md"):
+        load_task(task)
+    (task / "notes.md").unlink()
+    os.mkfifo(task / "pipe")
+    with pytest.raises(BadTask, match="pipe"):
+        load_task(task)
+    (task / "pipe").unlink()
+    loaded = load_task(task)
+    before = task_folder_hash(loaded)
+    # Added after loading: the hash says what the link says, and reads neither it nor a FIFO.
+    link(task / "notes.md", canary)
+    os.mkfifo(task / "pipe")
+    linked = task_folder_hash(loaded)
+    canary.write_text("another secret\n")
+    assert task_folder_hash(loaded) == linked != before

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from reef.episodes.relay import OutsideRelay
+from reef.episodes.seccomp import filter_fd
 from reef.episodes.supervision import Limits, SandboxResult, supervise
 from reef.episodes.untrusted import as_uid
 from reef.episodes.workspace import INSIDE_UID, Workspace
@@ -101,18 +102,26 @@ class Sandbox:
         full_env = {**base_env(), **env}
         if self.mode == "none":
             return supervise(command, full_env, self.workspace, self.limits, cwd=self.workspace.app)
+        seccomp = filter_fd()  # no user namespaces inside (reef.episodes.seccomp)
+        try:
+            return self._run_bwrap(command, full_env, seccomp)
+        finally:
+            os.close(seccomp)
+
+    def _run_bwrap(self, command: list[str], env: dict[str, str], seccomp: int) -> SandboxResult:
+        space, limits, kept = self.workspace, self.limits, (seccomp,)
         if self.reef_port is None:
-            return supervise(self._bwrap(command, None), full_env, self.workspace, self.limits)
+            return supervise(self._bwrap(command, None, seccomp), env, space, limits, keep_fds=kept)
         # A socket's path is at most 107 bytes: its folder is a short one of its own.
         with tempfile.TemporaryDirectory(prefix="reef-", dir="/tmp") as folder:
             sockets = Path(folder)
-            if self.workspace.uid is not None:
-                os.chown(sockets, self.workspace.uid, self.workspace.uid)
-            with OutsideRelay(sockets / "reef.sock", self.reef_port, owner=self.workspace.uid):
-                args = self._bwrap(command, sockets)
-                return supervise(args, full_env, self.workspace, self.limits)
+            if space.uid is not None:
+                os.chown(sockets, space.uid, space.uid)
+            with OutsideRelay(sockets / "reef.sock", self.reef_port, owner=space.uid):
+                args = self._bwrap(command, sockets, seccomp)
+                return supervise(args, env, space, limits, keep_fds=kept)
 
-    def _bwrap(self, command: list[str], sockets: Path | None) -> list[str]:
+    def _bwrap(self, command: list[str], sockets: Path | None, seccomp: int) -> list[str]:
         binds = [*_system_binds(), *self._workspace_binds(sockets)]
         readonly: list[str] = []
         for host, inside in self._readonly_paths().items():
@@ -127,7 +136,7 @@ class Sandbox:
         # also try a user namespace, in which the uid `as_uid` takes does not exist.
         args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
-        args += ["--hostname", "episode"]
+        args += ["--hostname", "episode", "--seccomp", str(seccomp)]
         args += [*self._identity(), "--chdir", "/app", "--"]
         if self.workspace.uid is not None:
             args += as_uid(self.workspace.uid)

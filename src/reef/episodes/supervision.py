@@ -97,11 +97,13 @@ def supervise(
     workspace: Workspace,
     limits: Limits,
     cwd: Path | None = None,
+    keep_fds: tuple[int, ...] = (),
 ) -> SandboxResult:
-    """Run `command` to its end or to the first limit it hits, whichever comes first."""
+    """Run `command` to its end or to the first limit it hits, whichever comes first;
+    `keep_fds` stay open in it (bubblewrap's seccomp filter)."""
     cgroup = _cgroup(limits)
     try:
-        return _supervise(command, env, workspace, limits, cwd, cgroup)
+        return _supervise(command, env, workspace, limits, cwd, cgroup, keep_fds)
     finally:
         if cgroup is not None:
             cgroup.close()
@@ -114,10 +116,12 @@ def _supervise(
     limits: Limits,
     cwd: Path | None,
     cgroup: cgroups.EpisodeCgroup | None,
+    keep_fds: tuple[int, ...] = (),
 ) -> SandboxResult:
     started = time.monotonic()
     process = subprocess.Popen(
         command,
+        pass_fds=keep_fds,
         env=env,
         cwd=cwd,
         stdin=subprocess.DEVNULL,

@@ -125,12 +125,15 @@ def _suite_task(child: Path) -> Task | None:
 
 
 def check_task_folders(path: Path) -> None:
-    """What the sandbox is given of the task (environment/, tests/, solution/) holds nothing
-    that leads out of it; `BadTask` naming the first entry that does. The runner checks again
-    before each episode: the folder may change between loading and running."""
+    """The whole task folder (what the sandbox is given of it, environment/, tests/,
+    solution/, and what lies beside them, which the gate's task hash reads) holds nothing that
+    leads out of it, and nothing but files, folders and links within it; `BadTask` naming the
+    first entry that does. The runner checks again before each episode: the folder may change
+    between loading and running."""
     try:
-        for name in ("environment", "tests", "solution"):
+        for name in ("environment", "tests", "solution"):  # each must be a folder, not a link
             check_task_tree(path / name, path)
+        check_task_tree(path, path)
     except UnsafePath as error:
         raise BadTask(str(error)) from None
 

@@ -273,3 +273,18 @@ cat /app/pipe > /dev/null
     assert "planted" in ran(episode)
     assert episode.reward is None
     assert episode.error is not None and "stopped by its" in episode.error
+
+
+def test_an_agent_cannot_open_a_user_namespace(reef: ServerProcess, tmp_path: Path) -> None:
+    """`unshare -Urm` would make the agent root of a namespace of its own, where it mounts what
+    it likes (a tmpfs outside the episode's memory accounting): refused, whoever runs Reef."""
+    command = (
+        "unshare -Ur true && echo userns-opened || echo userns-refused; "
+        "python3 -c 'import ctypes; print(\"unshare\", ctypes.CDLL(None).unshare(0x10000000))'; "
+        "python3 -c 'import threading; t = threading.Thread(target=print); t.start(); t.join()' "
+        "&& echo threads-run"
+    )
+    episode = attack(reef, tmp_path, command)
+    said = ran(episode)
+    assert "userns-refused" in said and "unshare -1" in said, said
+    assert "opened" not in said and "threads-run" in said, said  # threads and processes still work
