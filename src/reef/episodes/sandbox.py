@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from reef.episodes.relay import OutsideRelay
-from reef.episodes.seccomp import filter_fd
+from reef.episodes.seccomp import SeccompUnavailable, filter_fd
 from reef.episodes.supervision import Limits, SandboxResult, supervise
 from reef.episodes.untrusted import as_uid
 from reef.episodes.workspace import INSIDE_UID, Workspace
@@ -62,12 +62,21 @@ def bwrap_problem() -> str | None:
     binary = shutil.which("bwrap")
     if binary is None:
         return "bubblewrap is not installed (apt-get install -y bubblewrap)"
-    probe = subprocess.run(
-        [binary, *_system_binds(), "--unshare-all", "--die-with-parent", "true"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    try:
+        seccomp = filter_fd()  # as every sandbox has it: a kernel that refuses it is said here
+    except SeccompUnavailable as error:
+        return error.message
+    try:
+        flags = ["--unshare-all", "--die-with-parent", "--seccomp", str(seccomp)]
+        probe = subprocess.run(
+            [binary, *_system_binds(), *flags, "true"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            pass_fds=(seccomp,),
+        )
+    finally:
+        os.close(seccomp)
     if probe.returncode != 0:
         return f"bubblewrap cannot create a sandbox here: {probe.stderr.strip()[:300]}"
     return None
