@@ -9,12 +9,13 @@ runs it: a scripted user's feedback on chat answers, the held-out prompts' pass 
 correctness tasks, each recipe in its own project. (b) The episode suite, below.
 
 For each recipe, in a fresh project made by `reef init`: `reef serve` on the embedded
-SmolLM2-135M, the episode gate on the shipped suite (`evals/tasks/`, four Harbor tasks, Reef's
-native agent in bubblewrap, `policy: no_regression`), and the recipe configured as
-docs/recipes.md shows it. `gepa`, `skills` and `meta_harness` search with `episodes` set: every
-tree they try is scored by the agent's episodes under it on the same suite (one metric call an
-episode); `harness_evolve` learns as it always does, from the agent's recorded calls and the
-reports the tests wrote on them. Round by round, the agent runs the suite under what serves
+SmolLM2-135M, the episode gate on the held-out suite below (Reef's native agent in bubblewrap,
+`policy: no_regression`), and the recipe configured as docs/recipes.md shows it. `gepa`,
+`skills` and `meta_harness` search with `episodes` set: every tree they try is scored by the
+agent's episodes under it on the shipped suite (`evals/tasks/`, four Harbor tasks; one metric
+call an episode), never on the gate's (issue 76: before, they searched on the gate's suite);
+`harness_evolve` learns as it always does, from the agent's recorded calls and the reports the
+tests wrote on them. Round by round, the agent runs the suite under what serves
 (those episodes are the experience: recorded, each test's reward a report on its calls), then
 the worker steps; rounds go on, up to `--rounds`, until the steps have spent `--metric-calls`
 (the search's episodes, the gate's episodes and chat answers, as `/reef/status` counts them).
@@ -67,13 +68,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "harness_evolve": {"proposer": "hindsight", "batch_size": 4},
     "gepa": {
         "batch_size": 4,
-        "episodes": {},
+        "episodes": {"tasks": str(SUITE)},
         "pareto_size": 4,
         "minibatch_size": 2,
         "max_metric_calls": 24,
     },
-    "skills": {"batch_size": 4, "episodes": {}},
-    "meta_harness": {"batch_size": 4, "episodes": {}, "max_nodes": 4},
+    "skills": {"batch_size": 4, "episodes": {"tasks": str(SUITE)}},
+    "meta_harness": {"batch_size": 4, "episodes": {"tasks": str(SUITE)}, "max_nodes": 4},
 }
 console = Console(width=140)
 
@@ -86,7 +87,7 @@ def make_project(folder: Path, recipe: str) -> Path:
     lines = [f"  {key}: {json.dumps(value)}" for key, value in learning.items()]
     (folder / "reef.yaml").write_text(
         "gate:\n  policy: no_regression\n"
-        f"  episodes:\n    tasks: {SUITE}\n    agent: native\n    repeats: 1\n"
+        f"  episodes:\n    tasks: {HELD_OUT}\n    agent: native\n    repeats: 1\n"
         "episodes:\n  wall_time_s: 180\n  max_steps: 4\n"
         "learning:\n" + "\n".join(lines) + "\n"
     )

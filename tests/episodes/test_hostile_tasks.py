@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reef.episodes.tasks import BadTask, load_suite, load_task
+from reef.episodes.tasks import BadTask, load_suite, load_task, task_folder_hash
 from reef.episodes.untrusted import UnsafePath
 from reef.episodes.workspace import create_workspace
 
@@ -168,8 +168,6 @@ def test_a_link_or_a_fifo_beside_the_task_s_folders_is_refused_and_never_hashed(
 ) -> None:
     """Links at the task's root were not checked, and the gate's task hash read through them
     as root (and would wait forever on a FIFO there)."""
-    from reef.episodes.gate import task_folder_hash
-
     task = make_task(tmp_path / "leaky")
     link(task / "notes.md", canary)
     with pytest.raises(BadTask, match=r"notes\.md"):

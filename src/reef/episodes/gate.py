@@ -12,18 +12,13 @@ episodes as they decide on chat tasks.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import stat
 import statistics
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.episodes.project import episode_settings, project_server
 from reef.episodes.runner import Episode, describe_step, run_paired
-from reef.episodes.tasks import Task, load_suite
+from reef.episodes.tasks import Task, load_suite, task_folder_hash
 from reef.episodes.tokens import candidate_tree
 from reef.evaluation.runner import TaskResult
 
@@ -80,48 +75,6 @@ def task_results(tasks: list[Task], pairs: list[tuple[Episode, Episode]]) -> lis
             )
         )
     return results
-
-
-def task_folder_hash(task: Task) -> str:
-    """What the task asks and how it is scored: its instruction, its files and its test. Links
-    are hashed as what they say, never followed (a task is hostile: a link could lead the
-    runner, as root, to any file of the host, or a FIFO hang it)."""
-    digest = hashlib.sha256()
-    for path in _task_entries(task.path):
-        relative = path.relative_to(task.path)
-        if "solution" in relative.parts:
-            continue
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
-            digest.update(str(relative).encode() + b"\0link:")
-            digest.update(os.fsencode(os.readlink(path)) + b"\0")
-        elif stat.S_ISREG(info.st_mode):
-            digest.update(str(relative).encode() + b"\0")
-            _hash_file(digest, path)
-            digest.update(b"\0")
-    return digest.hexdigest()[:16]
-
-
-def _hash_file(digest: Any, path: Path) -> None:
-    """`path`'s bytes into `digest`, opened without following a link or waiting on a FIFO put
-    there since it was listed (then nothing is hashed)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        descriptor = os.open(path, flags)
-    except OSError:  # replaced by a link since it was listed: its content is not the task's
-        return
-    with os.fdopen(descriptor, "rb") as file:
-        if stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            for chunk in iter(lambda: file.read(1 << 20), b""):
-                digest.update(chunk)
-
-
-def _task_entries(root: Path) -> list[Path]:
-    """Every entry under `root`, sorted, without following a link."""
-    found = []
-    for folder, folders, files in os.walk(root):  # os.walk does not descend into links
-        found += [Path(folder) / name for name in [*folders, *files]]
-    return sorted(found)
 
 
 def _mean_reward(episodes: list[Episode]) -> float:

@@ -16,9 +16,11 @@ is refused with its path (reef.episodes.untrusted).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,3 +225,45 @@ def _memory_mb(environment: dict[str, Any], path: Path) -> int | None:
     megabytes = size * 1024 if found.group(2).lower() == "g" else size
     value = _number(megabytes, "environment.memory", path, MAX_MEMORY_MB)
     return None if value is None else int(value)
+
+
+def task_folder_hash(task: Task) -> str:
+    """What the task asks and how it is scored: its instruction, its files and its test. Links
+    are hashed as what they say, never followed (a task is hostile: a link could lead the
+    runner, as root, to any file of the host, or a FIFO hang it)."""
+    digest = hashlib.sha256()
+    for path in _task_entries(task.path):
+        relative = path.relative_to(task.path)
+        if "solution" in relative.parts:
+            continue
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            digest.update(str(relative).encode() + b"\0link:")
+            digest.update(os.fsencode(os.readlink(path)) + b"\0")
+        elif stat.S_ISREG(info.st_mode):
+            digest.update(str(relative).encode() + b"\0")
+            _hash_file(digest, path)
+            digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _hash_file(digest: Any, path: Path) -> None:
+    """`path`'s bytes into `digest`, opened without following a link or waiting on a FIFO put
+    there since it was listed (then nothing is hashed)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags)
+    except OSError:  # replaced by a link since it was listed: its content is not the task's
+        return
+    with os.fdopen(descriptor, "rb") as file:
+        if stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            for chunk in iter(lambda: file.read(1 << 20), b""):
+                digest.update(chunk)
+
+
+def _task_entries(root: Path) -> list[Path]:
+    """Every entry under `root`, sorted, without following a link."""
+    found = []
+    for folder, folders, files in os.walk(root):  # os.walk does not descend into links
+        found += [Path(folder) / name for name in [*folders, *files]]
+    return sorted(found)

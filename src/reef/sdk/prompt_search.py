@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reef.episodes.runner import describe_step
-from reef.episodes.tasks import BadTask, Task, load_suite
+from reef.episodes.tasks import BadTask, Task, load_suite, task_folder_hash
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.model import answer_text
@@ -36,16 +36,29 @@ from reef.sdk.view import ExperienceView, Trajectory, Turn
 EPISODE_TRACE_CHARS = 600
 
 
+NO_TASKS = (
+    "episodes needs `tasks`, a folder of Harbor tasks of its own: the gate's suite "
+    "(gate.episodes.tasks) judges what the search finds, and a search on it would be judged on "
+    "the tasks it was fitted to"
+)
+
+
 class EpisodeSearch(BaseModel):
     """`episodes:` in a search recipe's settings: score trees by running the agent on tasks."""
 
     model_config = ConfigDict(extra="forbid")
 
-    # A folder of Harbor tasks, or one task (relative: to the config's folder); None: the
-    # suite of the scenario's episode gate (`gate.episodes.tasks`).
+    # A folder of Harbor tasks, or one task (relative: to the config's folder), none of which
+    # the gate's episodes judge on (`gate.episodes.tasks`): the search's own.
     tasks: Path | None = None
     agent: str = "native"  # native, pi, codex, claude, opencode
     repeats: int = Field(1, ge=1)  # episodes per task and tree (each one metric call)
+
+    @model_validator(mode="after")
+    def _own_tasks(self) -> EpisodeSearch:
+        if self.tasks is None:
+            raise ValueError(NO_TASKS)
+        return self
 
 
 class PromptSearchSettings(RecipeSettings):
@@ -118,18 +131,16 @@ class PromptSearch(Recipe):
         ]
 
     def _episode_tasks(self, episodes: EpisodeSearch, context: StepContext) -> list[SearchTask]:
-        suite = episodes.tasks or context.episode_suite
-        if suite is None:
-            raise RecipeError(
-                f"{self.name}: `episodes` needs `tasks` (a folder of Harbor tasks), or the "
-                "scenario's `gate.episodes`, whose suite it then searches on"
-            )
+        if episodes.tasks is None:  # refused at load: a settings object made in code
+            raise RecipeError(f"{self.name}: {NO_TASKS}")
         if context.run_episodes_under is None:
             raise RecipeError(f"{self.name}: episodes need the running server and the worker")
         try:
-            tasks = load_suite(suite)
+            tasks = load_suite(episodes.tasks)
+            judged = load_suite(context.episode_suite) if context.episode_suite else []
         except BadTask as error:
             raise RecipeError(f"{self.name}: episodes.tasks: {error}") from None
+        _refuse_the_gate_s_tasks(self.name, tasks, judged)
         said = "the task's test checks the result (its output follows each run)"
         return [SearchTask(task.instruction.strip(), said, episode=task) for task in tasks]
 
@@ -180,3 +191,16 @@ def episode_trace(episode: dict[str, Any]) -> str:
     test = " ".join(str(episode.get("test_output") or "").split())
     trace = f"{outcome}. The agent did: {steps or 'nothing'}. The test said: {test[-200:]}"
     return trace[:EPISODE_TRACE_CHARS]
+
+
+def _refuse_the_gate_s_tasks(recipe: str, searched: list[Task], judged: list[Task]) -> None:
+    """A search never runs on a task the gate judges on: the same content (instruction, files,
+    test), wherever it lies, is refused by name."""
+    gate = {task_folder_hash(task): task.name for task in judged}
+    shared = [task.name for task in searched if task_folder_hash(task) in gate]
+    if shared:
+        raise RecipeError(
+            f"{recipe}: episodes.tasks holds task(s) the gate judges on ({', '.join(shared)}): "
+            "a search fitted to the gate's tasks would be judged on them; give it a suite of "
+            "other tasks"
+        )
