@@ -14,7 +14,8 @@ The teacher (`teacher`, required: there is no teacher to default to):
 
 - `base`: the weights the scenario trains on, the adapter switched off (the served model, or
   the serving release's checkpoint): it pulls a served adapter back toward them, a regulariser
-  more than a teacher, and teaches a fresh adapter nothing (its loss is zero);
+  more than a teacher; with no LoRA serving (a fresh adapter, which it could teach nothing:
+  loss and gradient 0) a step is refused, saying so;
 - a folder or a GGUF file: another checkpoint of the same vocabulary (a stronger model, a
   checkpoint release written out), loaded once and kept; refused when its vocabulary is not
   the served model's. A relative path is relative to the folder Reef runs in.
@@ -125,6 +126,14 @@ class OPD(WeightRecipe):
     def train(
         self, step: WeightStep, base: Any, context: StepContext, resume_from: Path | None
     ) -> TrainedAdapter:
+        if self.settings.teacher == "base" and resume_from is None:
+            # A fresh adapter starts as the base: the log-ratio is 0 at every token, and so is
+            # its gradient. Training would spend the step and propose the base again.
+            raise ProposalRefused(
+                "opd's teacher `base` teaches a fresh adapter nothing (the student starts as "
+                "the base: loss and gradient 0); it only pulls a served LoRA back toward the "
+                "base. Name a stronger checkpoint as `teacher`, or serve a LoRA release first"
+            )
         teacher = self.teacher_model(context, base)
         return self.distil(
             step,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reef.recipes.opd.recipe import OPD, OPDSettings
-from reef.sdk.recipe import RecipeError, load_recipe
+from reef.sdk.recipe import ProposalRefused, RecipeError, load_recipe
 from reef.sdk.view import ExperienceView
 from reef.store import ExperienceStore
 from reef.testing.tiny import tiny_model_folder
@@ -50,11 +50,12 @@ def test_a_step_pulls_the_student_toward_a_frozen_checkpoint(
     assert sorted(proposal.consumed_record_ids) == sorted(records)
     losses = proposal.metrics["loss"]  # the mean log-ratio log p_student - log p_teacher
     assert len(losses) == 4 and losses[-1] < losses[0]
-    # With the base as the teacher a fresh adapter is the teacher: nothing to learn.
-    same = OPD(OPDSettings(teacher="base", steps=2, max_length=128)).propose(
-        recipe.build_batch(view(store)), context
-    )
-    assert same is not None and same.metrics["loss"] == pytest.approx([0.0, 0.0], abs=1e-6)
+    # With the base as the teacher a fresh adapter is the teacher: nothing to learn, and no
+    # candidate (issue 76: it proposed one at loss 0, gradient 0).
+    with pytest.raises(ProposalRefused, match="teaches a fresh adapter nothing"):
+        OPD(OPDSettings(teacher="base", steps=2, max_length=128)).propose(
+            recipe.build_batch(view(store)), context
+        )
 
 
 def test_a_teacher_of_another_vocabulary_is_refused(
