@@ -151,8 +151,14 @@ class MetaHarness(PromptSearch):
                 "means": [n.mean for n in retained],
                 "confidence": sure,
                 "tasks": len(tasks),
+                "history_chars": self._history_chars(context),  # said: a small window shows less
             },
         )
+
+    def _history_chars(self, context: StepContext) -> int:
+        """What of the search the proposer reads, in characters: set, or what its context
+        window leaves after its reply."""
+        return self.settings.history_chars or history_budget(context.proposer_context_tokens)
 
     def _node(self, context: StepContext, tree: dict[str, bytes], tasks: list[SearchTask]) -> Node:
         answered = [self.answer(context, tree, task) for task in tasks]
@@ -166,7 +172,7 @@ class MetaHarness(PromptSearch):
         earlier: list[Evaluated],
     ) -> dict[str, bytes] | None:
         assert context.ask is not None
-        budget = self.settings.history_chars or history_budget(context.proposer_context_tokens)
+        budget = self._history_chars(context)
         history = search_history(shown, tasks, earlier[: self.settings.earlier_shown], budget)
         prompt = PROPOSER_PROMPT.format(history=history)
         reply = context.ask(
@@ -179,11 +185,20 @@ class MetaHarness(PromptSearch):
             return None
         if not agents:
             return None
-        tree = {"AGENTS.md": (agents[:MAX_FILE_CHARS] + "\n").encode()}
-        if rules:
-            tree[RULE_PATH] = (rules[:MAX_FILE_CHARS] + "\n").encode()
-        return tree
+        return designed(context.files_of(HARNESS), agents, rules)
 
+
+
+def designed(serving: dict[str, bytes], agents: str, rules: str) -> dict[str, bytes]:
+    """The serving tree with a design's two files written over it: its other files (worked
+    examples, skills, the house's rules) are carried, since a harness release replaces the
+    whole tree and a design that names only AGENTS.md would drop them (issue 76). A design
+    without rules removes the rules file of its own, its one deliberate deletion."""
+    tree = {path: data for path, data in serving.items() if path != RULE_PATH}
+    tree["AGENTS.md"] = (agents[:MAX_FILE_CHARS] + "\n").encode()
+    if rules:
+        tree[RULE_PATH] = (rules[:MAX_FILE_CHARS] + "\n").encode()
+    return tree
 
 
 def _best(nodes: list[Node]) -> Node:

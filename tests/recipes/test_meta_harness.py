@@ -137,3 +137,33 @@ def test_every_design_of_realistic_size_is_named_and_the_cut_is_said() -> None:
     with_earlier = search_history(designs[:1], tasks, earlier, history_budget(8192))
     assert "Earlier 0 (cand_1): gate mean 0.50 on 2 task(s)" in with_earlier
     assert "Be terse." in with_earlier and "Its gate's failures: t2" in with_earlier
+
+
+def test_a_design_carries_the_serving_tree_s_other_files() -> None:
+    """A harness release replaces the whole tree: a design naming only AGENTS.md and its rules
+    dropped the serving examples, skills and house rules (issue 76). They are carried now; the
+    design's own rules file, absent from a design, is its one deliberate deletion."""
+    serving = {
+        "AGENTS.md": b"Be polite.\n",
+        "examples.jsonl": b'{"user": "Hi", "assistant": "Sure! Hello."}\n',
+        "skills/math/SKILL.md": b"Add carefully.\n",
+        "rules/house.md": b"No emoji.\n",
+        "rules/meta_harness.md": b"An earlier design's rule.\n",
+    }
+    asked: list[str] = []
+    replies = [tree("Say Sure first.", "Always open with Sure.")]
+    built = context(replies, asked)
+    built.files = serving
+    proposal = recipe(max_nodes=1).propose(batch(), built)
+    assert proposal is not None
+    assert proposal.files == {
+        **serving,
+        "AGENTS.md": b"Say Sure first.\n",
+        "rules/meta_harness.md": b"Always open with Sure.\n",
+    }
+    assert proposal.metrics["history_chars"] > 0
+    plain = context([tree("Say Sure first.")], [])
+    plain.files = serving
+    without_rules = recipe(max_nodes=1).propose(batch(), plain)
+    assert without_rules is not None and "rules/meta_harness.md" not in without_rules.files
+    assert without_rules.files["rules/house.md"] == b"No emoji.\n"
