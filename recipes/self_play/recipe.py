@@ -41,6 +41,7 @@ from reef.sdk import (
     StepContext,
     Trajectory,
     answer_text,
+    wrong_fact,
 )
 
 EXAMPLES = "examples.jsonl"
@@ -168,6 +169,12 @@ class SelfPlay(Recipe):
         kept = _examples(tree, examples, self.settings.examples_kept)
         judged = self.fresh_tasks(context, {*_users(kept), *(t.prompt for t in designed)})
         metrics["gate_tasks"] = len(judged)
+        if not judged:
+            raise ProposalRefused(
+                "no fresh task for the gate: the designer's second round repeated this round's "
+                "tasks (or the examples'), and a candidate judged on the eval files alone would "
+                "not be judged on what it learned; the examples wait for the next round"
+            )
         return Proposal(
             kind="harness",
             files={**tree, EXAMPLES: kept},
@@ -232,7 +239,9 @@ class SelfPlay(Recipe):
                 "max_tokens": self.settings.max_tokens,
             }
             answer = answer_text(context.generate(body))
-            if task.solved_by(answer):
+            # Solved in full: the right result, and no wrong step on the way to it ("12 - 5 =
+            # 8, so the answer is 7" has the right last number, and would teach the wrong sum).
+            if task.solved_by(answer) and wrong_fact(task.prompt, answer) is None:
                 solved.append(answer.strip())
         return Attempted(task, solved, self.settings.attempts)
 

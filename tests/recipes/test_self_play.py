@@ -117,3 +117,29 @@ def test_the_tree_keeps_the_newest_worked_examples_one_per_request() -> None:
     # q0, answered again, is now among the newest: q1 is the one that goes.
     assert [e["user"] for e in lines] == ["q2", "q0", "q9"]
     assert lines[1]["assistant"] == "again"
+
+
+def test_a_solving_answer_with_a_wrong_step_never_becomes_an_example() -> None:
+    """Issue 76: "12 - 5 = 8, so the answer is 7" ends on the right number and was kept."""
+    minus = {"kind": "arithmetic", "a": 12, "op": "-", "b": 5}
+
+    def sloppy(body: dict[str, Any]) -> Completion:
+        if "12 - 5" in body["messages"][-1]["content"]:
+            right = "12 - 5 = 7" if body["seed"] == 0 else "12 - 5 = 8, so the answer is 7"
+            return said(right if body["seed"] % 2 == 0 else "It is 6.")
+        return said("I cannot say.")
+
+    built = context([[minus], [FRESH]], [])
+    built.generate = sloppy
+    proposal = recipe().propose([], built)
+    assert proposal is not None
+    assert proposal.metrics["solve_rates"] == [0.25]  # seed 2's wrong step does not count
+    examples = [json.loads(line) for line in proposal.files["examples.jsonl"].splitlines()]
+    assert [example["assistant"] for example in examples] == ["12 - 5 = 7"]
+
+
+def test_a_round_with_no_fresh_task_for_the_gate_proposes_nothing_and_says_so() -> None:
+    """The designer repeating itself left the gate no task of what was learned: the candidate
+    was judged on the eval files alone, without a word."""
+    with pytest.raises(ProposalRefused, match="no fresh task for the gate"):
+        recipe().propose([], context([[EDGE], [EDGE]], []))
