@@ -40,3 +40,19 @@ def test_a_step_that_failed_leaves_nothing_and_frozen_release_keeps_nothing(tmp_
     assert list(keeper.scratch.parent.iterdir()) == []
     frozen = TeacherKeeper(context(tmp_path), "frozen_release")
     assert frozen.start is None and frozen.scratch is None
+
+
+def test_no_teacher_is_kept_for_a_checkpoint_whose_weights_hold_the_student(
+    tmp_path: Path,
+) -> None:
+    """Issue 76: under `checkpoint: true` the teacher kept beside a merged release was found
+    again and its factors applied on weights that already held the student's adapter."""
+    keeper = TeacherKeeper(context(tmp_path, b"adapter 1"), "ema")
+    assert keeper.scratch is not None
+    keeper.scratch.parent.mkdir(parents=True, exist_ok=True)
+    keeper.scratch.write_bytes(b"teacher")
+    merged = {"checkpoint/model.safetensors": b"weights with the student merged"}
+    keeper.keep(merged)
+    assert list((tmp_path / "teachers/default").iterdir()) == []  # nothing kept, scratch gone
+    serving_merged = StepContext("default", "default@2", merged, work_dir=tmp_path)
+    assert TeacherKeeper(serving_merged, "ema").start is None  # starts from the merged weights

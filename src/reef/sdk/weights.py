@@ -375,7 +375,12 @@ class TeacherKeeper:
     the adapter it was trained with (keyed by that adapter's content), so that a step continuing
     the adapter that serves continues that adapter's teacher too; a rejected candidate's teacher
     is never the next step's. `initial` keeps the teacher it started from (rate 0);
-    `frozen_release` keeps nothing (each step's teacher is the serving adapter)."""
+    `frozen_release` keeps nothing (each step's teacher is the serving adapter).
+
+    A teacher is a LoRA's factors over the weights it was trained on. A checkpoint release has
+    the student's adapter merged into its weights, so a teacher kept for it would be applied on
+    top of weights that already hold the student (issue 76: the teacher applied twice): none is
+    kept for a checkpoint, and the next step's teacher starts from the merged weights."""
 
     def __init__(self, context: StepContext, kind: KeptTeacherKind) -> None:
         self.kind = kind
@@ -384,7 +389,8 @@ class TeacherKeeper:
             if context.work_dir is None or kind == "frozen_release"
             else context.work_dir / "teachers" / context.scenario
         )
-        self.start = self._path(_parts_key(context.files)) if self.folder else None
+        merged = _has_checkpoint(context.files)
+        self.start = self._path(_parts_key(context.files)) if self.folder and not merged else None
         self.scratch = self.folder / f"training-{uuid.uuid4().hex}.pt" if self.folder else None
 
     def rate(self, settings: RecipeSettings) -> float:
@@ -395,6 +401,9 @@ class TeacherKeeper:
         """Keep the teacher this step ended with beside the adapter it proposes (`files`), and
         only the newest `KEPT_TEACHERS` (each is an adapter's size)."""
         if self.scratch is None or not self.scratch.is_file():
+            return
+        if _has_checkpoint(files):  # its student is merged into these weights: no teacher over
+            self.forget_scratch()
             return
         os.replace(self.scratch, self._path(_parts_key(files)))
         assert self.folder is not None
@@ -413,6 +422,10 @@ class TeacherKeeper:
     def _path(self, key: str) -> Path:
         assert self.folder is not None
         return self.folder / f"{key}.pt"
+
+
+def _has_checkpoint(files: dict[str, bytes]) -> bool:
+    return any(part_of(path) == CHECKPOINT for path in files)
 
 
 def _parts_key(files: dict[str, bytes]) -> str:
