@@ -173,11 +173,21 @@ def _signal_lines(scenarios: dict[str, Any]) -> list[str]:
             continue
         dropped = ", ".join(f"{n} {why}" for why, n in sorted(signal["dropped"].items()))
         lines.append(
-            f"signal {name}: {signal['reports']} report(s), {signal['learned_from']} call(s) "
+            f"signal {name}: {signal['reports']} report(s){_by_source(signal)}, "
+            f"{signal['learned_from']} call(s) "
             f"learned from, {signal.get('held_out', 0)} held out for the gate, dropped: "
             f"{dropped or 'none'}"
         )
     return lines
+
+
+def _by_source(signal: dict[str, Any]) -> str:
+    """" (10 users', 2 the teacher's)": who wrote the reports, when not users alone."""
+    found = signal.get("reports_by_source") or {}
+    if not found.get("teacher") and not found.get("imported"):
+        return ""
+    names = (("user", "users'"), ("teacher", "the teacher's"), ("imported", "imported"))
+    return " (" + ", ".join(f"{found[key]} {said}" for key, said in names if found.get(key)) + ")"
 
 
 def _remote_line(remote: dict[str, Any]) -> str:

@@ -202,20 +202,46 @@ def calls_fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
     return (row["records"], row["reports"], row["reports_n"], row["shadows"])
 
 
+# Reports by who wrote them: the scenario's teacher (its demonstrations, `server/teacher.py`),
+# a batch imported from elsewhere (on records `POST /reef/records/batch` stored), or users.
+TEACHER_REPORT = '%"source": "teacher"%'  # json.dumps of the teacher's metadata
+IMPORTED_ENGINE = "import"  # reef.evaluation.live.IMPORTED
+REPORTS_BY_SOURCE = (
+    "SELECT scenario, COUNT(*) AS n, "
+    "SUM(CASE WHEN metadata LIKE ? THEN 1 ELSE 0 END) AS teacher, "
+    "SUM(CASE WHEN EXISTS (SELECT 1 FROM report_references rr JOIN records r "
+    "ON r.id = rr.record_id WHERE rr.report_id = reports.id AND r.engine = ?) "
+    "THEN 1 ELSE 0 END) AS imported "
+    "FROM reports GROUP BY scenario"
+)
+
+
 def signal_yield(store: ExperienceStore) -> dict[str, dict[str, Any]]:
-    """Per scenario, what became of the feedback: reports received, calls a candidate learned
+    """Per scenario, what became of the feedback: reports received (`reports_by_source`: users',
+    the teacher's, imported), calls a candidate learned
     from (`learned_from`, summed over steps), calls held out for the gate now (the newest step's
     count), and turns dropped by reason over its steps (a turn a step could not learn from is
     counted at each step that tried)."""
     found: dict[str, dict[str, Any]] = {}
-    for row in store.query("SELECT scenario, COUNT(*) AS n FROM reports GROUP BY scenario"):
-        found[row["scenario"]] = {"reports": row["n"], "learned_from": 0, "dropped": {}}
+    for row in store.query(REPORTS_BY_SOURCE, [TEACHER_REPORT, IMPORTED_ENGINE]):
+        by_source = {
+            "user": row["n"] - row["teacher"] - row["imported"],
+            "teacher": row["teacher"],
+            "imported": row["imported"],
+        }
+        found[row["scenario"]] = {
+            "reports": row["n"],
+            "reports_by_source": by_source,
+            "learned_from": 0,
+            "dropped": {},
+        }
     for row in store.query(
         "SELECT scenario, signal FROM learning_steps WHERE signal IS NOT NULL ORDER BY seq"
     ):
         signal = json.loads(row["signal"])
         totals = found.setdefault(
-            row["scenario"], {"reports": 0, "learned_from": 0, "dropped": {}}
+            row["scenario"],
+            {"reports": 0, "reports_by_source": {}, "learned_from": 0, "dropped": {}},
         )
         totals["learned_from"] += int(signal.get("learned_from") or 0)
         totals["held_out"] = int(signal.get("held_out") or 0)
