@@ -505,6 +505,10 @@ class EpisodesConfig(_Section):
     disk_mb: int | None = Field(2048, ge=1)
     output_bytes: int = Field(1_000_000, ge=1024)
     max_steps: int = Field(20, ge=1)  # the native agent's
+    # What one episode's token may send the server, beyond the cgroup (reef.episodes.budget):
+    # calls, and request bytes in all; then 429.
+    token_calls: int = Field(1000, ge=1)
+    token_bytes: int = Field(256 * 1024 * 1024, ge=1024)
 
 
 class OtelConfig(_Section):

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
+from reef.episodes.budget import EpisodeBudgets
 from reef.errors import ReefError
 from reef.server import chat, completions, embeddings, messages, responses
 from reef.server.auth import BearerAuth
@@ -111,6 +112,9 @@ def create_app(state: ServerState) -> Starlette:
                 tokens=state.config.token_values(),
                 admin_tokens=state.config.admin_token_values(),
                 internal_tokens=[state.internal_token],
+                budgets=EpisodeBudgets(
+                    state.config.episodes.token_calls, state.config.episodes.token_bytes
+                ),
             ),
             # A call's x-reef-release-id (upstream's): a new scenario starts from that release.
             Middleware(BindStartRelease, state=state),

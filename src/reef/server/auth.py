@@ -17,8 +17,9 @@ import json
 import urllib.parse
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reef.episodes.budget import EpisodeBudgets, EpisodeBudgetSpent
 from reef.episodes.tokens import (
     BadEpisodeToken,
     EpisodeGrant,
@@ -102,11 +103,13 @@ class BearerAuth:
         tokens: list[str],
         admin_tokens: list[str],
         internal_tokens: list[str] | None = None,
+        budgets: EpisodeBudgets | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.admin_tokens = admin_tokens
         self.internal_tokens = internal_tokens or []
+        self.budgets = budgets  # what each episode's token may still send (none: no budget)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and any(name == TREE_HEADER for name, _ in scope["headers"]):
@@ -185,9 +188,52 @@ class BearerAuth:
             )
             await refuse(send, Forbidden(message, code="episode_token_scope"), scope)
             return
+        if self.budgets is not None:
+            try:
+                left = self.budgets.take_call(grant)
+            except EpisodeBudgetSpent as error:
+                await refuse(send, error, scope)
+                return
+            body = await _body_within(receive, left)
+            if body is None:
+                await refuse(send, self.budgets.spent_bytes(grant), scope)
+                return
+            self.budgets.add_bytes(grant, len(body))
+            receive = _replaying(body, receive)
         await self.app(
             {**scope, "headers": granted_headers(scope["headers"], grant)}, receive, send
         )
+
+
+async def _body_within(receive: Receive, most: int) -> bytes | None:
+    """The request's body, read whole, or None once it passes `most` bytes (the rest unread)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client left: the app will see its request end
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > most:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives `body` whole first, then what the client sends (its leaving)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 def granted_headers(headers: list[tuple[bytes, bytes]], grant: EpisodeGrant) -> list[Any]:
