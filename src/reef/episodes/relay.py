@@ -12,6 +12,7 @@ Standard library only: the sandbox runs this file as a script with the host's Py
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -63,24 +64,34 @@ def serve(listener: socket.socket, connect: Callable[[], socket.socket]) -> None
         threading.Thread(target=splice, args=(accepted, onward), daemon=True).start()
 
 
+MAX_CONNECTIONS = 64  # an episode's connections open at once through the outside relay
+
+
 class OutsideRelay:
-    """Accepts on the Unix socket `path` and relays to 127.0.0.1:`port`, in threads."""
+    """Accepts on the Unix socket `path` and relays to 127.0.0.1:`port`: one thread, one event
+    loop, at most `MAX_CONNECTIONS` connections at once (more are closed as they come). The
+    runner is outside the episode's cgroup: a thread per connection would let an agent that
+    opens thousands make the runner hold thousands of threads (issue 74: 2,500 connections,
+    5,004 threads)."""
 
     def __init__(self, path: Path, port: int, owner: int | None = None) -> None:
         self.path = path
         self.port = port
         self.owner = owner  # the uid the sandbox runs as, which must connect to the socket
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-
-    def _connect(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=None)
+        self.open = 0  # connections relayed now
+        self.refused = 0  # connections closed for being one too many
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()  # set from __exit__, on the loop's thread
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> OutsideRelay:
         self.listener.bind(str(self.path))
         if self.owner is not None:
             os.chown(self.path, self.owner, -1)
         self.listener.listen(64)
-        threading.Thread(target=serve, args=(self.listener, self._connect), daemon=True).start()
+        self.listener.setblocking(False)
+        self._thread.start()
         return self
 
     def __exit__(
@@ -89,8 +100,53 @@ class OutsideRelay:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=5)
         self.listener.close()
         self.path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+        self._loop.close()
+
+    async def _serve(self) -> None:
+        server = await asyncio.start_unix_server(self._relay, sock=self.listener)
+        await self._stop.wait()
+        server.close()
+        open_now = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in open_now:
+            task.cancel()  # connections still open when the episode ends
+        await asyncio.gather(*open_now, return_exceptions=True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= MAX_CONNECTIONS:
+            self.refused += 1
+            writer.close()
+            return
+        self.open += 1
+        onward: asyncio.StreamWriter | None = None
+        try:
+            onward_reader, onward = await asyncio.open_connection("127.0.0.1", self.port)
+            await asyncio.gather(_pipe(reader, onward), _pipe(onward_reader, writer))
+        except OSError:
+            pass  # Reef's port refused or reset: the agent sees its connection end
+        finally:
+            self.open -= 1
+            for end in (writer, onward):
+                if end is not None:
+                    end.close()
+
+
+async def _pipe(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
+    """Copy `source` to `target` until `source` ends, then end `target`'s writing side."""
+    try:
+        while data := await source.read(CHUNK):
+            target.write(data)
+            await target.drain()
+        if target.can_write_eof():
+            target.write_eof()
+    except OSError:
+        pass
 
 
 def inside(socket_path: str, port: int, command: list[str]) -> int:
