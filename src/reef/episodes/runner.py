@@ -208,10 +208,19 @@ def _run_prepared(
         if run.needs_install_script:
             _write_install_script(client, episode.agent, scenario, workspace, sandbox_url)
         episode.agent_run = _run_agent(run, workspace, limits, port, settings)
-        verifier = workspace.for_verifier()
+        episode.commands, trajectory_problem = read_commands(workspace.logs)
+        try:
+            verifier = workspace.for_verifier()
+        except OSError as error:  # the agent filled the workspace: no room for the test's folders
+            episode.error = (
+                f"verifier error: the test could not be set up ({error.strerror}): the agent "
+                "left the workspace full, and an episode whose test cannot run never passes"
+            )
+            episode.calls = episode_records(client, episode)
+            episode.report_id = report_episode(client, episode)
+            return
         episode.verifier_run = _run_test(task, verifier, settings)
         episode.reward, problem = verdict(episode.verifier_run, verifier.verifier_logs)
-        episode.commands, trajectory_problem = read_commands(workspace.logs)
         episode.error = episode.error or problem or trajectory_problem
         episode.calls = episode_records(client, episode)
         episode.report_id = report_episode(client, episode)

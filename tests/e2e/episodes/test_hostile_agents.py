@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +67,7 @@ def attack(
     test: str = LOUD_TEST,
     keep: bool = True,
     toml: str = "[agent]\ntimeout_sec = 60\n",
+    limits: Limits | None = None,
 ) -> Episode:
     task = tmp_path / "task"
     (task / "tests").mkdir(parents=True)
@@ -76,7 +78,10 @@ def attack(
     (task / "task.toml").write_text(toml)
     (task / "instruction.md").write_text(f"Write the answer.\nRUN: {command}\n")
     settings = EpisodeSettings(
-        limits=Limits(wall_time_s=60), work_root=tmp_path / "work", max_steps=3, keep_workspace=keep
+        limits=limits or Limits(wall_time_s=60),
+        work_root=tmp_path / "work",
+        max_steps=3,
+        keep_workspace=keep,
     )
     return run_episode(load_task(task), "native", reef.url, token=TOKEN, settings=settings)
 
@@ -288,3 +293,25 @@ def test_an_agent_cannot_open_a_user_namespace(reef: ServerProcess, tmp_path: Pa
     said = ran(episode)
     assert "userns-refused" in said and "unshare -1" in said, said
     assert "opened" not in said and "threads-run" in said, said  # threads and processes still work
+
+
+def test_tiny_files_stop_at_the_workspace_s_inodes_and_the_kept_copy_stays_small(
+    reef: ServerProcess, tmp_path: Path
+) -> None:
+    """Tiny files take no tmpfs block but an inode, and 4 KiB each on the host once kept:
+    60,000 of them under `disk_mb: 16` kept 167 MB (issue 74). The workspace's inodes are
+    bounded by its disk limit (64 a MiB, at least 4,096)."""
+    if os.geteuid() != 0:
+        pytest.skip("the capped workspace (a tmpfs) needs root")
+    command = (
+        "mkdir -p /app/many && cd /app/many && made=0; "
+        "for i in $(seq 6000); do { true > f$i; } 2>/dev/null || break; made=$i; done; "
+        "echo made $made"
+    )
+    episode = attack(reef, tmp_path, command, limits=Limits(wall_time_s=120, disk_mb=16))
+    made = re.search(r"made (\d+)", ran(episode))
+    assert made is not None and 3000 < int(made.group(1)) < 4096, ran(episode)
+    assert episode.reward is None and episode.error is not None, episode.error
+    assert "verifier error" in episode.error and "workspace full" in episode.error
+    files = sum(1 for _ in (tmp_path / "work").rglob("*"))
+    assert files < 4200, files  # what is kept on the host is bounded too
