@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from reef.config import EpisodeGateConfig, ReefConfig
 from reef.episodes.project import episode_settings, project_server
-from reef.episodes.runner import Episode, describe_step, run_paired
+from reef.episodes.runner import Episode, describe_step, recorded_steps, run_paired
 from reef.episodes.tasks import Task, load_suite, task_folder_hash
 from reef.episodes.tokens import candidate_tree
 from reef.evaluation.runner import TaskResult
@@ -83,15 +83,19 @@ def _mean_reward(episodes: list[Episode]) -> float:
 
 def _what_happened(episodes: list[Episode]) -> str:
     """Each episode, for a reviewer (`reef review` shows both trees' side by side): its outcome,
-    its calls, the commands its agent ran, and the end of its test's output."""
+    the steps the server recorded of its calls, what the agent's trajectory claims, and the end
+    of its test's output. The agent writes its trajectory itself: it is shown as its account,
+    after what the server saw."""
     lines = []
     for episode in episodes:
         outcome = "pass" if episode.passed else (episode.limit and f"limit: {episode.limit}")
         outcome = outcome or (f"error: {episode.error}" if episode.error else "fail")
-        commands = "; ".join(describe_step(step) for step in episode.commands)[:400]
+        recorded = "; ".join(describe_step(step) for step in recorded_steps(episode.calls))
+        claimed = "; ".join(describe_step(step) for step in episode.commands)
         test = " ".join(episode.test_output.split())[-200:]
         lines.append(
             f"{episode.id} reward={episode.reward} {outcome}, {len(episode.calls)} call(s) | "
-            f"{commands} | test: {test}"
+            f"recorded: {recorded[:400] or '-'} | the agent's account: {claimed[:200] or '-'} | "
+            f"test: {test}"
         )
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,8 @@ class Episode:
             "output_truncated": self.output_truncated,
             "error": self.error,
             "calls": [call.get("id") for call in self.calls],
-            "commands": self.commands,
+            "steps": recorded_steps(self.calls),  # as the server recorded them
+            "commands": self.commands,  # as the agent's trajectory says (its claim)
             "agent_output": self.agent_run.output if self.agent_run else "",
             "test_output": self.test_output,
             "report_id": self.report_id,
@@ -478,7 +479,29 @@ def _depth(line: str) -> int:
     return deepest
 
 
-def describe_step(step: dict[str, object]) -> str:
+STEP_CHARS = 200  # of a recorded step's arguments or answer
+
+
+def recorded_steps(calls: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """What the model asked for, call by call, as the server recorded it: each tool call it
+    returned (name and arguments), or its answer. The episode's steps as they happened at the
+    server, which nothing in the sandbox can rewrite; the agent's trajectory.jsonl
+    (`Episode.commands`) is its own account of them."""
+    steps: list[dict[str, str]] = []
+    for record in calls:
+        choices = (record.get("response") or {}).get("choices") or [{}]
+        message = choices[0].get("message") or {} if isinstance(choices[0], dict) else {}
+        tool_calls = message.get("tool_calls") or []
+        for call in tool_calls:
+            function = call.get("function") or {} if isinstance(call, dict) else {}
+            arguments = str(function.get("arguments") or "")[:STEP_CHARS]
+            steps.append({"tool": str(function.get("name") or "?"), "arguments": arguments})
+        if not tool_calls:
+            steps.append({"answer": str(message.get("content") or "")[:STEP_CHARS]})
+    return steps
+
+
+def describe_step(step: Mapping[str, object]) -> str:
     """An agent's step as a reader reads it: `tool {arguments}`, its final answer, or why it
     stopped."""
     if step.get("tool"):

@@ -315,3 +315,23 @@ def test_tiny_files_stop_at_the_workspace_s_inodes_and_the_kept_copy_stays_small
     assert "verifier error" in episode.error and "workspace full" in episode.error
     files = sum(1 for _ in (tmp_path / "work").rglob("*"))
     assert files < 4200, files  # what is kept on the host is bounded too
+
+
+def test_a_trajectory_the_agent_rewrote_does_not_hide_what_it_did(
+    reef: ServerProcess, tmp_path: Path
+) -> None:
+    """The agent writes its own trajectory.jsonl: one that replaced it showed invented steps to
+    the gate and in `reef review` (issue 74). The steps shown first are the server's record of
+    the model's calls; the trajectory is the agent's account, after them."""
+    from reef.episodes.gate import _what_happened
+
+    invented = json.dumps({"tool": "shell", "arguments": "echo all-innocent"})
+    command = f"echo '{invented}' > /logs/agent/trajectory.jsonl; echo rewritten-{CANARY[:4]}"
+    episode = attack(reef, tmp_path, command)
+    recorded = episode.summary()["steps"]
+    assert any("rewritten-" in step.get("arguments", "") for step in recorded), recorded
+    said = _what_happened([episode])
+    real, _, account = said.partition("the agent's account:")
+    # What it did, as the server saw the model ask for it; then what the agent says it did.
+    assert 'recorded: shell {"command": "echo' in real and "> /logs/agent/trajectory.jsonl" in real
+    assert account.strip().startswith("shell echo all-innocent")
