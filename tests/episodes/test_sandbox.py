@@ -15,6 +15,7 @@ import pytest
 
 from reef.episodes import cgroups
 from reef.episodes.sandbox import Limits, Sandbox, SandboxResult
+from reef.episodes.supervision import LimitNotEnforced
 from reef.episodes.workspace import create_workspace, release_workspace
 
 # 400 MiB in memfds, which no process maps: a tree's resident memory does not show them.
@@ -217,3 +218,25 @@ def test_a_python_under_tmp_is_reachable_inside(tmp_path: Path) -> None:
     result = run(tmp_path, str(tool), readonly=[tmp_path / "venv"])
     assert result.ok, result.output
     assert "tool ran" in result.output
+
+
+def test_a_limit_the_cgroup_refuses_refuses_the_run_and_leaves_no_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 74: a cgroup write that failed let the run go on with a warning and no memory
+    limit. The kernel's refusal of a limit cannot be made to happen here on purpose (this
+    machine's cgroup accepts every value a task may now ask for), so the write that fails is
+    stubbed: the last one, after the cgroup's folders were made."""
+    if not cgroups.support().available:
+        pytest.skip("this machine has no cgroups to make")
+    folders: list[Path] = []
+
+    def refused(self: cgroups.EpisodeCgroup, *args: Any) -> None:
+        folders.extend(self.folders.values())
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(cgroups.EpisodeCgroup, "_limit", refused)
+    with pytest.raises(LimitNotEnforced, match="its limits cannot be enforced"):
+        run(tmp_path, "echo ran > /app/ran", Limits(wall_time_s=10, memory_mb=128))
+    assert folders and not [folder for folder in folders if folder.exists()]
+    assert not (tmp_path / "ws" / "app" / "ran").exists()  # the command never ran

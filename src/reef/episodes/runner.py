@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from reef.client import ReefClient, ReefClientError, env_token
 from reef.episodes.agents import INSTALL_SCRIPT, AgentRun, UnknownAgent, agent_run
 from reef.episodes.sandbox import Sandbox, SandboxMode, require_sandbox
-from reef.episodes.supervision import Limits, SandboxResult, enforcement
+from reef.episodes.supervision import LimitNotEnforced, Limits, SandboxResult, enforcement
 from reef.episodes.tasks import BadTask, Task, check_task_folders
 from reef.episodes.tokens import EpisodeGrant, mint
 from reef.episodes.untrusted import UnsafePath, read_sandbox_file
@@ -165,6 +165,8 @@ def run_episode(
         return episode
     try:
         _run_prepared(task, episode, workspace, reef_url, port, token, signing_token, settings)
+    except LimitNotEnforced as error:  # never run without its limits: refused, the suite goes on
+        episode.error = f"episode refused: {error}"
     finally:
         release_workspace(workspace, keep=settings.keep_workspace)
     return episode

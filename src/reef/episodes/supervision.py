@@ -153,15 +153,25 @@ def _supervise(
     )
 
 
+class LimitNotEnforced(RuntimeError):
+    """A machine with cgroups could not make this run's: its limits would not hold."""
+
+
 def _cgroup(limits: Limits) -> cgroups.EpisodeCgroup | None:
+    """The run's cgroup; None on a machine without cgroups (its limits by polling, said at
+    start). Where cgroups exist but this one cannot be made with its limits, the run is
+    refused: it would otherwise run without them (issue 74: a cgroup write that failed let
+    the episode run with no memory limit)."""
     found = cgroups.support()
     if not found.available:
         return None
     try:
         return cgroups.EpisodeCgroup(found, limits.memory_mb, limits.processes, limits.cpus)
-    except OSError as error:
-        logger.warning("episode limits by polling only: cannot make its cgroup (%s)", error)
-        return None
+    except OSError as error:  # EpisodeCgroup removed what it had made
+        raise LimitNotEnforced(
+            f"its limits cannot be enforced: the cgroup for memory {limits.memory_mb} MB, "
+            f"{limits.processes} processes and {limits.cpus} CPUs was refused ({error})"
+        ) from None
 
 
 def _child_setup(limits: Limits, cgroup: cgroups.EpisodeCgroup | None) -> Callable[[], None]:
