@@ -1,6 +1,7 @@
-"""The menagerie's defining mechanisms, on this tree and on the tree before issue 61, in one run.
+"""The menagerie's defining mechanisms, on this tree and on an earlier one, in one run.
 
-    .venv/bin/python -m bench.learning.menagerie [--baseline 2c8c32f]
+    .venv/bin/python -m bench.learning.menagerie [--baseline 964a6d6]   # last round's main
+    .venv/bin/python -m bench.learning.menagerie --baseline 2c8c32f      # before issue 61
 
 Each tree's recipes are driven through their public step (`Recipe.propose`) by the same scripted
 model and proposer, in a process that imports Reef from that tree (a `git worktree` of
@@ -15,7 +16,11 @@ was shown:
   how many of the answers the night reads, and how many characters of them;
 - **opd**: whether it starts with no `teacher` set, and what it would learn from then;
 - **sao**: its defaults (length-adaptive lambda's alpha, the clip band, critic steps); what
-  they do to learning is `bench.learning.sao`'s arms (`sao` against `sao_old_defaults`).
+  they do to learning is `bench.learning.sao`'s arms (`sao` against `sao_old_defaults`);
+- issue 76's: how many of a serving tree's other files (examples, a skill, the house's rules) a
+  meta_harness design keeps, and its history budget at n_ctx 2048; whether an episode search
+  may run on the gate's suite; whether self_play keeps "12 - 5 = 8, so the answer is 7" as a
+  worked example; whether a distillation teacher is kept beside a checkpoint release.
 
 Printed as a table; written to bench/out/menagerie.json.
 """
@@ -38,10 +43,11 @@ from rich.table import Table
 from bench.common.results import OUT
 
 ROOT = Path(__file__).resolve().parents[2]
-BASELINE = "2c8c32f"  # main before issue 61's first change
+BASELINE = "964a6d6"  # main at the end of last round (issue 61's figures: 2c8c32f)
 PROMPTS = ["Name a fruit.", "What is 2+2?", "Name an animal.", "Name a colour."]
 WISH = "Start every answer with the word Sure"
 DESIGNS = 4
+RECIPES = ("meta_harness", "skills", "opd", "sao", "searches", "self_play", "distillation")
 
 
 def _turns() -> list[Any]:
@@ -154,16 +160,116 @@ def probe_sao() -> dict[str, Any]:
     return {name: getattr(settings, name) for name in names}
 
 
+def probe_meta_harness_tree() -> dict[str, Any]:
+    """Issue 76: what a released design keeps of the serving tree's other files, and how much
+    history the proposer reads at n_ctx 2048."""
+    from reef.recipes.meta_harness.recipe import history_budget
+    from reef.sdk.recipe import StepContext, load_recipe
+
+    def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 0) -> str:
+        return json.dumps({"agents_md": "Start with Sure.", "rules": ""})
+
+    def generate_under(files: dict[str, bytes], body: dict[str, Any]) -> Any:
+        return _said("Sure! Yes." if b"Sure" in files.get("AGENTS.md", b"") else "Yes.")
+
+    others = {
+        "examples.jsonl": b'{"user": "Hi", "assistant": "Hello."}\n',
+        "skills/math/SKILL.md": b"Add carefully.\n",
+        "rules/house.md": b"No emoji.\n",
+    }
+    serving = {"AGENTS.md": b"Be polite.\n", **others}
+    recipe = load_recipe(
+        "meta_harness", {"scorer": {"type": "regex", "pattern": "^Sure"}, "max_nodes": 1}
+    )
+    context = StepContext("default", "base", serving, ask=ask, generate_under=generate_under)
+    proposal = recipe.propose(_turns(), context)
+    kept = sum(path in (proposal.files if proposal else {}) for path in others)
+    return {
+        "serving_files_kept": f"{kept}/{len(others)}",
+        "history_chars_n_ctx_2048": history_budget(2048),
+    }
+
+
+def probe_searches() -> dict[str, Any]:
+    """Issue 76: whether an episode search may run on the gate's suite (no tasks of its own)."""
+    from reef.sdk.prompt_search import EpisodeSearch
+
+    try:
+        EpisodeSearch.model_validate({})
+    except ValueError:
+        return {"searches_the_gate_s_suite": False}
+    return {"searches_the_gate_s_suite": True}
+
+
+def probe_self_play() -> dict[str, Any]:
+    """Issue 76: whether an answer with a wrong step and the right last number is a worked
+    example."""
+    from reef.sdk.recipe import ProposalRefused, StepContext, load_recipe
+
+    designs = [
+        [{"kind": "arithmetic", "a": 12, "op": "-", "b": 5}],
+        [{"kind": "uppercase", "text": "tiger"}],
+    ]
+    asked: list[str] = []
+
+    def ask(messages: list[dict[str, str]], json_schema: Any = None, max_tokens: int = 0) -> str:
+        asked.append(messages[0]["content"])
+        return json.dumps({"tasks": designs[min(len(asked), 2) - 1]})
+
+    def generate(body: dict[str, Any]) -> Any:
+        return _said("12 - 5 = 8, so the answer is 7" if body["seed"] % 2 == 0 else "It is 6.")
+
+    recipe = load_recipe("self_play", {"every_s": 0, "attempts": 4})
+    context = StepContext("default", "base", {}, ask=ask, generate=generate)
+    try:
+        proposal = recipe.propose([], context)
+    except ProposalRefused:
+        return {"wrong_step_kept_as_example": False}
+    kept = proposal is not None and b"answer is 7" in proposal.files.get("examples.jsonl", b"")
+    return {"wrong_step_kept_as_example": kept}
+
+
+def probe_teacher_keeper(scratch: Path) -> dict[str, Any]:
+    """Issue 76: whether a distillation teacher is kept beside a checkpoint release (its weights
+    already hold the student: the teacher would be applied twice)."""
+    from reef.sdk.recipe import StepContext
+    from reef.sdk.weights import TeacherKeeper
+
+    keeper = TeacherKeeper(StepContext("default", "default@1", {}, work_dir=scratch), "ema")
+    assert keeper.scratch is not None
+    keeper.scratch.parent.mkdir(parents=True, exist_ok=True)
+    keeper.scratch.write_bytes(b"teacher")
+    keeper.keep({"checkpoint/model.safetensors": b"merged"})
+    kept = [p for p in (scratch / "teachers" / "default").glob("*.pt")]
+    return {"teacher_kept_beside_a_checkpoint": bool(kept)}
+
+
 def probe() -> dict[str, Any]:
     import reef
 
-    return {
-        "reef": str(Path(reef.__file__).parents[2]),
-        "meta_harness": probe_meta_harness(),
-        "skills": probe_skills(),
-        "opd": probe_opd(),
-        "sao": probe_sao(),
-    }
+    with tempfile.TemporaryDirectory() as scratch:
+        probes = {
+            "meta_harness": lambda: {**probe_meta_harness(), **probe_meta_harness_tree()},
+            "skills": probe_skills,
+            "opd": probe_opd,
+            "sao": probe_sao,
+            "searches": probe_searches,
+            "self_play": probe_self_play,
+            "distillation": lambda: probe_teacher_keeper(Path(scratch)),
+        }
+        return {
+            "reef": str(Path(reef.__file__).parents[2]),
+            **{n: _tried(f) for n, f in probes.items()},
+        }
+
+
+def _tried(probe: Any) -> dict[str, Any]:
+    """A probe's figures, or what stopped it (a tree without the mechanism's code)."""
+    try:
+        found: dict[str, Any] = probe()
+        return found
+    except Exception as error:  # an older tree: its API differs
+        return {"probe failed": f"{type(error).__name__}: {str(error)[:60]}"}
 
 
 def run_on(src: Path) -> dict[str, Any]:
@@ -183,16 +289,18 @@ def run_on(src: Path) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> Table:
-    shown = Table(title="The menagerie's mechanisms: before issue 61 and now")
+    shown = Table(title="The menagerie's mechanisms: before and now")
     shown.add_column("recipe")
     shown.add_column("figure")
     for tree in results:
         shown.add_column(tree, justify="right")
-    for recipe in ("meta_harness", "skills", "opd", "sao"):
-        keys = next(iter(results.values()))[recipe].keys() | results["this tree"][recipe].keys()
+    for recipe in RECIPES:
+        keys = {key for found in results.values() for key in found.get(recipe, {})}
         for key in sorted(keys):
             shown.add_row(
-                recipe, key, *(str(found[recipe].get(key, "-")) for found in results.values())
+                recipe,
+                key,
+                *(str(found.get(recipe, {}).get(key, "-")) for found in results.values()),
             )
     return shown
 
