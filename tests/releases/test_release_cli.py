@@ -172,3 +172,36 @@ def test_show_a_candidate_its_state_evaluation_and_diff_against_its_base(project
     assert code == 0 and "rejected" in output and "B is not what we want" in output
     code, output = reef("release", "show", "cand_nothing")
     assert code != 0 and "no candidate 'cand_nothing'" in output
+
+
+def printed(project: Path, columns: int, *args: str) -> str:
+    """The real CLI in its own process, in a terminal `columns` wide."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": str(columns)}
+    done = subprocess.run(
+        [sys.executable, "-m", "reef", *args], cwd=project, capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_releases_and_candidates_read_whole_at_80_columns(project: Path) -> None:
+    """Issue 75: at 80 columns the tables wrapped each reason one word a line, about 45 lines a
+    release. Narrower than 120 columns, each is a block: its reason and decision wrapped whole."""
+    reason = "because the users asked for shorter answers in plain words and this keeps the rest"
+    publish(harness(project / "a", "You are A."), "--approve", "--reason", reason)
+    publish(harness(project / "b", "You are B."))  # held: policy review
+    for args, said in (
+        (("release", "list"), reason),
+        (("release", "candidates"), "gate policy is review: waiting for a human"),
+    ):
+        narrow = printed(project, 80, *args)
+        assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
+        flowing = " ".join(narrow.split())
+        assert said in flowing, narrow
+        assert len(narrow.splitlines()) <= 12, narrow  # a few lines each, not a word a line
+        wide = printed(project, 200, *args)
+        assert "┃" in wide or "│" in wide  # a table where there is room for one

@@ -21,7 +21,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from reef.cli.options import ConfigOption, project_config
-from reef.cli.output import add_id_column, console, fail
+from reef.cli.output import add_id_column, as_text, console, fail
 from reef.config import ReefConfig
 from reef.errors import ReefError
 from reef.evaluation.runner import Generate, TaskResult, model_generate
@@ -83,6 +83,42 @@ def _when(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
+# Terminals at least this wide show releases and candidates as tables; narrower, one block each
+# (at 80 columns a table left their reasons a word a line: about 45 lines a release).
+WIDE_TABLES = 120
+
+
+def _print_block(block: str) -> None:
+    console.print(as_text(block), highlight=False, soft_wrap=False)
+
+
+def _release_block(release: Release) -> str:
+    """One release in a few lines: its id, kind, parent, time and candidate, then its reason,
+    wrapped by the terminal."""
+    head = " · ".join(
+        [release.kind, f"after {release.parent_release_id or '-'}", _when(release.created_at)]
+    )
+    lines = [f"{release.release_id}  {head}", f"  candidate: {release.candidate_id or '-'}"]
+    if release.reason:
+        lines.append(f"  reason: {release.reason}")
+    return "\n".join(lines)
+
+
+def _candidate_block(candidate: Candidate) -> str:
+    """One candidate in a few lines: its id, scenario, kind, state and base, what it lost, then
+    the gate's decision, wrapped by the terminal."""
+    head = " · ".join(
+        [candidate.scenario, candidate.kind, candidate.state, candidate.base_release_id or "-"]
+    )
+    lines = [f"{candidate.id}  {head}"]
+    lost = _lost(candidate)
+    if lost:
+        lines.append(f"  lost: {lost}")
+    if candidate.decision:
+        lines.append(f"  decision: {candidate.decision}")
+    return "\n".join(lines)
+
+
 def _releases_table(releases: list[Release]) -> Table:
     table = Table()
     add_id_column(table, "release", (r.release_id for r in releases))
@@ -116,8 +152,11 @@ def list_releases(
         _print_json([r.to_json() for r in releases])
     elif not releases:
         console.print("no releases yet: `reef release publish DIR --scenario S --kind harness`")
-    else:
+    elif console.width >= WIDE_TABLES:
         console.print(_releases_table(releases))
+    else:  # a table's reasons would wrap one word a line: one block per release instead
+        for release in releases:
+            _print_block(_release_block(release))
 
 
 @app.command()
@@ -265,8 +304,11 @@ def candidates(
         found = workflow.candidates.list(scenario, state)
     if as_json:
         _print_json([c.to_json() for c in found])
-    else:
+    elif console.width >= WIDE_TABLES:
         console.print(_candidates_table(found))
+    else:  # a table's decisions would wrap one word a line: one block per candidate instead
+        for candidate in found:
+            _print_block(_candidate_block(candidate))
 
 
 @app.command()
