@@ -246,3 +246,30 @@ def test_checkouts_keep_the_heads_and_the_newest_others(
     # The binding of a pruned release checks it out again.
     binding = workflow.binding(workflow.chain.get("a@1"))
     assert binding.system_prompt == "0"
+
+
+def test_a_candidate_rejected_while_it_evaluates_stops_its_gate(tmp_path: Path) -> None:
+    """Issue 75: a candidate that is evaluating could not be rejected. Rejected from another
+    thread (any process: the gate reads the store), its gate stops before its tasks are all
+    answered, and the human's decision stands."""
+    tasks = [{"id": f"t{n}", "messages": STORY, "scorer": SHORT} for n in range(8)]
+    config = project(tmp_path, tasks, "  samples: 1\n", "releases:\n  heartbeat_s: 0.2\n")
+    slow = ScriptedEngine(STORY_TOLD, delay_s=0.3)
+    with ExperienceStore(config.experience_db) as store:
+        workflow = ReleaseWorkflow(config, store)
+        candidate = workflow.propose(
+            "default", "harness", read_folder(harness(tmp_path / "h", "Hi."))
+        )
+
+        async def gate_and_reject() -> str:
+            generate = model_generate(LocalModel(slow), workflow.eval_settings("default"))
+            gating = asyncio.ensure_future(workflow.gate(candidate, generate))
+            while workflow.candidates.get(candidate.id).state != "evaluating":
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(workflow.reject, candidate.id, "not what we asked")
+            return (await gating).state
+
+        assert asyncio.run(gate_and_reject()) == "rejected"
+        ended = workflow.candidates.get(candidate.id)
+    assert ended.decision == "rejected by a human while it was evaluated: not what we asked"
+    assert len(slow.calls) < 2 * len(tasks)  # stopped before every task was answered

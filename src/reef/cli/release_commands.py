@@ -388,7 +388,7 @@ def reject(
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Reject a held or proposed candidate, or roll a canary back."""
+    """Reject a held, proposed or evaluating candidate (its gate stops), or roll a canary back."""
     with _workflow(config) as workflow:
         candidate = workflow.reject(candidate_id, reason)
     _report_candidate(candidate, as_json)

@@ -25,9 +25,9 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from reef.artifacts import HARNESS, ROUTING_FILE, files_of, rebased
 from reef.config import ReefConfig
@@ -71,6 +71,7 @@ from reef.store.candidates import AGENT_SOURCE, Candidate, CandidateStore
 from reef.tracing import Tracing, set_on, traced
 
 log = logging.getLogger("reef.releases")
+T = TypeVar("T")
 
 INTERRUPTED = "evaluation was interrupted (the process running it stopped)"
 # An evaluation whose heartbeat (every releases.heartbeat_s) was not renewed for HEARTBEAT_MISSES
@@ -346,7 +347,10 @@ class ReleaseWorkflow:
     ) -> Candidate:
         try:
             with self._rejected_on_cancel(candidate):
-                report = await self.evaluation.evaluate(candidate, generate, on_task, extra_tasks)
+                evaluating = self.evaluation.evaluate(candidate, generate, on_task, extra_tasks)
+                report = await self._unless_rejected(candidate.id, evaluating)
+        except RejectedMeanwhile:  # a human rejected it while it evaluated: that decision stands
+            return self.candidates.get(candidate.id)
         except GatePromptShown as shown:  # judged: what it shows is what it is
             why = f"refused: {shown.message}"
             return self._reject(candidate, ("evaluating",), why, None, judged=True)
@@ -415,6 +419,22 @@ class ReleaseWorkflow:
                     return self._end_evaluation(candidate, failed, evaluation)
                 except Conflict:  # ended meanwhile by another process (a recovery)
                     return self.candidates.get(candidate.id)
+
+    async def _unless_rejected(self, candidate_id: str, evaluating: Awaitable[T]) -> T:
+        """`evaluating`'s result, stopped (cancelled) once the candidate is no longer evaluating
+        (`reef release reject` from any process: the store says so), which raises
+        `RejectedMeanwhile`. Looked at every `releases.heartbeat_s`."""
+        task = asyncio.ensure_future(evaluating)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=self.config.releases.heartbeat_s)
+            if done:
+                return task.result()
+            state = (await asyncio.to_thread(self.candidates.get, candidate_id)).state
+            if state != "evaluating":
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise RejectedMeanwhile(f"candidate {candidate_id} is {state}")
 
     @contextlib.contextmanager
     def _rejected_on_cancel(self, candidate: Candidate) -> Iterator[None]:
@@ -550,7 +570,9 @@ class ReleaseWorkflow:
         why = f"rejected by a human: {reason}"
         if candidate.state == "canary":
             return self.canaries.end(candidate_id, promote=False, why=why)
-        allowed = ("proposed", "held", SHADOW)
+        if candidate.state == "evaluating":  # its gate sees it and stops (`_unless_rejected`)
+            why = f"rejected by a human while it was evaluated: {reason}"
+        allowed = ("proposed", "evaluating", "held", SHADOW)
         rejected = self._reject(candidate, allowed, why, candidate.evaluation, judged=True)
         self.housekeeping.prune_candidates()
         return rejected
@@ -701,6 +723,10 @@ def private_in_tree(files: dict[str, bytes]) -> None:
                 f"{path} holds private data ({found.masked}), which would be served to every "
                 "user of the scenario"
             )
+
+
+class RejectedMeanwhile(Exception):
+    """The candidate being evaluated was rejected by a human meanwhile."""
 
 
 def decidable(candidate: Candidate, states: tuple[str, ...], done: str) -> None:
