@@ -18,9 +18,7 @@ from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, console, fail
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
 from reef.config import DEFAULT_CONFIG_FILE
-from reef.evaluation.live import beside_base, said
 from reef.inference.server_file import loopback_url
-from reef.learning.trajectories import trajectories
 from reef.protocol import last_user_text, response_text
 
 UrlOption = Annotated[
@@ -137,6 +135,8 @@ def _learning_table(scenarios: dict[str, Any]) -> Table:
 def _progress_table(scenarios: dict[str, Any]) -> Table:
     """Is it learning: each release's live pass rate, users' reports and the recipe's scorer,
     each as passed/calls, the rate and its 95% interval."""
+    from reef.evaluation.live import beside_base, said  # the store's modules: only when shown
+
     columns = ("scenario", "release", "served", "reports passed", "scorer accepts")
     table = Table(*columns, "vs the base on its calls", "gate said (feedback)")
     table.title = "live pass rate per release (95% interval)"
@@ -321,6 +321,8 @@ def export(
     """Write trajectories as JSONL in OpenAI's chat fine-tuning shape, with their feedback."""
     with open_client(server_url(url, config)) as client:
         rows = list(_all_records(client, scenario))
+    from reef.learning.trajectories import trajectories  # the SDK's view: only for an export
+
     lines = [json.dumps(t, ensure_ascii=False) for t in trajectories(rows)]
     text = "".join(line + "\n" for line in lines)
     if output is None:

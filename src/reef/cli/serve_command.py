@@ -14,14 +14,7 @@ from rich.logging import RichHandler
 
 from reef.cli.output import console, fail
 from reef.config import ConfigError, EngineKind, load_config
-from reef.daemon.run import check_bind, check_port_free, run
-from reef.engines import build_engine, resolve_kind
 from reef.errors import ReefError
-from reef.learning.plans import load_plans
-from reef.releases.workflow import ReleaseWorkflow
-from reef.server.state import ServerState
-from reef.store import ExperienceStore
-from reef.tracing import start_tracing
 
 
 def serve(
@@ -45,6 +38,16 @@ def serve(
     ] = False,
 ) -> None:
     """Serve OpenAI-compatible inference, storing every call as experience."""
+    # The server's modules load here, not when the CLI starts: every other command (`reef
+    # status`, `reef release list`, `reef --version`) would pay for them (issue 75).
+    from reef.daemon.run import check_bind, check_port_free, run
+    from reef.engines import build_engine, resolve_kind
+    from reef.learning.plans import load_plans
+    from reef.releases.workflow import ReleaseWorkflow
+    from reef.server.state import ServerState
+    from reef.store import ExperienceStore
+    from reef.tracing import start_tracing
+
     overrides = {
         "server.host": host,
         "server.port": port,
