@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 
 from reef.config import GateConfig
+from reef.evaluation.reference import best_released
 from reef.evaluation.runner import EvalSettings, PairedReport, model_generate, run_paired
 from reef.evaluation.served import served_settings
 from reef.evaluation.tasks import EvalTask, ScorerSpec
@@ -179,3 +180,20 @@ def the_gate_samples_as_served(store: ExperienceStore) -> None:
     assert served_settings(store, "default", GateConfig(max_tokens=5000)).max_tokens == 2000
     pinned = served_settings(store, "default", GateConfig(temperature=0.0))
     assert (pinned.temperature, pinned.answers_per_task) == (0.0, 1)  # greedy answers once
+
+
+def test_a_greedy_release_s_score_is_no_bar_for_sampled_rates() -> None:
+    """A chain released by the greedy gate holds `sum` at 1.0 (its one greedy answer passed);
+    sampled, the same release passes it 1 time in 8. Held to 1.0, every sampled candidate would
+    lose it: references count only from evaluations answered the same way."""
+    result = {"task_id": "sum", "task_hash": "h", "current_score": 0.0}
+    greedy = {"current_release_id": "base", "results": [{**result, "candidate_score": 1.0}]}
+    sampled = {
+        "current_release_id": "default@1",
+        "sampling": {"temperature": None, "seed": 0, "max_tokens": 256, "samples": 8},
+        "results": [{**result, "candidate_score": 0.125}],
+    }
+    chain = [("default@1", greedy), ("default@2", sampled)]
+    assert best_released(chain, sampled=True)["sum#h"].score == 0.125
+    assert best_released(chain, sampled=False)["sum#h"].score == 1.0
+    assert best_released(chain)["sum#h"].score == 1.0  # unfiltered, as before

@@ -9,6 +9,9 @@ chain.
 The scores come from the evaluations that released each release (both sides: the current
 release's scores seed the first one), per task and per what it asks (`tasks.task_hash`), so an
 edited task is a new task, seeded by the current release's score the first time it is seen.
+Only evaluations answered the same way count: a greedy answer's score is no bar for a sampled
+pass rate (a base that passes a task greedy may pass it 0 times in 6 sampled), so after the gate
+began sampling, the bar is rebuilt from sampled evaluations.
 """
 
 from __future__ import annotations
@@ -30,12 +33,17 @@ def task_key(task_id: str, task_hash: str) -> str:
     return f"{task_id}#{task_hash}"
 
 
-def best_released(evaluations: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Reference]:
+def best_released(
+    evaluations: Iterable[tuple[str, dict[str, Any]]], sampled: bool | None = None
+) -> dict[str, Reference]:
     """Per task key, the best score in `evaluations`: (the release id, the evaluation summary
-    that released it) pairs. A result without a task hash (evaluated before tasks had one)
-    is left out: what it asked is not known."""
+    that released it) pairs; with `sampled`, only those answered that way (several samples a
+    task, or one). A result without a task hash (evaluated before tasks had one) is left out:
+    what it asked is not known."""
     best: dict[str, Reference] = {}
     for release_id, evaluation in evaluations:
+        if sampled is not None and answered_sampled(evaluation) != sampled:
+            continue
         current_id = str(evaluation.get("current_release_id") or "base")
         for result in evaluation.get("results") or []:
             if not result.get("task_hash"):
@@ -48,6 +56,13 @@ def best_released(evaluations: Iterable[tuple[str, dict[str, Any]]]) -> dict[str
                 if key not in best or score > best[key].score:
                     best[key] = Reference(float(score), scorer)
     return best
+
+
+def answered_sampled(evaluation: dict[str, Any]) -> bool:
+    """Whether an evaluation answered each task several times (before the gate recorded its
+    sampling, it answered once, greedy)."""
+    sampling = evaluation.get("sampling") or {}
+    return int(sampling.get("samples") or 1) > 1
 
 
 def hold_to(report: PairedReport, references: dict[str, Reference]) -> None:

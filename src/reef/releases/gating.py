@@ -94,7 +94,7 @@ class CandidateEvaluation:
                 if on_task:
                     on_task(result)
             report.tasks += episodes
-        hold_to(report, self._best_released(candidate.scenario))
+        hold_to(report, self._best_released(candidate.scenario, settings.answers_per_task > 1))
         for name, release, share in _routed_releases(candidate):
             if release == (candidate.base_release_id or BASE):
                 answered = as_candidate(report)  # the current side answered as it serves
@@ -136,15 +136,19 @@ class CandidateEvaluation:
         """The gate's episodes (`reef.episodes.gate`), against the server this project runs."""
         return judge_by_episodes(episodes, self.config, candidate.scenario, candidate.id)
 
-    def _best_released(self, scenario: str) -> dict[str, Reference]:
+    def _best_released(self, scenario: str, sampled: bool) -> dict[str, Reference]:
         """Per task, the best score a release of `scenario` reached, on either side of the
-        evaluations that released them (`reef.evaluation.reference`). The whole chain counts,
-        so a rollback lowers nothing; a canary's release counts once its candidate is released
-        (promoted), never while it runs or after it was rolled back."""
+        evaluations that released them answered the same way (`sampled`, or greedy;
+        `reef.evaluation.reference`). The whole chain counts, so a rollback lowers nothing; a
+        canary's release counts once its candidate is released (promoted), never while it runs
+        or after it was rolled back."""
         return best_released(
-            (release.release_id, release.evaluation)
-            for release in self.chain.releases(scenario)
-            if release.evaluation and self._was_released(release)
+            (
+                (release.release_id, release.evaluation)
+                for release in self.chain.releases(scenario)
+                if release.evaluation and self._was_released(release)
+            ),
+            sampled,
         )
 
     def _was_released(self, release: Release) -> bool:
