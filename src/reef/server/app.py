@@ -115,6 +115,7 @@ def create_app(state: ServerState) -> Starlette:
                 budgets=EpisodeBudgets(
                     state.config.episodes.token_calls, state.config.episodes.token_bytes
                 ),
+                max_body_bytes=state.config.server.max_body_bytes,
             ),
             # A call's x-reef-release-id (upstream's): a new scenario starts from that release.
             Middleware(BindStartRelease, state=state),

@@ -28,6 +28,7 @@ from reef.episodes.tokens import (
     verify,
 )
 from reef.errors import Forbidden, ReefError, Unauthorized
+from reef.server.http import too_large
 
 OPEN_PATHS = frozenset({"/healthz"})
 # Routes of Anthropic's API: their refusals are in Anthropic's error shape.
@@ -104,12 +105,14 @@ class BearerAuth:
         admin_tokens: list[str],
         internal_tokens: list[str] | None = None,
         budgets: EpisodeBudgets | None = None,
+        max_body_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.admin_tokens = admin_tokens
         self.internal_tokens = internal_tokens or []
         self.budgets = budgets  # what each episode's token may still send (none: no budget)
+        self.max_body_bytes = max_body_bytes  # the most of an episode's body held to count it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and any(name == TREE_HEADER for name, _ in scope["headers"]):
@@ -194,9 +197,14 @@ class BearerAuth:
             except EpisodeBudgetSpent as error:
                 await refuse(send, error, scope)
                 return
-            body = await _body_within(receive, left)
+            body = await _body_within(receive, min(left, self.max_body_bytes))
             if body is None:
-                await refuse(send, self.budgets.spent_bytes(grant), scope)
+                over = left <= self.max_body_bytes  # the budget ran out before the body did
+                await refuse(
+                    send,
+                    self.budgets.spent_bytes(grant) if over else too_large(self.max_body_bytes),
+                    scope,
+                )
                 return
             self.budgets.add_bytes(grant, len(body))
             receive = _replaying(body, receive)

@@ -51,14 +51,14 @@ async def read_bounded(request: Request, limit: int) -> bytes:
     if declared is not None:
         try:
             if int(declared) > limit:
-                raise _too_large(limit)
+                raise too_large(limit)
         except ValueError:
             raise BadRequest("the Content-Length header is not a number") from None
     body = bytearray()
     async for part in request.stream():
         body.extend(part)
         if len(body) > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
     return bytes(body)
 
 
@@ -185,7 +185,7 @@ def _lone_surrogate_at(value: Any, path: str) -> str | None:
     return None
 
 
-def _too_large(limit: int) -> PayloadTooLarge:
+def too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"the request body is larger than {limit} bytes; send less, or raise server.max_body_bytes"
     )
