@@ -425,16 +425,19 @@ class ReleaseWorkflow:
         (`reef release reject` from any process: the store says so), which raises
         `RejectedMeanwhile`. Looked at every `releases.heartbeat_s`."""
         task = asyncio.ensure_future(evaluating)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=self.config.releases.heartbeat_s)
-            if done:
-                return task.result()
-            state = (await asyncio.to_thread(self.candidates.get, candidate_id)).state
-            if state != "evaluating":
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.releases.heartbeat_s)
+                if done:
+                    return task.result()
+                state = (await asyncio.to_thread(self.candidates.get, candidate_id)).state
+                if state != "evaluating":
+                    raise RejectedMeanwhile(f"candidate {candidate_id} is {state}")
+        finally:  # rejected meanwhile, or the gate itself cancelled: the evaluation stops too
+            if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                raise RejectedMeanwhile(f"candidate {candidate_id} is {state}")
 
     @contextlib.contextmanager
     def _rejected_on_cancel(self, candidate: Candidate) -> Iterator[None]:
