@@ -27,6 +27,12 @@ LAZY = {
     # command's start-up.
     "reef.tui": "the review",
     "reef.review": "the review",
+    # `reef serve` only: the server's loop and state stay out of every other command's start-up
+    # (issue 75: each command paid a third of a second for them).
+    "reef.daemon.run": "the server",
+    "reef.server.state": "the server",
+    # `reef export` only: the SDK's view of trajectories (numpy).
+    "reef.learning.trajectories": "an export",
 }
 
 

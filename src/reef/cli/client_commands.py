@@ -18,6 +18,7 @@ from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, console, fail
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
 from reef.config import DEFAULT_CONFIG_FILE
+from reef.evaluation.live import beside_base, said
 from reef.inference.server_file import loopback_url
 from reef.protocol import last_user_text, response_text
 
@@ -135,8 +136,6 @@ def _learning_table(scenarios: dict[str, Any]) -> Table:
 def _progress_table(scenarios: dict[str, Any]) -> Table:
     """Is it learning: each release's live pass rate, users' reports and the recipe's scorer,
     each as passed/calls, the rate and its 95% interval."""
-    from reef.evaluation.live import beside_base, said  # the store's modules: only when shown
-
     columns = ("scenario", "release", "served", "reports passed", "scorer accepts")
     table = Table(*columns, "vs the base on its calls", "gate said (feedback)")
     table.title = "live pass rate per release (95% interval)"

@@ -14,7 +14,12 @@ from rich.logging import RichHandler
 
 from reef.cli.output import console, fail
 from reef.config import ConfigError, EngineKind, load_config
+from reef.engines import build_engine, resolve_kind
 from reef.errors import ReefError
+from reef.learning.plans import load_plans
+from reef.releases.workflow import ReleaseWorkflow
+from reef.store import ExperienceStore
+from reef.tracing import start_tracing
 
 
 def serve(
@@ -41,12 +46,7 @@ def serve(
     # The server's modules load here, not when the CLI starts: every other command (`reef
     # status`, `reef release list`, `reef --version`) would pay for them (issue 75).
     from reef.daemon.run import check_bind, check_port_free, run
-    from reef.engines import build_engine, resolve_kind
-    from reef.learning.plans import load_plans
-    from reef.releases.workflow import ReleaseWorkflow
     from reef.server.state import ServerState
-    from reef.store import ExperienceStore
-    from reef.tracing import start_tracing
 
     overrides = {
         "server.host": host,
