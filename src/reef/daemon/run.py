@@ -93,9 +93,13 @@ async def serve(
         for follower in followers:
             follower.cancel()
         await asyncio.gather(*followers, return_exceptions=True)
-        state.store.close()
         if state.tracing is not None:
             await asyncio.to_thread(state.tracing.shutdown)  # the last spans, exported
+        # A cancelled follower leaves what it handed to a thread running (a release's probe
+        # reading the store): every such job ends before the store closes under it, which
+        # crashed the process inside SQLite (seen as an xdist worker dying in the suite).
+        await asyncio.get_running_loop().shutdown_default_executor()
+        state.store.close()
 
 
 def _scenarios(state: ServerState) -> list[str]:
