@@ -62,3 +62,28 @@ def test_the_teacher_s_answers_and_imported_calls_are_not_the_release_s(tmp_path
         (base,) = read_progress(store, "default", 0.5, None, 100)
     assert base.release_id == "base" and base.served == 2
     assert (base.reports.passed, base.reports.count) == (1, 2)
+
+
+def test_an_imported_report_outside_the_score_range_is_refused_as_a_posted_one_is(
+    tmp_path: Path,
+) -> None:
+    """POST /reef/report refuses a score of 5 on a 0-to-1 scenario; the import route was a road
+    around that refusal, storing it and skewing every pass rate that reads it."""
+    report = {
+        "agent_record_id": "rep-1",
+        "request_type": "report",
+        "payload": {"references": ["imp-1"], "score": 5},
+    }
+    with reef_in_process(tmp_path) as server:
+        refused = httpx.post(
+            f"{server.url}/reef/records/batch", json={"records": [envelope("imp-1"), report]}
+        )
+        assert refused.status_code == 400, refused.text
+        said = refused.json()["error"]["message"]
+        assert "records[1]" in said and "outside default's score range [0, 1]" in said
+        assert server.state.store.latest_records("default") == []
+        inside = {**report, "payload": {**report["payload"], "score": 1}}
+        kept = httpx.post(
+            f"{server.url}/reef/records/batch", json={"records": [envelope("imp-1"), inside]}
+        )
+        assert kept.status_code == 200, kept.text

@@ -91,8 +91,11 @@ def _refuse(index: int, record_id: Any, problem: str) -> BadRequest:
     return BadRequest(f"records[{index}]{named}: {problem}", code="invalid_record")
 
 
-def check_batch(body: dict[str, Any], scenario: str) -> Batch:
-    """The body as a batch, or a 400 naming the first envelope that is wrong and how."""
+def check_batch(
+    body: dict[str, Any], scenario: str, score_range: tuple[float, float] = (0.0, 1.0)
+) -> Batch:
+    """The body as a batch, or a 400 naming the first envelope that is wrong and how (a
+    report's score outside the scenario's `score_range` too, as `POST /reef/report` refuses)."""
     extra = sorted(set(body) - {"records"})
     if extra:
         raise BadRequest(f'unknown key(s) {", ".join(extra)}: the body is {{"records": [...]}}')
@@ -121,7 +124,7 @@ def check_batch(body: dict[str, Any], scenario: str) -> Batch:
             if envelope.metadata:
                 batch.annotations[record.id] = {"metadata": envelope.metadata}
         else:
-            report = _report(index, envelope, scenario)
+            report = _report(index, envelope, scenario, score_range)
             fingerprint = report.content_hash
         seen = kinds.get(envelope.agent_record_id)
         if seen is not None and seen != (envelope.request_type, fingerprint):
@@ -257,7 +260,9 @@ def _response(
     }
 
 
-def _report(index: int, envelope: Envelope, scenario: str) -> Report:
+def _report(
+    index: int, envelope: Envelope, scenario: str, score_range: tuple[float, float]
+) -> Report:
     record_id = envelope.agent_record_id
     try:
         payload = ReportPayload.model_validate(envelope.payload)
@@ -268,6 +273,14 @@ def _report(index: int, envelope: Envelope, scenario: str) -> Report:
         raise _refuse(index, record_id, "a report needs a score, a feedback, or both")
     if isinstance(envelope.payload.get("score"), bool):
         raise _refuse(index, record_id, "payload.score must be a number, not a boolean")
+    low, high = score_range
+    if score is not None and not low <= score <= high:
+        raise _refuse(
+            index,
+            record_id,
+            f"payload.score {score:g} is outside {scenario}'s score range [{low:g}, {high:g}] "
+            "(gate.canary.score_range): send it within the range, or widen the range",
+        )
     try:
         return Report(
             id=record_id,
@@ -372,7 +385,7 @@ async def records_batch(request: Request) -> Response:
             "(`reef import --batch-bytes`, reef_client's max_batch_bytes), or raise "
             "server.max_body_bytes; nothing of this batch was stored"
         ) from None
-    batch = check_batch(body, scenario)
+    batch = check_batch(body, scenario, state.config.gate_for(scenario).canary.score_range)
     await run_in_threadpool(_releases_on_the_chain, state, batch, scenario)
     added, again = await import_batch(state, batch)
     return JSONResponse({"records": batch.receipts, "imported": added, "duplicates": again})
