@@ -492,15 +492,20 @@ def recorded_steps(calls: list[dict[str, Any]]) -> list[dict[str, str]]:
     steps: list[dict[str, str]] = []
     for record in calls:
         choices = (record.get("response") or {}).get("choices") or [{}]
-        message = choices[0].get("message") or {} if isinstance(choices[0], dict) else {}
+        message = _object(_object(choices[0]).get("message"))
         tool_calls = message.get("tool_calls") or []
         for call in tool_calls:
-            function = call.get("function") or {} if isinstance(call, dict) else {}
+            function = _object(_object(call).get("function"))
             arguments = str(function.get("arguments") or "")[:STEP_CHARS]
             steps.append({"tool": str(function.get("name") or "?"), "arguments": arguments})
         if not tool_calls:
             steps.append({"answer": str(message.get("content") or "")[:STEP_CHARS]})
     return steps
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (a record is data, any shape)."""
+    return value if isinstance(value, dict) else {}
 
 
 def describe_step(step: Mapping[str, object]) -> str:

@@ -51,12 +51,10 @@ def most_asked_temperature(requests: list[dict[str, Any]]) -> float | None:
 
 def asked_max_tokens(requests: list[dict[str, Any]]) -> int | None:
     """The median token limit of the requests that set one, or None."""
-    limits = [
-        int(limit)
-        for request in requests
-        for limit in [request.get("max_completion_tokens") or request.get("max_tokens")]
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
-    ]
+    asked = (
+        request.get("max_completion_tokens") or request.get("max_tokens") for request in requests
+    )
+    limits = [n for n in asked if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     return int(statistics.median_low(limits)) if limits else None
 
 

@@ -64,13 +64,14 @@ def _decide(gate: GateConfig, report: PairedReport) -> tuple[Decision, str]:
     collapse = collapsed(report)
     if collapse:
         return "rejected", f"{scores}; {collapse}"
-    broken = broken_rules(gate, report) + broken_arms(gate, report)
+    arms_broken = broken_arms(gate, report)
     thin = thin_feedback(gate, report)
-    if thin and gate.policy != "review":
-        others = broken_rules(gate, report, skip=FEEDBACK_GROUP) + broken_arms(gate, report)
+    if thin and gate.policy != "review":  # the feedback does not decide: the rest still must keep
+        others = broken_rules(gate, report, skip=FEEDBACK_GROUP) + arms_broken
         if others:
             return "rejected", f"{scores}; " + "; ".join(others)
         return "held", f"{scores}; {thin}: waiting for a human"
+    broken = broken_rules(gate, report) + arms_broken
     if gate.policy == "review":
         found = "".join(f"; {problem}" for problem in broken)
         return "held", f"{scores}{found}; gate policy is review: waiting for a human"
