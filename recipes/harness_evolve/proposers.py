@@ -102,7 +102,8 @@ class HindsightProposer:
         )
         found = shown_by_user + [(item.turn.prompt, item.answer.strip()) for item in answers]
         if not found:
-            return "no answer given under the feedback met the scorer and still answered"
+            judge = "the scorer" if self.scorer is not None else "the reviser, as judge,"
+            return f"no answer given under the feedback met it ({judge} said) and still answered"
         existing = context.files_of(HARNESS).get("examples.jsonl", b"").decode().splitlines()
         shown = [json.loads(line) for line in existing if line.strip()]
         # An example the tree kept from before is checked again: facts a program can check

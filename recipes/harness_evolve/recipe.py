@@ -86,6 +86,13 @@ class HarnessEvolve(Recipe):
     def ready(self, view: ExperienceView) -> bool:
         return len(self.failing_turns(view.trajectories)) >= self.settings.batch_size
 
+    def waiting_for(self, view: ExperienceView) -> str | None:
+        found = len(self.failing_turns(view.trajectories))
+        return (
+            f"{found} of the {self.settings.batch_size} failing turns a batch needs (scored "
+            f"below {self.settings.threshold:g}, or feedback without a score)"
+        )
+
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
         batch: list[Trajectory] = []
         for trajectory in view.trajectories:

@@ -321,6 +321,10 @@ class GateConfig(_Section):
     # A candidate whose recipe's feedback group (its held-out scored calls) has fewer tasks
     # than this is held for a human: too few to tell a gain from noise.
     min_feedback_tasks: int = Field(3, ge=0)
+    # Where no scorer is set, the feedback tasks are the users' words, judged by a model
+    # (`reef.evaluation.judge`): it must refuse at least this share of the answers users
+    # failed, or the candidate is held for a human (its verdicts are not trusted).
+    judge_agreement: float = Field(0.8, ge=0, le=1)
     # What a candidate the gate (or a human) rejects on its merits does with the records it was
     # built from. consumed: they are spent (the same records would build the same candidate
     # again); returned: later steps may learn from them again. A candidate that was never judged

@@ -8,15 +8,14 @@ from collections import Counter
 
 from reef.evaluation.tasks import ScorerSpec
 from reef.protocol import Completion
+from reef.sdk.feedback import demonstrations, hints
 from reef.sdk.hindsight import (
     CONTENT_CHECK,
     NOTHING_MET,
     answers_the_question,
     asked_for,
-    demonstrations,
     edits,
     facts_kept,
-    hints,
     meets,
     relabel,
     with_hint,

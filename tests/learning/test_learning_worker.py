@@ -10,10 +10,11 @@ import pytest
 
 from reef.config import GateConfig, load_config
 from reef.engines.base import Engine
+from reef.evaluation.held_out import held_out as held_out_for_the_gate
 from reef.evaluation.replay import held_back
 from reef.inference.model import LocalModel
 from reef.learning.plans import LoadedPlan
-from reef.learning.worker import LearningWorker
+from reef.learning.worker import LearningWorker, not_ready
 from reef.sdk.recipe import Proposal, Recipe, StepContext, load_recipe
 from reef.sdk.view import ExperienceView, Trajectory
 from reef.store import ExperienceStore, Record, Report
@@ -39,11 +40,12 @@ def worker(
     mode: str = "auto",
     batch_size: int = 1,
     replay: int = 8,
+    held_out: float = 0.25,
 ) -> LearningWorker:
     (tmp_path / "reef.yaml").write_text(
         f"state_dir: {tmp_path}/.reef\nlearning:\n  recipe: harness_evolve\n  mode: {mode}\n"
         f"  proposer: llm\n  batch_size: {batch_size}\n  proposer_url: {peer.url}/v1\n"
-        f"  proposer_model: 'reply:{reply}'\ngate:\n  replay: {replay}\n"
+        f"  proposer_model: 'reply:{reply}'\ngate:\n  replay: {replay}\n  held_out: {held_out}\n"
     )
     config = load_config(tmp_path / "reef.yaml", env={})
     store = ExperienceStore(config.experience_db)
@@ -84,11 +86,28 @@ def test_records_that_do_not_yet_make_a_batch_say_so(
         scored_call(learner.store, "Hello", "Good day to you.", 1.0)  # nothing to learn from
         stuck = asyncio.run(learner.step("default"))
         again = asyncio.run(learner.step("default"))
-    said = "record(s) waiting, not yet a batch harness_evolve can learn from (batch_size 2)"
+    said = (
+        "record(s) waiting, not yet a batch harness_evolve can learn from: 1 of the 2 failing "
+        "turns a batch needs (scored below 0.5, or feedback without a score)"
+    )
     assert (filling.outcome, filling.detail) == ("waiting", f"1 {said}")
     assert (stuck.outcome, stuck.detail) == ("waiting", f"2 {said}")
     assert again.detail == "no new experience"
     assert [r.getMessage() for r in caplog.records] == [f"default: 2 {said}"]  # said once
+    learner.store.close()
+
+
+def test_waiting_says_what_was_held_out_for_the_gate(
+    tmp_path: Path, engine: Engine, peer: ServerProcess
+) -> None:
+    # Nearly every failing prompt held out: a newcomer's first reports can all be the gate's.
+    learner = worker(tmp_path, engine, "I would rather not.", peer, batch_size=2, held_out=0.99)
+    failing_call(learner.store)
+    assert held_out_for_the_gate("Hi", 0.99)
+    waiting = asyncio.run(learner.step("default"))
+    assert waiting.outcome == "waiting"
+    assert waiting.detail.startswith("0 record(s) waiting, not yet a batch harness_evolve")
+    assert waiting.detail.endswith("; 1 held out for the gate")
     learner.store.close()
 
 
@@ -296,3 +315,16 @@ def test_a_step_counts_its_metric_calls_the_search_s_and_the_gate_s(
     # `always` evaluates nothing; `no_regression` answers both tasks under both trees, each
     # `gate.samples` times.
     assert spent == {"always": 3, "no_regression": 3 + 2 * 2 * GateConfig().samples}
+
+
+def test_a_weight_recipe_waiting_says_what_it_learns_from(tmp_path: Path) -> None:
+    store = ExperienceStore(tmp_path / "experience.db")
+    scored_call(store, "Hi", "Yo", 0.0, "greet me formally")  # no token ids recorded
+    sdft = load_recipe("sdft", {"batch_size": 2})
+    why, stuck = not_ready(sdft, ExperienceView(store, "default", consumed=set()))
+    store.close()
+    assert why == (
+        "1 record(s) waiting, not yet a batch sdft can learn from: 0 of the 2 turns a batch "
+        "needs (demonstrations and hints, distilled from the model that reads them)"
+    )
+    assert not stuck  # one record cannot be a batch of two

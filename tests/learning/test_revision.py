@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from reef.evaluation.judge import FOLLOWS_PROMPT
 from reef.evaluation.tasks import ScorerSpec
 from reef.protocol import Completion
 from reef.recipes.harness_evolve.mutations import Mutation
@@ -22,7 +23,7 @@ from reef.recipes.harness_evolve.proposers import HindsightProposer
 from reef.recipes.openclaw_rl.judge import Judgement
 from reef.recipes.openclaw_rl.recipe import OpenClawRL, OpenClawRLSettings
 from reef.sdk import hindsight
-from reef.sdk.hindsight import JUDGE_PROMPT, REVISION_PROMPT, relabel, unwrapped
+from reef.sdk.hindsight import REVISION_PROMPT, relabel, unwrapped
 from reef.sdk.recipe import StepContext, load_recipe
 from reef.sdk.view import Trajectory, Turn
 from tests.support.scripted import ask_of
@@ -60,7 +61,7 @@ class Model:
 
     Asked to revise (`REVISION_PROMPT`): `revise(answer)` when the feedback means "start with
     Sure" (by default "Sure! <answer>" under a preface and in quotes, as chatty models write it),
-    the answer unchanged otherwise. Asked to judge (`JUDGE_PROMPT`): yes when the feedback means
+    the answer unchanged otherwise. Asked to judge (`FOLLOWS_PROMPT`): yes when the feedback means
     it and the new answer starts with "Sure", or `judge` when given. Anything else (the question
     asked again with the hint beside it): the first answer unchanged, as a small model that
     rarely follows a hint. Every request body is kept in `asked`, by kind."""
@@ -82,7 +83,7 @@ class Model:
             self.asked.append(("revision", body))
             wanted = revision["feedback"] in MEANS_START_WITH_SURE
             return reply(self.revise(revision["answer"]) if wanted else revision["answer"])
-        if (judged := filled(JUDGE_PROMPT, content)) is not None:
+        if (judged := filled(FOLLOWS_PROMPT, content)) is not None:
             self.asked.append(("judge", body))
             meant = judged["feedback"] in MEANS_START_WITH_SURE
             follows = meant and judged["answer"].startswith("Sure")

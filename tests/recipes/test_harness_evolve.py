@@ -21,6 +21,8 @@ from reef.sdk.view import Trajectory, Turn
 
 SIGN_OFF = "End every answer with the line: Cheers, Reef"
 
+NOTHING_KEPT = "no answer given under the feedback met it (the scorer said) and still answered"
+
 
 def turn(
     record_id: str,
@@ -139,7 +141,7 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
         body["messages"][-1]["content"] in {f"{p} {wanted}" for p in prompts} for body, _ in sampled
     )  # and nothing else was asked
     if not qualifying:
-        assert result == "no answer given under the feedback met the scorer and still answered"
+        assert result == NOTHING_KEPT
     else:
         assert isinstance(result, Mutation) and result.path == "examples.jsonl", result
         examples = [json.loads(line) for line in result.content.splitlines()]
@@ -149,7 +151,7 @@ def test_hindsight_proposer_shows_answers_given_under_the_feedback(
     refused = HindsightProposer(generate, unreachable, samples=2, revisions=0).propose(
         failures, context()
     )
-    assert refused == "no answer given under the feedback met the scorer and still answered"
+    assert refused == NOTHING_KEPT
     assert len(sampled) == 2 * len(prompts)
 
 

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from reef.evaluation.intervals import worse_beyond_noise
-from reef.evaluation.scorers import score
+from reef.evaluation.judge import Agreement, FeedbackJudge, judged
+from reef.evaluation.scorers import ScorerError, score
 from reef.evaluation.tasks import DEFAULT_GROUP, EvalTask, task_hash
 from reef.inference.binding import Binding
 from reef.inference.model import Model, answer_text
@@ -141,6 +142,9 @@ class PairedReport:
     tasks: list[TaskResult] = field(default_factory=list)
     arms: list[RoutedArm] = field(default_factory=list)
     settings: EvalSettings | None = None  # how the chat tasks were answered
+    # The judge of the `feedback` tasks written in plain words, and how far it agrees with the
+    # users (`reef.evaluation.judge`); None: no task needed one.
+    judge: Agreement | None = None
 
     @property
     def current_mean(self) -> float:
@@ -207,6 +211,7 @@ class PairedReport:
                 for name, group in self.groups().items()
             },
             "sampling": self.settings.to_json() if self.settings else None,
+            "judge": self.judge.to_json() if self.judge else None,
             "results": [asdict(t) for t in self.tasks],
             "arms": [
                 {
@@ -247,16 +252,22 @@ async def sample_task(
     generate: Generate,
     settings: EvalSettings,
     limit: asyncio.Semaphore,
+    judge: FeedbackJudge | None = None,
 ) -> Sampled:
     """`binding`'s answers to `task`, `settings.answers_per_task` of them, sent together (an
-    engine that batches decodes them as one batch, on the prompt it cached for the first)."""
+    engine that batches decodes them as one batch, on the prompt it cached for the first),
+    scored by the task's scorer, or, for a `feedback` task, by `judge`."""
 
     async def answer(sample: int) -> str:
         async with limit:
             return await generate(task_request(task, settings, sample), binding)
 
     answers = list(await asyncio.gather(*map(answer, range(settings.answers_per_task))))
-    return Sampled(answers, [score(task.scorer, answer, task) for answer in answers])
+    if task.scorer.type != "feedback":
+        return Sampled(answers, [score(task.scorer, answer, task) for answer in answers])
+    if judge is None:
+        raise ScorerError(f"task {task.id} is judged by feedback, and no judge was given")
+    return Sampled(answers, [await judge.score(task, answer) for answer in answers])
 
 
 def _as_candidate(result: TaskResult, side: Sampled) -> TaskResult:
@@ -278,13 +289,14 @@ async def run_paired(
     settings: EvalSettings,
     on_task: Callable[[TaskResult], None] | None = None,
     concurrency: int = EVAL_CONCURRENCY,
+    judge: FeedbackJudge | None = None,
 ) -> PairedReport:
     limit = asyncio.Semaphore(concurrency)
 
     async def evaluate(task: EvalTask) -> TaskResult:
         now, then = await asyncio.gather(
-            sample_task(task, current, generate, settings, limit),
-            sample_task(task, candidate, generate, settings, limit),
+            sample_task(task, current, generate, settings, limit, judge),
+            sample_task(task, candidate, generate, settings, limit, judge),
         )
         many = len(now.answers) > 1
         result = TaskResult(
@@ -305,7 +317,8 @@ async def run_paired(
         return result
 
     results = await _all_or_none([evaluate(task) for task in tasks])
-    return PairedReport(current_release_id=current.release_id, tasks=results, settings=settings)
+    agreement = await judge.agreement(tasks) if judge and judged(tasks) else None
+    return PairedReport(current.release_id, results, settings=settings, judge=agreement)
 
 
 async def run_beside(
@@ -315,13 +328,15 @@ async def run_beside(
     generate: Generate,
     settings: EvalSettings,
     concurrency: int = EVAL_CONCURRENCY,
+    judge: FeedbackJudge | None = None,
 ) -> PairedReport:
     """`binding`'s answers to the tasks `report` was evaluated on (`tasks`, in its order), as
     the candidate side beside the current side of `report`."""
     limit = asyncio.Semaphore(concurrency)
 
     async def evaluate(task: EvalTask, paired: TaskResult) -> TaskResult:
-        return _as_candidate(paired, await sample_task(task, binding, generate, settings, limit))
+        sampled = await sample_task(task, binding, generate, settings, limit, judge)
+        return _as_candidate(paired, sampled)
 
     results = await _all_or_none(
         [evaluate(task, paired) for task, paired in zip(tasks, report.tasks, strict=True)]

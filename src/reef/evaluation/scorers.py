@@ -54,6 +54,12 @@ def score(spec: ScorerSpec, answer: str, task: EvalTask) -> float:
     if spec.type == "python":
         result = _callable(_required(spec.function, "function", spec))(answer, task)
         return _as_score(result, spec.function or "")
+    if spec.type == "feedback":
+        raise ScorerError(
+            "a feedback scorer is judged by the gate's judge model (reef.evaluation.judge), "
+            "only in the gate: give this check a scorer that a program runs (regex, contains, "
+            "judge with a url)"
+        )
     return _judge(spec, answer)
 
 

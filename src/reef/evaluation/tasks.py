@@ -32,14 +32,21 @@ FEEDBACK_GROUP = "feedback"  # a recipe's tasks: the prompts users gave feedback
 class ScorerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["exact", "contains", "regex", "reference", "python", "judge", "answer"]
+    type: Literal[
+        "exact", "contains", "regex", "reference", "python", "judge", "answer", "feedback"
+    ]
     value: str | None = None
     # `answer`: the longest answer that passes (a short answer is asked for); none: any length.
     max_chars: int | None = Field(None, ge=1)
     pattern: str | None = None
     case_sensitive: bool = False
     function: str | None = None
+    # `judge`: what the judge at `url` grades against; `feedback`: what the user said they
+    # wanted, in their words, which the gate's judge model reads (`reef.evaluation.judge`).
     criterion: str | None = None
+    # `feedback`: the answer the user's feedback was about, which they scored as failing: the
+    # judge is trusted only as far as it refuses such answers too.
+    failed: str | None = None
     model: str | None = None
     url: str | None = None
     api_key_env: str | None = None

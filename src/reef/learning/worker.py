@@ -86,16 +86,29 @@ class StepResult:
     signal: dict[str, Any] = field(default_factory=dict)
 
 
-def not_ready(recipe: Recipe, waiting: int) -> tuple[str, bool]:
-    """Why a recipe with records waiting does not step (they do not yet make a batch it can learn
-    from: sdft needs a demonstration or a hint on each turn, sdpo a correct sibling), and whether
-    that is worth a log line: enough records wait for a batch, yet none is one. A batch still
-    filling up is not."""
-    if not waiting:
+def not_ready(recipe: Recipe, view: ExperienceView) -> tuple[str, bool]:
+    """Why a recipe does not step: what its batch still lacks (sdft needs a demonstration or a
+    hint on each turn, sdpo a correct sibling; `Recipe.waiting_for`) and what never reaches it
+    (the calls held out for the gate, those with private data), and whether that is worth a
+    log line: enough records wait for a batch, yet none is one. A batch still filling up is
+    not."""
+    waiting = view.counts.waiting
+    kept_out = [
+        f"{count} {what}"
+        for count, what in (
+            (view.counts.held_out, "held out for the gate"),
+            (view.counts.private, "kept out for private data"),
+        )
+        if count
+    ]
+    if not waiting and not kept_out:
         return "0 record(s) waiting", False
     size = getattr(recipe.settings, "batch_size", None)
-    wanted = f" (batch_size {size})" if size is not None else ""
+    lacks = recipe.waiting_for(view)
+    wanted = f": {lacks}" if lacks else (f" (batch_size {size})" if size is not None else "")
     why = f"{waiting} record(s) waiting, not yet a batch {recipe.name} can learn from{wanted}"
+    if kept_out:
+        why += f"; {', '.join(kept_out)}"
     return why, waiting >= (size or 1)
 
 
@@ -278,7 +291,7 @@ class LearningWorker:
         view = await asyncio.to_thread(self.view, scenario, recipe)
         if automatic and not recipe.ready(view):
             learner.idle_at = seen
-            waiting, stuck = not_ready(recipe, view.counts.waiting)
+            waiting, stuck = not_ready(recipe, view)
             if stuck:  # said once per new experience: the fingerprint gates this branch
                 log.info("%s: %s", scenario, waiting)
             return StepResult(scenario, "waiting", waiting, recipe=recipe.name)

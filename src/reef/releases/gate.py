@@ -23,10 +23,14 @@ one-sided 95% bound, `reef.evaluation.intervals.worse_beyond_noise`); `improve` 
 beyond the noise (the 95% interval of the change above the margin). A greedy gate (temperature
 0) answers once, and a flipped answer is then a loss: greedy is what serves.
 
-The `feedback` group (a recipe's held-out calls, scored by its scorer) must improve unless
+The `feedback` group (a recipe's held-out calls, scored by its scorer, or judged in the users'
+words where it has none) must improve unless
 `gate.groups` says otherwise: a candidate that moved nothing the users asked for is not
 released for keeping the rest; with fewer than `gate.min_feedback_tasks` feedback tasks the
-evidence is too thin to decide, and the candidate is held for a human. Every decision ends with
+evidence is too thin to decide, and the candidate is held for a human. So is it when the tasks
+are the users' words judged by a model (`reef.evaluation.judge`, where the recipe has no scorer)
+and that judge refused fewer than `gate.judge_agreement` of the answers users failed: its
+verdicts cannot decide. Every decision ends with
 each group's samples passed, current then candidate, and a 95% interval of the change
 (Newcombe's, `reef.evaluation.intervals.change_interval`): "feedback 0/24 -> 21/24 [+64%, +96%]"
 says how thin the evidence is.
@@ -65,7 +69,7 @@ def _decide(gate: GateConfig, report: PairedReport) -> tuple[Decision, str]:
     if collapse:
         return "rejected", f"{scores}; {collapse}"
     arms_broken = broken_arms(gate, report)
-    thin = thin_feedback(gate, report)
+    thin = thin_feedback(gate, report) or untrusted_judge(gate, report)
     if thin and gate.policy != "review":  # the feedback does not decide: the rest still must keep
         others = broken_rules(gate, report, skip=FEEDBACK_GROUP) + arms_broken
         if others:
@@ -112,6 +116,23 @@ def thin_feedback(gate: GateConfig, report: PairedReport) -> str | None:
         f"only {len(feedback)} feedback task(s) held out, and gate.min_feedback_tasks is "
         f"{gate.min_feedback_tasks}: too few to tell a gain from noise (more scored calls, or "
         "a lower gate.min_feedback_tasks)"
+    )
+
+
+def untrusted_judge(gate: GateConfig, report: PairedReport) -> str | None:
+    """Why the judge of plain words cannot decide the feedback group, or None: asked about the
+    answers users failed, it refused fewer than `gate.judge_agreement` of them (a judge that
+    passes what users failed would pass a candidate that changed nothing). A judge never
+    measured (eval-file tasks written in plain words, no failed answer given) decides."""
+    judge = report.judge
+    if judge is None or not judge.asked or judge.share() >= gate.judge_agreement:
+        return None
+    if gate.rule_for(FEEDBACK_GROUP).rule != "improve":
+        return None
+    return (
+        f"the feedback is {judge.said()}, below gate.judge_agreement {gate.judge_agreement:.0%}: "
+        "its verdicts on plain words are not trusted (set a teacher or learning.proposer_url to "
+        "a stronger model, or a scorer)"
     )
 
 
@@ -253,4 +274,5 @@ def groups_said(report: PairedReport) -> str:
         f"{name} {_change(group.current_passes, group.candidate_passes, group.answered)}"
         for name, group in sorted(report.groups().items())
     ]
-    return "groups: " + ", ".join(said)
+    judged = f"; feedback {report.judge.said()}" if report.judge else ""
+    return "groups: " + ", ".join(said) + judged

@@ -21,6 +21,7 @@ from reef.engines import resolve_kind
 from reef.episodes.gate import judge_by_episodes
 from reef.errors import NotFound, ReefError
 from reef.evaluation.held_out import leaked, shown_prompts
+from reef.evaluation.judge import FeedbackJudge, judge_body, judged, remote_ask
 from reef.evaluation.reference import Reference, best_released, hold_to
 from reef.evaluation.replay import replay_tasks
 from reef.evaluation.runner import (
@@ -39,6 +40,7 @@ from reef.evaluation.served import served_settings
 from reef.evaluation.tasks import EvalTask, EvalTasksError, load_tasks, tasks_path
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.inference.routing import BASE, SELF, parse_policy
+from reef.protocol import ChatRequest
 from reef.releases.chain import Release, ReleaseChain
 from reef.store.candidates import Candidate, CandidateStore
 
@@ -85,8 +87,9 @@ class CandidateEvaluation:
         chat = gate.episodes is None or gate.episodes.with_chat
         tasks = self.tasks(candidate.scenario, extra_tasks) if chat else []
         refuse_shown(tasks, proposed, current)
+        judge = feedback_judge(self.config, candidate.scenario, generate) if judged(tasks) else None
         report = await run_paired(
-            tasks, current, proposed, generate, settings, on_task, concurrency
+            tasks, current, proposed, generate, settings, on_task, concurrency, judge
         )
         if gate.episodes is not None:
             episodes = await asyncio.to_thread(self._episode_results, candidate, gate.episodes)
@@ -101,7 +104,9 @@ class CandidateEvaluation:
             else:  # on the chat tasks: episodes run only the candidate and the current tree
                 arm = self._arm_binding(release)
                 chat_side = PairedReport(report.current_release_id, report.tasks[: len(tasks)])
-                answered = await run_beside(chat_side, tasks, arm, generate, settings, concurrency)
+                answered = await run_beside(
+                    chat_side, tasks, arm, generate, settings, concurrency, judge
+                )
             report.arms.append(RoutedArm(name, release, share, answered))
         return report
 
@@ -162,6 +167,29 @@ class CandidateEvaluation:
     def _arm_binding(self, release: str) -> Binding:
         """What a routed arm serves: the model alone, or a release's own parts."""
         return BASE_BINDING if release == BASE else self.own_binding(self.chain.get(release))
+
+
+def feedback_judge(config: ReefConfig, scenario: str, generate: Generate) -> FeedbackJudge:
+    """The judge of the tasks written in plain words (`reef.evaluation.judge`): the scenario's
+    teacher, else the proposer model, else the served model alone (no adapter, no harness:
+    neither side's own)."""
+    teacher = config.teacher_for(scenario)
+    if teacher.url:
+        named = f"the teacher ({teacher.model or 'its default model'})"
+        ask = remote_ask(teacher.url, teacher.model, teacher.api_key_env, teacher.timeout_s)
+        return FeedbackJudge(named, ask)
+    learning = config.learning
+    if learning.proposer_url:
+        proposer = learning.proposer_model or "its default model"
+        ask = remote_ask(
+            learning.proposer_url, learning.proposer_model, learning.proposer_api_key_env, 300
+        )
+        return FeedbackJudge(f"the proposer model ({proposer})", ask)
+
+    async def served(prompt: str) -> str:
+        return await generate(ChatRequest.model_validate(judge_body(prompt)), BASE_BINDING)
+
+    return FeedbackJudge("the served model alone", served)
 
 
 def _routed_releases(candidate: Candidate) -> list[tuple[str, str, int]]:

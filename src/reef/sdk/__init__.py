@@ -18,8 +18,9 @@ module only, so its names are the ones a recipe may rely on:
   `PromptSearchSettings`, the base of the recipes that score harness trees on a batch's scored
   prompts or, with `EpisodeSearch`, on episodes (`gepa`, `meta_harness`, `skills`), its
   `SearchTask`s, with `has_score`;
-- hindsight: `hints` and `demonstrations` (what feedback said to do), `feedback_of` (a report's
-  words, or else the user's next message), `relabel` (an answer that meets the feedback and
+- feedback (`reef.sdk.feedback`): `hints` and `demonstrations` (what feedback said to do),
+  `feedback_of` (a report's words, or else the user's next message);
+- hindsight: `relabel` (an answer that meets the feedback and
   still answers the question and keeps to facts, `facts_kept`), `with_hint`, the reasons a step
   drops signal for (`CONTENT_CHECK`, `NOTHING_MET`, `NO_FEEDBACK_TEXT`, for `StepContext.drop`),
   `asking` (the proposer model as the model that revises), `content_judge_for` (the model that
@@ -64,6 +65,7 @@ from reef.harness.mutations import apply as apply_mutation
 from reef.harness.mutations import check as check_mutation
 from reef.inference.model import answer_text
 from reef.protocol import Completion, message_text
+from reef.sdk.feedback import demonstrations, feedback_of, hints
 from reef.sdk.hindsight import (
     CONTENT_CHECK,
     NO_FEEDBACK_TEXT,
@@ -72,10 +74,7 @@ from reef.sdk.hindsight import (
     Relabelled,
     asking,
     content_judge_for,
-    demonstrations,
     facts_kept,
-    feedback_of,
-    hints,
     relabel,
     with_hint,
 )

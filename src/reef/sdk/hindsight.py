@@ -40,7 +40,6 @@ feedback, "No: 9", is better given as a demonstration.)
 from __future__ import annotations
 
 import re
-import string
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,10 +48,12 @@ from typing import Any, Literal
 
 from reef.evaluation.content import content_words, grounded
 from reef.evaluation.facts import expected_result, stated_numbers, wrong_fact
+from reef.evaluation.judge import FOLLOWS_PROMPT, judge_body, says_yes
 from reef.evaluation.private import first_private
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import Completion, message_text
+from reef.sdk.feedback import feedback_of
 from reef.sdk.recipe import RecipeError
 from reef.sdk.view import Turn
 
@@ -70,17 +71,6 @@ The user's feedback on your answer:
 
 Rewrite your answer so that it does what the feedback asks, and keep what it says. Reply with \
 the rewritten answer only."""
-JUDGE_PROMPT = """A user asked:
-{question}
-
-Their feedback on an earlier answer:
-{feedback}
-
-A new answer:
-{answer}
-
-Does the new answer do what the feedback asks? Reply with yes or no."""
-JUDGE_TOKENS = 4  # "yes" or "no", and room for a full stop
 CONTENT_PROMPT = """A user asked:
 {question}
 
@@ -101,56 +91,6 @@ class Relabelled:
     completion_token_ids: list[int]  # as the model produced them, ending with its end token;
     # empty for an edit or a revision (given to another prompt): train on `answer`'s text
     source: Literal["edit", "revision", "sample"] = "sample"
-
-
-# -- what the user said ---------------------------------------------------------------------------
-
-
-# How much of a failed episode's test output a hint carries (its end: where tests say why).
-TEST_OUTPUT_IN_HINT = 300
-
-
-def hints(turn: Turn) -> list[str]:
-    """The feedback texts that say what was wanted: strings, `{"hint": ...}` or `{"text": ...}`
-    objects, and what a failed episode's test said (the report `reef.episodes` writes)."""
-    found = []
-    for feedback in turn.feedback:
-        if isinstance(feedback, dict):
-            feedback = feedback.get("hint") or feedback.get("text") or test_verdict(feedback)
-        if isinstance(feedback, str) and feedback.strip():
-            found.append(feedback.strip())
-    return found
-
-
-def test_verdict(feedback: dict[str, Any]) -> str | None:
-    """A failed episode's report as a hint: the test's output is the feedback a task gives."""
-    if "episode" not in feedback or feedback.get("passed") or not feedback.get("test_output"):
-        return None
-    said = " ".join(str(feedback["test_output"]).split())[-TEST_OUTPUT_IN_HINT:]
-    return f"The task's test failed and said: {said}"
-
-
-def demonstrations(turn: Turn) -> list[str]:
-    """Answers the user wrote themselves: feedback `{"demonstration": "..."}`."""
-    shown = []
-    for feedback in turn.feedback:
-        if isinstance(feedback, dict) and isinstance(feedback.get("demonstration"), str):
-            shown.append(feedback["demonstration"])
-    return shown
-
-
-def next_message(turn: Turn) -> str | None:
-    """The user's next message, where the conversation went on ("no, shorter"); None else."""
-    for message in turn.next_state or []:
-        if message.get("role") == "user":
-            return message_text(message.get("content")).strip() or None
-    return None
-
-
-def feedback_of(turn: Turn) -> list[str]:
-    """What the user said about the turn: their reports' words, else their next message."""
-    said = next_message(turn)
-    return hints(turn) or ([said] if said else [])
 
 
 def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
@@ -202,21 +142,14 @@ def meets(scorer: ScorerSpec | None, answer: str, messages: list[dict[str, Any]]
 
 def follows(judge: Generate, answer: str, turn: Turn, hint: str) -> bool:
     """Whether the `judge` model says `answer` does what the feedback `hint` asks: its greedy
-    reply to `JUDGE_PROMPT` starts with yes."""
-    prompt = JUDGE_PROMPT.format(question=turn.prompt, feedback=hint, answer=answer)
+    reply to `FOLLOWS_PROMPT` (the gate's judge asks the same) starts with yes."""
+    prompt = FOLLOWS_PROMPT.format(question=turn.prompt, feedback=hint, answer=answer)
     return _says_yes(judge, prompt)
 
 
 def _says_yes(judge: Generate, prompt: str) -> bool:
     """Whether the `judge` model's greedy reply to `prompt` starts with yes."""
-    body = {
-        "messages": [{"role": "user", "content": prompt}],
-        "temperature": 0.0,
-        "seed": 0,
-        "max_tokens": JUDGE_TOKENS,
-    }
-    reply = _text(judge(body))
-    return reply.lstrip(string.punctuation + string.whitespace).lower().startswith("yes")
+    return says_yes(_text(judge(judge_body(prompt))))
 
 
 def accepted(
@@ -229,7 +162,9 @@ def accepted(
 
 
 CONTENT_CHECK = "content check"  # why a relabelled answer was dropped (`StepContext.drop`)
-NOTHING_MET = "no answer met the scorer"  # why a turn with feedback taught nothing
+# Why a turn with feedback taught nothing: no answer met it (as the recipe's scorer reads it, or,
+# without one, the model that judges).
+NOTHING_MET = "no answer met the feedback"
 NO_FEEDBACK_TEXT = "no feedback text"  # a failing turn nobody said anything about
 
 

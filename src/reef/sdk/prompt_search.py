@@ -23,7 +23,7 @@ from reef.episodes.tasks import BadTask, Task, load_suite, task_folder_hash
 from reef.evaluation.scorers import score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.model import answer_text
-from reef.sdk.hindsight import hints
+from reef.sdk.feedback import hints
 from reef.sdk.recipe import (
     Recipe,
     RecipeError,

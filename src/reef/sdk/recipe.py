@@ -42,6 +42,7 @@ from reef.errors import ReefError, describe_validation_error
 from reef.evaluation.held_out import HELD_OUT_PREFIX
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.protocol import Completion
+from reef.sdk.feedback import feedback_of
 from reef.sdk.view import ExperienceView, Trajectory, Turn
 
 # Installed packages offer recipes by name in this entry-point group (`learning.recipe: NAME`);
@@ -135,7 +136,7 @@ class StepContext:
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Count `count` turns or answers of the batch the step could not learn from, and why
-        ("no feedback text", "no answer met the scorer", "content check", ...)."""
+        ("no feedback text", "no answer met the feedback", "content check", ...)."""
         if count > 0:
             self.dropped[reason] += count
 
@@ -179,6 +180,22 @@ def failing_prompts(
     ]
 
 
+def judged_by_feedback(turns: list[Turn], prefix: str = "failing:") -> list[EvalTask]:
+    """The prompts of failing `turns` the user said something about (`feedback_of`), as eval
+    tasks in the `FEEDBACK_GROUP` judged by what they said (a `feedback` scorer: the gate asks
+    a judge model, `reef.evaluation.judge`), each with the answer they failed."""
+    return [
+        EvalTask(
+            id=f"{prefix}{turn.record_id}",
+            messages=turn.messages,
+            scorer=ScorerSpec(type="feedback", criterion=said[0], failed=turn.answer_text),
+            group=FEEDBACK_GROUP,
+        )
+        for turn in turns
+        if (said := feedback_of(turn))
+    ]
+
+
 class Recipe:
     name: ClassVar[str] = "recipe"
     signal: ClassVar[str] = ""
@@ -202,6 +219,12 @@ class Recipe:
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
         return view.trajectories[: self.settings.batch_size]
 
+    def waiting_for(self, view: ExperienceView) -> str | None:
+        """While not `ready`: what a batch still lacks, in words a user acts on ("1 of the 2
+        failing turns a batch needs"), for the learner's waiting message; None: nothing to
+        say beyond the records waiting."""
+        return None
+
     def propose(self, batch: list[Trajectory], context: StepContext) -> Proposal | None:
         """A candidate artifact built from the batch, or None to propose nothing this step
         (raise ProposalRefused to say why)."""
@@ -210,10 +233,13 @@ class Recipe:
     def held_out_tasks(self, turns: list[Turn]) -> list[EvalTask]:
         """The gate's tasks from the held-out calls (`ExperienceView.held_out`, which no recipe
         learns from): those scored below the recipe's `threshold` (default 0.5), scored by its
-        `scorer`; none for a recipe without one (nothing could judge them)."""
+        `scorer`; for a recipe without one, those the user said something about, judged in the
+        user's words (`judged_by_feedback`)."""
         scorer = getattr(self.settings, "scorer", None)
         threshold = getattr(self.settings, "threshold", 0.5)
         failing = [turn for turn in turns if turn.score is not None and turn.score < threshold]
+        if scorer is None:
+            return judged_by_feedback(failing, prefix=HELD_OUT_PREFIX)
         return failing_prompts(failing, scorer, prefix=HELD_OUT_PREFIX)
 
 

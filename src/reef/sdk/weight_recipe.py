@@ -90,6 +90,12 @@ class WeightRecipe(Recipe):
     def build_batch(self, view: ExperienceView) -> list[Trajectory]:
         return view.batch_of(self.learnable, self.settings.batch_size)
 
+    def waiting_for(self, view: ExperienceView) -> str | None:
+        found = sum(self.learnable(turn) for turn in view.turns())
+        return (
+            f"{found} of the {self.settings.batch_size} turns a batch needs ({self.signal})"
+        )
+
     # -- the algorithm: each recipe's own --------------------------------------------------------
 
     def plan(self, batch: list[Trajectory], context: StepContext) -> WeightStep:
