@@ -4,19 +4,26 @@ and `/metrics`, on Reef served in the test's process (a scripted engine) and rea
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from reef.cli import app
 from reef.cli.client_commands import _below_gate_lines
 from reef.evaluation.live import PassRate, below_gate, gate_estimate, live_progress, wilson
-from reef.evaluation.tasks import ScorerSpec
+from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
+from reef.inference.binding import Binding
+from reef.protocol import ChatRequest
+from reef.review.local_source import LocalSource
 from reef.store import ExperienceStore, Record, Report
 from reef.testing.in_process import reef_in_process
 from reef.testing.scripted_engine import ScriptedEngine
+from reef.tui.screens.scenarios_pane import release_rows
 from tests.support.waiting import release_serving, until
 
 CHEERS = ScorerSpec(type="regex", pattern=r"Cheers\W*$")
@@ -153,3 +160,56 @@ def test_a_release_serving_below_what_its_gate_predicted_is_said() -> None:
     assert below_gate(None, PassRate(1, 26)) is None and below_gate(gate, PassRate(0, 0)) is None
     progress = {"default": {"progress": [{"release_id": "default@1", "below_gate": "x"}]}}
     assert _below_gate_lines(progress) == ["default: default@1 serves below its gate: x"]
+
+
+def test_a_release_below_its_gate_is_flagged_in_status_metrics_and_the_review(
+    tmp_path: Path,
+) -> None:
+    """A release the gate passed on the feedback at 21/24 that then serves 0/10 live: flagged
+    in `/reef/status`, in `/metrics` (`reef:release_below_gate` 1 beside `reef:gate_pass_rate`),
+    in the review's releases table and by `reef learning curve`."""
+    (tmp_path / "reef.yaml").write_text(f"state_dir: {tmp_path}/.reef\ngate:\n  min_tasks: 0\n")
+    feedback = [
+        EvalTask(
+            id=f"f{n}",
+            messages=[{"role": "user", "content": f"Sign off {n}."}],
+            scorer=CHEERS,
+            group=FEEDBACK_GROUP,
+        )
+        for n in range(3)
+    ]
+
+    async def generate(request: ChatRequest, binding: Binding) -> str:
+        signs_off = binding.kind == "harness" and request.seed != 0  # 7 of 8 samples
+        return "Four.\n\nCheers" if signs_off else "Four."
+
+    with reef_in_process(tmp_path, ScriptedEngine("Four.")) as server:
+        workflow = server.state.workflow
+        proposed = workflow.propose("default", "harness", {"AGENTS.md": b"Sign off.\n"})
+        gated = asyncio.run(workflow.gate(proposed, generate, extra_tasks=feedback))
+        assert gated.state == "released", gated.decision
+        until(lambda: release_serving(server.url) == "default@1")
+        for _ in range(10):
+            answered = httpx.post(
+                f"{server.url}/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "What is 2+2?"}]},
+            )
+            record_id = answered.headers["x-reef-agent-record-id"]
+            httpx.post(f"{server.url}/reef/report", json={"references": [record_id], "score": 0})
+        status = httpx.get(f"{server.url}/reef/status").json()
+        (release,) = status["learning"]["scenarios"]["default"]["progress"]
+        metrics = httpx.get(f"{server.url}/metrics").text
+        source = LocalSource(server.state.config)
+        (summary,) = source.scenarios()
+        source.close()
+    said = "gate predicted 88% [69%-96%], live 0% [0%-28%]"
+    assert release["below_gate"] == said
+    assert 'reef:release_below_gate{release="default@1",scenario="default"} 1.0' in metrics
+    assert 'reef:gate_pass_rate{release="default@1",scenario="default"} 0.875' in metrics
+    (row,) = [cells for key, cells in release_rows(summary) if key == "default/default@1"]
+    assert str(row[-1]) == f"below its gate: {said}" and row[-2] == "21/24 88% [69%-96%]"
+    drawn = ["learning", "curve", "--out", str(tmp_path / "curve.png")]
+    curve = CliRunner().invoke(app, [*drawn, "-c", str(tmp_path / "reef.yaml")])
+    assert curve.exit_code == 0, curve.output
+    assert f"default@1 serves below its gate: {said}" in curve.stdout
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"

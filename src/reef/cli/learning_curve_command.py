@@ -46,3 +46,10 @@ def curve(
                 f"({found['low']:.0%}-{found['high']:.0%})",
                 highlight=False,
             )
+        if release.get("below_gate"):
+            console.print(
+                f"  [bold red]{release['release_id']} serves below its gate:[/] "
+                f"{release['below_gate']}",
+                highlight=False,
+                soft_wrap=True,
+            )

@@ -100,6 +100,15 @@ def below_gate(gate: PassRate | None, live: PassRate | None) -> str | None:
     return f"gate predicted {_rate(gate)}, live {_rate(live)}"
 
 
+def against_gate(evaluation: dict[str, Any] | None, release: ReleaseProgress) -> dict[str, Any]:
+    """The gate's estimate of a release on the feedback group (`gate`, from its `evaluation`)
+    beside its live rate (the recipe's scorer on every call it answered, else users' reports),
+    and, when live falls below it beyond both intervals, a sentence saying so (`below_gate`)."""
+    gate = gate_estimate(evaluation)
+    live = release.scorer if release.scorer and release.scorer.count else release.reports
+    return {"gate": gate.to_json() if gate else None, "below_gate": below_gate(gate, live)}
+
+
 def _rate(found: PassRate) -> str:
     low, high = wilson(found.passed, found.count)
     return f"{found.passed / found.count:.0%} [{low:.0%}-{high:.0%}]"

@@ -359,6 +359,16 @@ class ReleaseChain:
             )
         return release
 
+    def evaluation_of(self, release_id: str) -> dict[str, Any] | None:
+        """The gate's evaluation of a release, or None: `base`, a release released without
+        one, or one this chain does not hold (calls imported from another chain)."""
+        if release_id == "base":
+            return None
+        try:
+            return self.get(release_id).evaluation
+        except (ReefError, ValueError):  # unknown, or not a release id at all
+            return None
+
     def _walk_to(self, release_id: str) -> Release | None:
         """Find a release by walking back from its scenario's head (for chains written before
         releases had their own refs), stopping at it: numbers only go down along the chain."""

@@ -2,8 +2,9 @@
 
 The feedback score of each scored call over time (its rolling mean), a dashed line where each
 release began serving, and each release's live pass rate (`reef.evaluation.live`) as a level
-across the time it served, shaded by its 95% interval. Drawn with matplotlib (`reef[plot]`),
-imported only here.
+across the time it served, shaded by its 95% interval, with what its gate predicted on the
+feedback dotted beside it (red, and said in the corner, where live fell below it). Drawn with
+matplotlib (`reef[plot]`), imported only here.
 """
 
 from __future__ import annotations
@@ -53,9 +54,18 @@ def draw_learning_curve(summary: ScenarioSummary, path: Path) -> Path:
     now = max([p.created_at for p in summary.scores] or [0.0])
     for release, end in zip(summary.releases, [*ends, now], strict=True):
         _pass_rate_band(axis, release, end)
+        _gate_level(axis, release, end)
     for moment, release_id in summary.switches:
         axis.axvline(datetime.fromtimestamp(moment), color="tab:orange", linestyle="--")
         axis.annotate(release_id, (datetime.fromtimestamp(moment), 1.02), fontsize=8)
+    below = [
+        f"{r['release_id']}: {r['below_gate']}" for r in summary.releases if r.get("below_gate")
+    ]
+    if below:
+        flagged = "serves below its gate\n" + "\n".join(below)
+        axis.text(
+            0.01, 0.97, flagged, transform=axis.transAxes, va="top", color="tab:red", fontsize=8
+        )
     axis.set_ylim(0, 1.08)
     axis.set_ylabel("pass rate / score")
     axis.set_title(f"{summary.scenario}: live feedback per release (shaded: 95% interval)")
@@ -66,6 +76,17 @@ def draw_learning_curve(summary: ScenarioSummary, path: Path) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def _gate_level(axis: Any, release: dict[str, Any], end: float) -> None:
+    """What the release's gate predicted on the feedback (its sampled pass rate there), dotted
+    over the time it served: live should lie within reach of it."""
+    gate = release.get("gate")
+    if not gate or not gate["count"]:
+        return
+    start, stop = datetime.fromtimestamp(release["first_at"]), datetime.fromtimestamp(end)
+    color = "tab:red" if release.get("below_gate") else "tab:purple"
+    axis.hlines(gate["rate"], start, stop, color=color, linestyle=":", linewidth=1.5)
 
 
 def _pass_rate_band(axis: Any, release: dict[str, Any], end: float) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reef.errors import ReefError
-from reef.evaluation.live import ReleaseProgress, live_progress, recipe_scorer
+from reef.evaluation.live import ReleaseProgress, against_gate, live_progress, recipe_scorer
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.learning.trackers import run_folder
 from reef.protocol import last_user_text, response_text
@@ -74,7 +74,10 @@ def scenario_summaries(
                 last_step=steps.get(name, {}).get("last_step"),
                 scores=scores,
                 switches=_switches(workflow, head, scores),
-                releases=[r.to_json() for r in _progress(workflow, name)],
+                releases=[
+                    r.to_json() | against_gate(workflow.chain.evaluation_of(r.release_id), r)
+                    for r in _progress(workflow, name)
+                ],
             )
         )
     return summaries

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reef.engines.base import ServesChildMetrics, Slotted
 from reef.errors import BadRequest, ReefError, Unauthorized
-from reef.evaluation.live import learning_progress
+from reef.evaluation.live import against_gate, learning_progress
 from reef.server.auth import provided_token
 from reef.server.metrics import PREFIX
 from reef.server.state import ServerState
@@ -367,8 +367,26 @@ class LearningCollector:
             "The calls each live pass rate is over",
             labels=["scenario", "release", "signal"],
         )
+        predicted = GaugeMetricFamily(
+            f"{PREFIX}gate_pass_rate",
+            "Share of the sampled answers a release passed on the feedback group at its gate: "
+            "what the gate predicted users would see",
+            labels=["scenario", "release"],
+        )
+        below = GaugeMetricFamily(
+            f"{PREFIX}release_below_gate",
+            "1 when a release's live pass rate lies below its gate's estimate beyond both 95% "
+            "intervals (the gate did not predict what users saw), else 0",
+            labels=["scenario", "release"],
+        )
+        chain = self.state.workflow.chain
         for scenario, releases in learning_progress(store, self.state.config).items():
             for release in releases:
+                judged = against_gate(chain.evaluation_of(release.release_id), release)
+                if judged["gate"] is not None:
+                    labels = [scenario, release.release_id]
+                    predicted.add_metric(labels, judged["gate"]["rate"])
+                    below.add_metric(labels, float(judged["below_gate"] is not None))
                 signals = (
                     ("reports", release.reports),
                     ("scorer", release.scorer),
@@ -395,7 +413,7 @@ class LearningCollector:
             learned.add_metric([scenario], totals["learned_from"])
             for reason, count in sorted(totals["dropped"].items()):
                 dropped.add_metric([scenario, reason], count)
-        yield from (rate, calls, learned, dropped)
+        yield from (rate, calls, predicted, below, learned, dropped)
 
 
 def _last_loss(metrics: str | None) -> float | None:

@@ -22,8 +22,8 @@ from starlette.routing import Route
 
 from reef.config import ReefConfig
 from reef.engines.base import Slotted
-from reef.errors import BadRequest, Conflict, NotFound, ReefError
-from reef.evaluation.live import ReleaseProgress, below_gate, gate_estimate, learning_progress
+from reef.errors import BadRequest, Conflict, NotFound
+from reef.evaluation.live import against_gate, learning_progress
 from reef.inference.binding import Binding
 from reef.inference.routing import Routing
 from reef.scenario import RuntimeScenarios
@@ -248,24 +248,10 @@ def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
     loads the configured recipes for their names)."""
     learning = _with_plans(state.config, state.scenarios, learning_status(state.store))
     for scenario, releases in learning_progress(state.store, state.config).items():
-        rows = [r.to_json() | _against_gate(state, r) for r in releases]
+        chain = state.workflow.chain
+        rows = [r.to_json() | against_gate(chain.evaluation_of(r.release_id), r) for r in releases]
         learning.setdefault(scenario, {})["progress"] = rows
     return state.store.stats(), learning
-
-
-def _against_gate(state: ServerState, release: ReleaseProgress) -> dict[str, Any]:
-    """The gate's estimate of a release on the feedback group beside its live rate (the
-    recipe's scorer on every call it answered, else users' reports), and, when live falls below
-    it beyond both intervals, a sentence saying so (`below_gate`)."""
-    if release.release_id == "base":
-        return {"gate": None, "below_gate": None}
-    try:
-        evaluation = state.workflow.chain.get(release.release_id).evaluation
-    except ReefError:  # a release of another chain (imported calls, a rolled-back replica)
-        return {"gate": None, "below_gate": None}
-    gate = gate_estimate(evaluation)
-    live = release.scorer if release.scorer and release.scorer.count else release.reports
-    return {"gate": gate.to_json() if gate else None, "below_gate": below_gate(gate, live)}
 
 
 def _with_plans(

@@ -3,6 +3,7 @@ each release's live pass rate (is it learning?)."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
@@ -31,6 +32,8 @@ RELEASE_COLUMNS = (
     "reports passed",
     "scorer accepts",
     "vs the base on its calls",
+    "gate said (feedback)",
+    "against its gate",
 )
 
 
@@ -59,10 +62,18 @@ def release_rows(summary: ScenarioSummary) -> list[tuple[str, list[Cell]]]:
                 said(release["reports"]),
                 said(release["scorer"]),
                 beside_base(release),
+                said(release.get("gate")),
+                _against_gate(release.get("below_gate")),
             ],
         )
         for release in summary.releases
     ]
+
+
+def _against_gate(below: str | None) -> Cell:
+    """Red where the release serves below what its gate predicted (issue 71: a greedy 6/7 at
+    the gate, 1/26 live)."""
+    return Text(f"below its gate: {below}", style="bold red") if below else "-"
 
 
 def _last_step(step: dict[str, object] | None) -> str:
