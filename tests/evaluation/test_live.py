@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from reef.cli import app
-from reef.cli.client_commands import _below_gate_lines
+from reef.cli.client_commands import _below_gate_lines, _health_lines
 from reef.evaluation.live import PassRate, below_gate, gate_estimate, live_progress, wilson
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.inference.binding import Binding
@@ -204,6 +204,10 @@ def test_a_release_below_its_gate_is_flagged_in_status_metrics_and_the_review(
         source.close()
     said = "gate predicted 88% [69%-96%], live 0% [0%-28%]"
     assert release["below_gate"] == said
+    assert release["health"]["said"].startswith("held-out 0/24 -> 21/24 [")  # its transfer
+    assert _health_lines(status["learning"]["scenarios"]) == [
+        f"health default: default@1 {release['health']['said']}"
+    ]
     assert 'reef:release_below_gate{release="default@1",scenario="default"} 1.0' in metrics
     assert 'reef:gate_pass_rate{release="default@1",scenario="default"} 0.875' in metrics
     (row,) = [cells for key, cells in release_rows(summary) if key == "default/default@1"]

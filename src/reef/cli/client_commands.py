@@ -108,6 +108,8 @@ def status(
         console.print(progress)
     for line in _below_gate_lines(scenarios):
         console.print(f"[red]{escape(line)}[/]", highlight=False)
+    for line in _health_lines(scenarios):
+        console.print(line, highlight=False, markup=False)
     for line in _signal_lines(scenarios):
         console.print(line, highlight=False, markup=False)
 
@@ -160,6 +162,17 @@ def _below_gate_lines(scenarios: dict[str, Any]) -> list[str]:
         for name, found in sorted(scenarios.items())
         for release in found.get("progress") or []
         if release.get("below_gate")
+    ]
+
+
+def _health_lines(scenarios: dict[str, Any]) -> list[str]:
+    """A line per release its gate measured: what it forgot, and what it carried to prompts it
+    never learned from (`reef.evaluation.health`)."""
+    return [
+        f"health {name}: {release['release_id']} {release['health']['said']}"
+        for name, found in sorted(scenarios.items())
+        for release in found.get("progress") or []
+        if (release.get("health") or {}).get("said", "-") != "-"
     ]
 
 

@@ -24,6 +24,7 @@ from reef.cli.options import ConfigOption, project_config
 from reef.cli.output import add_id_column, as_text, console, fail
 from reef.config import ReefConfig
 from reef.errors import ReefError
+from reef.evaluation.health import Health, chain_health
 from reef.evaluation.runner import Generate, TaskResult, model_generate
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.inference.model import open_model
@@ -92,13 +93,15 @@ def _print_block(block: str) -> None:
     console.print(as_text(block), highlight=False, soft_wrap=False)
 
 
-def _release_block(release: Release) -> str:
-    """One release in a few lines: its id, kind, parent, time and candidate, then its reason,
-    wrapped by the terminal."""
+def _release_block(release: Release, health: Health | None = None) -> str:
+    """One release in a few lines: its id, kind, parent, time and candidate, its health, then
+    its reason, wrapped by the terminal."""
     head = " · ".join(
         [release.kind, f"after {release.parent_release_id or '-'}", _when(release.created_at)]
     )
     lines = [f"{release.release_id}  {head}", f"  candidate: {release.candidate_id or '-'}"]
+    if health and health.said() != "-":
+        lines.append(f"  health: {health.said()}")
     if release.reason:
         lines.append(f"  reason: {release.reason}")
     return "\n".join(lines)
@@ -119,23 +122,38 @@ def _candidate_block(candidate: Candidate) -> str:
     return "\n".join(lines)
 
 
-def _releases_table(releases: list[Release]) -> Table:
+def _releases_table(releases: list[Release], health: dict[str, Health] | None = None) -> Table:
     table = Table()
     add_id_column(table, "release", (r.release_id for r in releases))
     for header in ("kind", "parent", "created"):
         table.add_column(header)
     add_id_column(table, "candidate", (r.candidate_id or "-" for r in releases))
+    if health is not None:
+        table.add_column("health (forgetting; transfer)")
     table.add_column("reason")
     for release in releases:
+        found = (health or {}).get(release.release_id)
+        said = [found.said() if found else "-"] if health is not None else []
         table.add_row(
             release.release_id,
             release.kind,
             release.parent_release_id or "-",
             _when(release.created_at),
             release.candidate_id or "-",
+            *said,
             release.reason or "",
         )
     return table
+
+
+def _health_of(releases: list[Release]) -> dict[str, Health]:
+    """Each listed release's forgetting and transfer (`reef.evaluation.health`), its scenario's
+    chain read oldest first (newest first as listed)."""
+    found: dict[str, Health] = {}
+    for scenario in dict.fromkeys(r.scenario for r in releases):
+        chain = [(r.release_id, r.evaluation) for r in releases if r.scenario == scenario]
+        found |= chain_health(chain[::-1])
+    return found
 
 
 @app.command("list")
@@ -148,15 +166,16 @@ def list_releases(
     with _workflow(config) as workflow:
         scenarios = [scenario] if scenario else workflow.chain.scenarios()
         releases = [r for name in scenarios for r in workflow.chain.releases(name)]
+    health = _health_of(releases)
     if as_json:
-        _print_json([r.to_json() for r in releases])
+        _print_json([r.to_json() | {"health": health[r.release_id].to_json()} for r in releases])
     elif not releases:
         console.print("no releases yet: `reef release publish DIR --scenario S --kind harness`")
     elif console.width >= WIDE_TABLES:
-        console.print(_releases_table(releases))
+        console.print(_releases_table(releases, health))
     else:  # a table's reasons would wrap one word a line: one block per release instead
         for release in releases:
-            _print_block(_release_block(release))
+            _print_block(_release_block(release, health.get(release.release_id)))
 
 
 @app.command()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reef.errors import ReefError
+from reef.evaluation.health import Health, chain_health
 from reef.evaluation.live import ReleaseProgress, against_gate, live_progress, recipe_scorer
 from reef.evaluation.tasks import load_tasks, tasks_path
 from reef.learning.trackers import run_folder
@@ -261,11 +262,15 @@ def release_rows(
             continue
         serves = (serving or {}).get(name, head.release_id)
         chain = walk_releases(workflow, head, limit)
-        rows += [_release_row(release, release.release_id == serves) for release in chain]
+        health = chain_health([(r.release_id, r.evaluation) for r in reversed(chain)])
+        rows += [
+            _release_row(release, release.release_id == serves, health[release.release_id])
+            for release in chain
+        ]
     return sorted(rows, key=lambda row: row.created_at, reverse=True)[:limit]
 
 
-def _release_row(release: Release, serving: bool) -> ReleaseRow:
+def _release_row(release: Release, serving: bool, health: Health) -> ReleaseRow:
     return ReleaseRow(
         release_id=release.release_id,
         scenario=release.scenario,
@@ -277,6 +282,7 @@ def _release_row(release: Release, serving: bool) -> ReleaseRow:
         candidate_mean=(release.evaluation or {}).get("candidate_mean"),
         serving=serving,
         parts=release.carried_parts,
+        health=health.said(),
     )
 
 

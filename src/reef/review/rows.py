@@ -136,6 +136,8 @@ class ReleaseRow:
     candidate_mean: float | None
     serving: bool
     parts: list[str] = field(default_factory=list)  # harness, adapter: what it carries
+    # What it forgot and carried to prompts it never learned from (`reef.evaluation.health`).
+    health: str = "-"
 
 
 @dataclass

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from reef.config import ReefConfig
 from reef.engines.base import Slotted
 from reef.errors import BadRequest, Conflict, NotFound
+from reef.evaluation.health import Health, chain_health
 from reef.evaluation.live import against_gate, learning_progress
 from reef.inference.binding import Binding
 from reef.inference.routing import Routing
@@ -247,11 +248,23 @@ def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
     """The store's counts and the learning worker's status (blocking: reads the store, and
     loads the configured recipes for their names)."""
     learning = _with_plans(state.config, state.scenarios, learning_status(state.store))
+    chain = state.workflow.chain
     for scenario, releases in learning_progress(state.store, state.config).items():
-        chain = state.workflow.chain
-        rows = [r.to_json() | against_gate(chain.evaluation_of(r.release_id), r) for r in releases]
+        newest_first = [(r.release_id, r.evaluation) for r in chain.releases(scenario)]
+        health = chain_health(newest_first[::-1])
+        rows = [
+            r.to_json()
+            | against_gate(chain.evaluation_of(r.release_id), r)
+            | {"health": _health(health.get(r.release_id))}
+            for r in releases
+        ]
         learning.setdefault(scenario, {})["progress"] = rows
     return state.store.stats(), learning
+
+
+def _health(found: Health | None) -> dict[str, Any] | None:
+    """A release's forgetting and transfer (`reef.evaluation.health`), and the two said."""
+    return found.to_json() | {"said": found.said()} if found else None
 
 
 def _with_plans(

@@ -16,7 +16,9 @@ from reef.tui.screens.pane import Pane
 from reef.tui.widgets import cells
 from reef.tui.widgets.keyed_table import Cell, KeyedTable
 
-COLUMNS = ("release", "serving", "kind", "parent", "created", "cand.", "candidate", "reason")
+COLUMNS = (
+    "release", "serving", "kind", "parent", "created", "cand.", "candidate", "health", "reason"
+)
 
 
 def release_cells(row: ReleaseRow) -> list[Cell]:
@@ -28,6 +30,7 @@ def release_cells(row: ReleaseRow) -> list[Cell]:
         cells.when(row.created_at),
         cells.score(row.candidate_mean),
         row.candidate_id or "-",
+        cells.short(row.health, 60),
         cells.short(row.reason, 80),
     ]
 
