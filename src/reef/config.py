@@ -331,6 +331,12 @@ class GateConfig(_Section):
     # (the gate could not run, was cancelled or interrupted, publishing failed, the head moved)
     # always returns its records.
     rejected_records: Literal["consumed", "returned"] = "consumed"
+    # A recipe's candidate released for a gain on its users' feedback goes to a canary first
+    # (`canary`: its share, its test, its deadline), and serves everyone only once live traffic
+    # does not find it worse than what served: the gate's prediction confirmed. Off by default:
+    # a canary holds the scenario's learning until it ends, and needs reports on both arms
+    # (with `canary.on_deadline: promote`, a quiet scenario keeps what its gate released).
+    confirm_live: bool = False
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
     # Judge by agent episodes instead of chat answers (`EpisodeGateConfig`); None: chat only.

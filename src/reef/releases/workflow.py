@@ -39,7 +39,7 @@ from reef.evaluation.runner import (
     PairedReport,
     TaskResult,
 )
-from reef.evaluation.tasks import EvalTask
+from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask
 from reef.inference.binding import BASE_BINDING, Binding, binding_for
 from reef.inference.routing import (
     BASE,
@@ -359,6 +359,7 @@ class ReleaseWorkflow:
             return self._end_evaluation(candidate, why, reconcile=False)
         outcome, why = decide(self.config.gate_for(candidate.scenario), report)
         outcome, why = self._held_if_an_agents(candidate, outcome, why)
+        outcome, why = self._confirmed_live(candidate, outcome, why, report)
         evaluation = report.summary() if report else None
         if evaluation is not None and extra_tasks:  # for a re-gate on the same tasks
             evaluation[GATE_TASKS] = [task.model_dump() for task in extra_tasks]
@@ -389,6 +390,21 @@ class ReleaseWorkflow:
                 "(gate.agent_proposals: hold)"
             )
         return outcome, why
+
+    def _confirmed_live(
+        self, candidate: Candidate, outcome: Decision, why: str, report: PairedReport | None
+    ) -> tuple[Decision, str]:
+        """A recipe's candidate the gate released for a gain on its users' feedback goes to a
+        canary first where the scenario asks (`gate.confirm_live`): live traffic confirms what
+        the gate predicted (issue 71: a gate's 6/7 served 1/26). A human's publish, and a
+        candidate judged on no feedback, release as the gate said."""
+        gate = self.config.gate_for(candidate.scenario)
+        automatic = candidate.source not in (HUMAN_SOURCE, AGENT_SOURCE)
+        on_feedback = report is not None and any(t.group == FEEDBACK_GROUP for t in report.tasks)
+        if outcome != "released" or not gate.confirm_live or not automatic or not on_feedback:
+            return outcome, why
+        share = gate.canary.share
+        return "canary", f"{why}; to be confirmed live: a canary on {share}% (gate.confirm_live)"
 
     def _publish(
         self,
