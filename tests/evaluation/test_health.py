@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 
 from reef.cli import app
 from reef.evaluation.health import Forgetting, Transfer, chain_health, forgetting
-from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
+from reef.evaluation.tasks import FEEDBACK_GROUP
 from reef.inference.binding import Binding
 from reef.protocol import ChatRequest
 from tests.releases.test_records_returned import workflow_in
+from tests.support.gate_tasks import sign_off_tasks
 
 
 def result(task: str, current: float, candidate: float, group: str = "default") -> dict:
@@ -58,15 +59,7 @@ def test_transfer_is_the_held_out_feedback_before_and_after() -> None:
     assert chain_health([("s@1", {"groups": {}})])["s@1"].said() == "-"
 
 
-FEEDBACK = [
-    EvalTask(
-        id=f"f{n}",
-        messages=[{"role": "user", "content": f"Sign off {n}."}],
-        scorer=ScorerSpec(type="contains", value="Cheers"),
-        group=FEEDBACK_GROUP,
-    )
-    for n in range(3)
-]
+FEEDBACK = sign_off_tasks()
 # What each harness says, whatever it is asked: v1 learned the sign-off; v2 kept the sign-off
 # and forgot the capital (released anyway: this scenario's gate keeps no group).
 SAYS = {"": "Paris.", "v1": "Paris. Cheers", "v2": "Lyon. Cheers"}

@@ -13,24 +13,17 @@ from pathlib import Path
 import pytest
 
 from reef.artifacts import ROUTING_FILE
-from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
+from reef.evaluation.tasks import EvalTask
 from reef.inference.binding import Binding
 from reef.protocol import ChatRequest
 from reef.releases.workflow import ReleaseWorkflow
 from reef.store.candidates import Candidate
 from tests.releases.test_records_returned import workflow_in
+from tests.support.gate_tasks import sign_off_tasks
 
-FEEDBACK = [
-    EvalTask(
-        id=f"f{n}",
-        messages=[{"role": "user", "content": f"Sign off {n}."}],
-        scorer=ScorerSpec(type="contains", value="Cheers"),
-        group=FEEDBACK_GROUP,
-    )
-    for n in range(3)
-]
+FEEDBACK = sign_off_tasks()
 # The same prompts as the scenario's own tasks: a gain the users' feedback did not ask for.
-OWN = [task.model_copy(update={"group": "default"}) for task in FEEDBACK]
+OWN = sign_off_tasks(group="default")
 
 
 async def signs_off(request: ChatRequest, binding: Binding) -> str:
