@@ -50,7 +50,12 @@ from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_ids, embed
 from reef.engines.llamacpp.handover import PrefillLane
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
-from reef.engines.llamacpp.prefill_weights import PrefillSetting, forget_copy, prefill_path
+from reef.engines.llamacpp.prefill_weights import (
+    PrefillSetting,
+    forget_copy,
+    prefill_path,
+    undecided,
+)
 from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, Sampling
 from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
 from reef.engines.llamacpp.weights import Repack, load_model
@@ -151,6 +156,9 @@ class LlamaCppEngine:
         # Weights that read prompts before the served ones decode (see handover.py).
         self.prefill_weights = prefill_weights
         self._lane: PrefillLane | None = None
+        # The first start on a machine makes the prefill copy while serving (`_lane_later`).
+        self._copying: threading.Thread | None = None
+        self._closing = False
         self._admitted = 0  # requests running or waiting (touched on the event loop only)
         self._live = _LiveCount()  # shared with the checkpoint engines loaded beside this one
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
@@ -234,7 +242,8 @@ class LlamaCppEngine:
         self._context = self._batch_context()
         self._adapters = Adapters(self._model.model, self._context.ctx)
         threads = ThreadChoice(self.n_threads, self.adaptive_threads)
-        self._lane = self._prefill_lane(threads)
+        later = undecided(self.model_path, self.prefill_weights)
+        self._lane = None if later else self._prefill_lane(threads)
         self._loop = DecodeLoop(
             self._model,
             self._context.ctx,
@@ -245,6 +254,30 @@ class LlamaCppEngine:
             live_elsewhere=lambda: self._live.value > self._admitted,
             lane=self._lane,
         )
+        if later:
+            self._copying = threading.Thread(
+                target=self._lane_later, args=(threads,), name="reef-prefill-copy", daemon=True
+            )
+            self._copying.start()
+
+    def _lane_later(self, threads: ThreadChoice) -> None:
+        """The first start on this machine: the copy that reads prompts is made and timed while
+        the served weights serve, and the lane attached once it is ready (or never, when no
+        copy is worth it). Closing waits for it: it reads the served model."""
+        log.info(
+            "llama.cpp: serving on %s while a copy to read prompts on is made and timed (once "
+            "per machine: engine.llamacpp.prefill_weights)",
+            self.model_path.name,
+        )
+        lane = self._prefill_lane(threads)
+        loop = self._loop
+        if lane is None:
+            return
+        if loop is None or self._closing:
+            lane.close()
+            return
+        self._lane = lane
+        loop.attach_lane(lane)
 
     def _prefill_lane(self, threads: ThreadChoice) -> PrefillLane | None:
         """A context on the weights `prefill_weights` names, to read prompts on, or None. A copy
@@ -288,6 +321,7 @@ class LlamaCppEngine:
         lane = self._lane
         return {
             "weights": str(lane.model_path) if lane and not lane.disabled else None,
+            "copying": self._copying is not None and self._copying.is_alive(),
             "disabled": lane.disabled if lane else None,
             "not_on_lane": {str(k): v for k, v in lane.not_on_lane.items()} if lane else {},
             "handed_over": lane.handed_over if lane else 0,
@@ -328,6 +362,10 @@ class LlamaCppEngine:
         return piece.decode("utf-8", errors="ignore")
 
     async def close(self) -> None:
+        self._closing = True
+        if self._copying is not None:  # it reads the served model: let it finish first
+            await asyncio.to_thread(self._copying.join)
+            self._copying = None
         for loading in list(self._checkpoint_loads.values()):
             loading.cancel()
         for retiring, engine in list(self._retiring.items()):

@@ -169,6 +169,14 @@ class DecodeLoop:
             self._calls.append((work, settle))
             self._wake.notify()
 
+    def attach_lane(self, lane: PrefillLane) -> None:
+        """Read prompts on `lane` from the next turn on (its copy was made while serving)."""
+
+        def attach() -> None:
+            self._lane = lane
+
+        self.call(attach, lambda _: None)
+
     def close(self) -> None:
         import llama_cpp
 

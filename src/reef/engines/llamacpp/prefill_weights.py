@@ -66,6 +66,18 @@ def prefill_path(
     return _auto(served, model, n_threads, folder or cache_dir())
 
 
+def undecided(served: Path, setting: PrefillSetting, folder: Path | None = None) -> bool:
+    """Whether `auto` has yet to make and time its copies of `served` on this machine (its
+    first start here): the engine then serves on the served weights while they are made."""
+    if setting != "auto":
+        return False
+    return read_verdict(_place(served, folder or cache_dir()) / VERDICT) is None
+
+
+def _place(served: Path, folder: Path) -> Path:
+    return folder / f"{served.stem}-{_identity(served)}"
+
+
 def _auto(served: Path, model: Any, n_threads: int, folder: Path) -> Path | None:
     import llama_cpp
 
@@ -73,7 +85,7 @@ def _auto(served: Path, model: Any, n_threads: int, folder: Path) -> Path | None
     if served.stat().st_size >= 1.9 * weights:
         log.info("llama.cpp: %s reads prompts on its own weights (16-bit or more)", served.name)
         return None
-    place = folder / f"{served.stem}-{_identity(served)}"
+    place = _place(served, folder)
     verdict = read_verdict(place / VERDICT)
     if verdict is None:
         try:
