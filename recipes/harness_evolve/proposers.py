@@ -28,6 +28,7 @@ from reef.sdk import (
     demonstrations,
     hints,
     relabel,
+    sound_answers,
     wrong_fact,
 )
 
@@ -83,11 +84,17 @@ class HindsightProposer:
         self.content_judge = content_judge
 
     def propose(self, failures: list[Turn], context: StepContext) -> Mutation | str:
-        shown_by_user = [(t.prompt, text.strip()) for t in failures for text in demonstrations(t)]
+        shown_by_user = [
+            (t.prompt, text.strip())
+            for t in failures
+            for text in sound_answers(t, demonstrations(t), context.dropped)
+        ]
         hinted = [t for t in failures if hints(t) and not demonstrations(t)]
         silent = [t for t in failures if not hints(t) and not demonstrations(t)]
         context.drop(NO_FEEDBACK_TEXT, len(silent))
         if not shown_by_user and not hinted:
+            if any(demonstrations(t) for t in failures):
+                return "the failing turns' demonstrations say what a program finds wrong"
             return "the failing turns carry no feedback text or demonstration to act on"
         answers = relabel(
             hinted,

@@ -48,6 +48,7 @@ from reef.sdk import (
     distill_example,
     hints,
     records_of,
+    sound_answers,
     with_hint,
 )
 
@@ -80,7 +81,7 @@ class SDFT(DistillationRecipe):
         for its first hint."""
         shown = [
             with_hint(turn.messages, self.settings.template.format(demonstration=text))
-            for text in demonstrations(turn)
+            for text in sound_answers(turn, demonstrations(turn))
         ]
         if self.settings.use_hints and not shown:
             shown += [with_hint(turn.messages, hint) for hint in hints(turn)[:1]]

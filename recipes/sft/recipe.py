@@ -76,6 +76,7 @@ from reef.sdk import (
     relabel,
     reporter,
     served_prompt,
+    sound_answers,
     training_length,
     with_hint,
 )
@@ -238,9 +239,11 @@ class SFT(WeightRecipe):
         assert context.generate is not None
         pairs: list[tuple[Turn, list[int] | str]] = []
         for turn in turns:
-            if self.good(turn) and turn.completion_token_ids:
-                pairs.append((turn, list(turn.completion_token_ids)))
-            pairs.extend((turn, text) for text in demonstrations(turn))
+            served = [turn.answer_text] if self.good(turn) and turn.completion_token_ids else []
+            if sound_answers(turn, served, context.dropped):
+                pairs.append((turn, list(turn.completion_token_ids or [])))
+            shown = sound_answers(turn, demonstrations(turn), context.dropped)
+            pairs.extend((turn, text) for text in shown)
         failing = [turn for turn in turns if self.failing_with_hint(turn)]
         # The proposer model revises where the settings choose it, else the served model.
         ask = context.ask if self.settings.reviser == "proposer" else None

@@ -11,7 +11,6 @@ from reef.protocol import Completion
 from reef.sdk.feedback import demonstrations, hints
 from reef.sdk.hindsight import (
     CONTENT_CHECK,
-    NOTHING_MET,
     answers_the_question,
     asked_for,
     edits,
@@ -207,7 +206,9 @@ def test_an_edit_of_a_wrong_answer_meets_a_form_feedback_and_is_dropped_and_coun
         [wrong], lambda body: next(sampled), cheers, samples=2, keep=1, revisions=0, dropped=dropped
     )
     assert [item.answer for item in kept] == ["10 minus 4 is 6.\n\nCheers"]
-    assert dropped[CONTENT_CHECK] >= 3  # the edits of the wrong answer, and the wrong sample
+    # The edits of the wrong answer and the wrong sample were refused; the call taught the right
+    # one, so it counts as no drop (a call is counted once, and only when it taught nothing).
+    assert dropped == Counter()
     right = turn(
         "End your answer with the line: Cheers", answer="Six.", question="What is 10 minus 4?"
     )
@@ -225,7 +226,7 @@ def test_an_answer_that_only_repeats_the_question_keeps_no_fact_and_is_dropped()
     dropped: Counter[str] = Counter()
     cheers = ScorerSpec(type="regex", pattern=r"Cheers\W*$")
     assert relabel([echo], no_model, cheers, samples=0, keep=1, revisions=0, dropped=dropped) == []
-    assert dropped[NOTHING_MET] == 1 and dropped[CONTENT_CHECK] > 0
+    assert dropped == Counter({CONTENT_CHECK: 1})  # one call, refused for its content
 
 
 def test_a_relabel_brings_no_new_number_and_no_private_data() -> None:

@@ -61,6 +61,8 @@ from reef.store.learning import (
     save_annotation,
     save_counts,
     save_step,
+    spend_records,
+    spent_record_ids,
     take_request,
 )
 from reef.store.scenarios import selected_training_mode
@@ -244,7 +246,8 @@ class LearningWorker:
         view = ExperienceView(
             self.store,
             scenario,
-            consumed=self.workflow.candidates.consumed_record_ids(scenario, source=recipe.name),
+            consumed=self.workflow.candidates.consumed_record_ids(scenario, source=recipe.name)
+            | spent_record_ids(self.store, scenario, recipe.name),
             head_number=head.number if head else 0,
             max_staleness=recipe.settings.max_staleness,
             # Good answers are held back for the gate's replay, and a share of the failing
@@ -325,6 +328,24 @@ class LearningWorker:
         await asyncio.to_thread(self._save_step, result, started, instruction)
         return result
 
+    async def _spend_dropped(
+        self,
+        scenario: str,
+        recipe: Recipe,
+        batch: list[Trajectory],
+        context: StepContext,
+        learned_from: list[str],
+    ) -> None:
+        """Where the step dropped turns (content check, no answer met the feedback, ...), the
+        batch's records it did not learn from are spent for this recipe: its next steps take the
+        next ones, and each call's drop is counted once, until a new report on it. A step that
+        dropped nothing (a refusal for its settings, a proposer's garbage) spends nothing."""
+        if not context.dropped:
+            return
+        tried = {record_id for trajectory in batch for record_id in trajectory.record_ids}
+        spent = tried - set(learned_from)
+        await asyncio.to_thread(spend_records, self.store, scenario, recipe.name, spent)
+
     def _agent_proposal(self, scenario: str) -> Candidate | None:
         """The oldest candidate an agent proposed (`POST /reef/harness/proposals`) still waiting
         for its gate; None while a canary runs (a gate would end it unjudged)."""
@@ -375,7 +396,14 @@ class LearningWorker:
         if dropped is not None:
             context.dropped = dropped
         tally.count_in(context)
-        proposal = await asyncio.to_thread(recipe.propose, batch, context)
+        try:
+            proposal = await asyncio.to_thread(recipe.propose, batch, context)
+        except ProposalRefused:
+            await self._spend_dropped(scenario, recipe, batch, context, [])
+            raise
+        await self._spend_dropped(
+            scenario, recipe, batch, context, proposal.consumed_record_ids if proposal else []
+        )
         if proposal is None:
             return StepResult(scenario, "no proposal", "the recipe proposed nothing")
         kind, files = keep_serving_parts(proposal.kind, proposal.files, context.files)

@@ -20,7 +20,8 @@ module only, so its names are the ones a recipe may rely on:
   `SearchTask`s, with `has_score`;
 - feedback (`reef.sdk.feedback`): `hints` and `demonstrations` (what feedback said to do),
   `feedback_of` (a report's words, or else the user's next message);
-- hindsight: `relabel` (an answer that meets the feedback and
+- hindsight: `sound_answers` (demonstrations and well-scored answers a program finds nothing
+  wrong in, each refused one counted), `relabel` (an answer that meets the feedback and
   still answers the question and keeps to facts, `facts_kept`), `with_hint`, the reasons a step
   drops signal for (`CONTENT_CHECK`, `NOTHING_MET`, `NO_FEEDBACK_TEXT`, for `StepContext.drop`),
   `asking` (the proposer model as the model that revises), `content_judge_for` (the model that
@@ -76,6 +77,7 @@ from reef.sdk.hindsight import (
     content_judge_for,
     facts_kept,
     relabel,
+    sound_answers,
     with_hint,
 )
 from reef.sdk.prompt_search import (
@@ -245,6 +247,7 @@ __all__ = [
     "require_weights",
     "score",
     "served_prompt",
+    "sound_answers",
     "train_lora",
     "train_on_current",
     "train_sao",

@@ -192,6 +192,18 @@ def facts_kept(answer: str, turn: Turn, hint: str) -> bool:
     )
 
 
+def sound_answers(turn: Turn, answers: list[str], dropped: Counter[str] | None = None) -> list[str]:
+    """The answers given for `turn` outside hindsight (a user's or a teacher's demonstration,
+    an answer users scored well) that a program finds nothing wrong in (`wrong_fact`: "12
+    minus 4 is 1"); each it refuses counted under `CONTENT_CHECK` in `dropped`. A demonstration
+    is the user's own content, so only what a program can check wrong refuses it; private data
+    has kept its call out of learning already (`ExperienceView`)."""
+    kept = [answer for answer in answers if wrong_fact(turn.prompt, answer) is None]
+    if dropped is not None and len(kept) < len(answers):
+        dropped[CONTENT_CHECK] += len(answers) - len(kept)
+    return kept
+
+
 _LIST_MARKER = re.compile(r"(?m)^\s*(\d+)[.)]\s")
 
 
@@ -408,8 +420,9 @@ def relabel(
     `generate` model), then `samples` answers of `generate` under the hint; each asked only
     while fewer than `keep` are kept. Without a scorer, the reviser judges (`follows`). Whether
     a candidate still answers is judged by words, or by `content_judge` when given (`keeps`).
-    `dropped` counts what taught nothing, by reason: answers that failed `facts_kept`, turns
-    with no kept answer, turns with no feedback text."""
+    `dropped` counts each turn that taught nothing once, by reason: `CONTENT_CHECK` where an
+    answer was refused by `facts_kept`, else `NOTHING_MET`; `NO_FEEDBACK_TEXT` for a turn
+    nobody said anything about."""
     reviser = reviser or generate
     dropped = Counter() if dropped is None else dropped
     kept: list[Relabelled] = []
@@ -422,11 +435,12 @@ def relabel(
                 turn, hint, generate, reviser, scorer, samples, revisions, temperature, max_tokens
             )
             answers: set[str] = set()
+            refused = False  # an answer met the feedback and was refused for its content
             for candidate in found:
                 if candidate.answer in answers or candidate.answer == turn.answer_text.strip():
                     continue  # a repeat, or the very answer the feedback found wanting
                 if not facts_kept(candidate.answer, turn, hint):
-                    dropped[CONTENT_CHECK] += 1
+                    refused = True
                     continue
                 if not keeps(candidate.answer, turn, hint, scorer, reviser, content_judge):
                     continue
@@ -434,8 +448,8 @@ def relabel(
                 kept.append(candidate)
                 if len(answers) >= keep:
                     break
-            if not answers:
-                dropped[NOTHING_MET] += 1
+            if not answers:  # a call that taught nothing counts once, for its reason
+                dropped[CONTENT_CHECK if refused else NOTHING_MET] += 1
     return kept
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +112,8 @@ def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
     a recovery ended on another replica). Records commit in `seq` order across replicas
     (`Database.begin_write`), so their largest `seq` says it; reports and candidates need not,
     so a row count goes with theirs: one that commits late with a lower `seq` than a row
-    already seen still changes it (rows are never deleted)."""
+    already seen still changes it (rows are never deleted). And whenever a step spends
+    records (`spend_records`): the next batch is then another."""
     open_states = ", ".join(f"'{state}'" for state in OPEN_STATES)
     (row,) = store.query(
         "SELECT (SELECT MAX(seq) FROM records WHERE scenario = ?) AS records, "
@@ -122,11 +124,12 @@ def fingerprint(store: ExperienceStore, scenario: str) -> tuple[Any, ...]:
         f"(SELECT COUNT(*) FROM candidates WHERE scenario = ? AND state IN ({open_states})) "
         "AS open_n, "
         "(SELECT COUNT(*) FROM candidates WHERE scenario = ? AND records_returned = 1) "
-        "AS returned_n",
-        [scenario] * 7,
+        "AS returned_n, "
+        "(SELECT COUNT(*) FROM learning_spent WHERE scenario = ?) AS spent_n",
+        [scenario] * 8,
     )
     names = ("records", "reports", "reports_n", "candidates", "candidates_n", "open_n")
-    return tuple(row[name] for name in (*names, "returned_n"))
+    return tuple(row[name] for name in (*names, "returned_n", "spent_n"))
 
 
 def learning_status(store: ExperienceStore) -> dict[str, Any]:
@@ -220,8 +223,9 @@ def signal_yield(store: ExperienceStore) -> dict[str, dict[str, Any]]:
     """Per scenario, what became of the feedback: reports received (`reports_by_source`: users',
     the teacher's, imported), calls a candidate learned
     from (`learned_from`, summed over steps), calls held out for the gate now (the newest step's
-    count), and turns dropped by reason over its steps (a turn a step could not learn from is
-    counted at each step that tried)."""
+    count), and calls dropped by reason over its steps: a call a step learned nothing from is
+    counted once, for one reason, and set aside for that recipe (`spend_records`) until a new
+    report on it makes it worth another try, when it may count again."""
     found: dict[str, dict[str, Any]] = {}
     for row in store.query(REPORTS_BY_SOURCE, [TEACHER_REPORT, IMPORTED_ENGINE]):
         by_source = {
@@ -248,6 +252,52 @@ def signal_yield(store: ExperienceStore) -> dict[str, dict[str, Any]]:
         for reason, count in (signal.get("dropped") or {}).items():
             totals["dropped"][reason] = totals["dropped"].get(reason, 0) + int(count)
     return found
+
+
+def spend_records(
+    store: ExperienceStore, scenario: str, recipe: str, record_ids: Iterable[str]
+) -> None:
+    """Set aside records a step of `recipe` tried and learned nothing from, with the reports
+    each has now (`spent_record_ids`)."""
+    ids = sorted(set(record_ids))
+    if not ids:
+        return
+    marks = ", ".join("?" * len(ids))
+    counts = {
+        row["record_id"]: row["n"]
+        for row in store.query(
+            "SELECT record_id, COUNT(*) AS n FROM report_references "
+            f"WHERE record_id IN ({marks}) GROUP BY record_id",
+            ids,
+        )
+    }
+    rows = [
+        {
+            "scenario": scenario,
+            "recipe": recipe,
+            "record_id": record_id,
+            "reports": counts.get(record_id, 0),
+            "created_at": time.time(),
+        }
+        for record_id in ids
+    ]
+
+    def spend(db: Database) -> None:
+        for row in rows:
+            db.upsert("learning_spent", row, "scenario, recipe, record_id")
+
+    store.write(spend).result()
+
+
+def spent_record_ids(store: ExperienceStore, scenario: str, recipe: str) -> set[str]:
+    """The records `recipe` learned nothing from on `scenario` and that got no report since."""
+    rows = store.query(
+        "SELECT s.record_id FROM learning_spent s WHERE s.scenario = ? AND s.recipe = ? "
+        "AND s.reports >= (SELECT COUNT(*) FROM report_references r "
+        "WHERE r.record_id = s.record_id)",
+        [scenario, recipe],
+    )
+    return {row["record_id"] for row in rows}
 
 
 def save_annotation(

@@ -325,6 +325,23 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE learning_steps ADD COLUMN signal TEXT;
         """,
     ),
+    (
+        "0023_learning_spent",
+        # Records a recipe's step tried and learned nothing from (each of its turns dropped, for
+        # a reason the step counted), with the reports they had then: the recipe's next steps
+        # move past them instead of trying the oldest failing turns again for ever, until a new
+        # report on one makes it worth another try.
+        """
+        CREATE TABLE learning_spent (
+            scenario TEXT NOT NULL,
+            recipe TEXT NOT NULL,
+            record_id TEXT NOT NULL,
+            reports INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (scenario, recipe, record_id)
+        );
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.
