@@ -1,6 +1,6 @@
 """The newcomer's walk of issue 60: is the release helping, told by Reef's own surfaces?
 
-    .venv/bin/python -m bench.learning.newcomer_walk [--rounds 3] [--budget 240]
+    .venv/bin/python -m bench.learning.newcomer_walk [--rounds 3] [--budget 240] [--plain]
 
 In a fresh folder: `reef init`, then `reef.yaml`'s learning section exactly as docs/recipes.md's
 first example writes it (read from the doc: a doc that does not run on the embedded model fails
@@ -11,6 +11,10 @@ the recipe's step, and prints what Reef says: `reef status` (the last step and w
 release's live pass rate with its 95% interval, the signal's yield) and the PNG of `reef
 learning curve`. At the end, the worked examples that serve, each checked for a wrong fact (an
 arithmetic statement that does not hold, a sum's answer that misses its result).
+
+`--plain` walks it as a user who writes no regex: the example's `scorer` is left out, so the
+gate judges the held-out calls by the users' own words (`reef.evaluation.judge`), with the
+served model as the judge unless the project names a teacher or a proposer.
 """
 
 from __future__ import annotations
@@ -76,8 +80,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=240.0, help="seconds per round")
+    parser.add_argument("--plain", action="store_true", help="no scorer: the words judge")
     args = parser.parse_args()
     learning, feedback = docs_learning()
+    if args.plain:
+        learning.pop("scorer", None)
     root = Path(tempfile.mkdtemp(prefix="reef-walk-"))
     print(reef(root, "init", "walk"), flush=True)
     folder = root / "walk"

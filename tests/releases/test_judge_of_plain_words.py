@@ -102,6 +102,8 @@ def test_a_gain_on_the_users_words_is_released_saying_who_judged() -> None:
         "judge": "the served model alone",
         "refused": 3,
         "asked": 3,
+        "answers": 6,  # each side's distinct answers, on each prompt
+        "passed": 3,
     }
 
 
@@ -109,6 +111,8 @@ def test_no_gain_on_the_users_words_is_not_released() -> None:
     decision, why = decide(GateConfig(), gate_on(scripted(signs_off=set()), held_out()))
     assert decision == "rejected"
     assert "group feedback does not improve" in why and "(0/24 -> 0/24" in why
+    # It passed nothing: it may be the candidate, or a judge that says no to everything.
+    assert "passed none of the 3 answers of either side and may not see a gain" in why
 
 
 def test_a_judge_that_passes_what_users_failed_cannot_decide() -> None:

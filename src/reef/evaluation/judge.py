@@ -71,6 +71,14 @@ class Agreement:
     judge: str  # who judged, as a person reads it
     refused: int = 0
     asked: int = 0
+    # The distinct answers of either side it judged, and how many it passed: a judge that
+    # passes none cannot see a gain, whatever it refuses.
+    answers: int = 0
+    passed: int = 0
+
+    @property
+    def blind(self) -> bool:
+        return bool(self.answers) and not self.passed
 
     def share(self) -> float:
         return self.refused / self.asked if self.asked else 0.0
@@ -108,8 +116,10 @@ class FeedbackJudge:
         return float(await self.follows(last_user_text(task.messages), feedback, answer))
 
     async def agreement(self, tasks: list[EvalTask]) -> Agreement:
-        """The judge asked about each task's failed answer: how many it refused, as users did."""
-        measured = Agreement(self.name)
+        """The judge asked about each task's failed answer: how many it refused, as users did;
+        and how many of the answers it judged before it passed."""
+        judged_before = list(self._said.values())
+        measured = Agreement(self.name, answers=len(judged_before), passed=sum(judged_before))
         for task in tasks:
             if task.scorer.type != "feedback" or not task.scorer.failed:
                 continue

@@ -50,6 +50,7 @@ Decision = Literal["released", "rejected", "held", "canary"]
 NAMED_LOSSES = 5  # lost tasks a decision names before it says "and N more"
 COLLAPSE_TASKS = 3  # tasks a collapse needs to be seen
 AGAINST = "against the best released"  # what a lost task is counted against
+STRONGER_JUDGE = "set a teacher or learning.proposer_url to a stronger model, or a scorer"
 
 
 def decide(gate: GateConfig, report: PairedReport | None) -> tuple[Decision, str]:
@@ -131,8 +132,7 @@ def untrusted_judge(gate: GateConfig, report: PairedReport) -> str | None:
         return None
     return (
         f"the feedback is {judge.said()}, below gate.judge_agreement {gate.judge_agreement:.0%}: "
-        "its verdicts on plain words are not trusted (set a teacher or learning.proposer_url to "
-        "a stronger model, or a scorer)"
+        f"its verdicts on plain words are not trusted ({STRONGER_JUDGE})"
     )
 
 
@@ -274,5 +274,20 @@ def groups_said(report: PairedReport) -> str:
         f"{name} {_change(group.current_passes, group.candidate_passes, group.answered)}"
         for name, group in sorted(report.groups().items())
     ]
-    judged = f"; feedback {report.judge.said()}" if report.judge else ""
-    return "groups: " + ", ".join(said) + judged
+    return "groups: " + ", ".join(said) + _judge_said(report)
+
+
+def _judge_said(report: PairedReport) -> str:
+    """Who judged the plain words, how far it agrees with the users, and, where it passed no
+    answer of either side, that it may not see a gain at all: a judge that says no to
+    everything refuses what users failed too (the embedded model does)."""
+    judge = report.judge
+    if judge is None:
+        return ""
+    blind = (
+        f"; it passed none of the {judge.answers} answers of either side and may not see a gain "
+        f"({STRONGER_JUDGE})"
+        if judge.blind
+        else ""
+    )
+    return f"; feedback {judge.said()}{blind}"
