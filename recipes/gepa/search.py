@@ -59,27 +59,37 @@ class SearchResult:
 
 
 def pareto_front(scores: list[list[float]]) -> dict[int, int]:
-    """GEPA's SelectCandidate, before the draw: for each task the candidates that score best
-    on it; of those, the ones no other of them dominates (at least as good on every task, better
-    on one); each with the number of tasks it is best on, which weighs its draw."""
+    """GEPA's SelectCandidate, before the draw, as the `gepa` package (0.1.4) computes it: for
+    each task the candidates that score best on it (its front); then, weakest mean first, a
+    candidate is dropped while every front it is on holds another candidate not dropped (it
+    adds no task the others do not cover; of candidates tied on every front the strongest
+    stays, and of equally strong ones the last met); each one kept with the number of fronts it
+    is on, which weighs its draw. (Before, a candidate was dropped only when another was as
+    good on every task and better on one, which kept tied and covered candidates the package
+    drops; tests/recipes/test_gepa_parity.py holds the two to the same fronts.)"""
     if not scores:
         return {}
-    tasks = range(len(scores[0]))
-    winners = [
-        {k for k in range(len(scores)) if scores[k][t] == max(s[t] for s in scores)} for t in tasks
+    fronts = [
+        {k for k in range(len(scores)) if scores[k][t] == max(s[t] for s in scores)}
+        for t in range(len(scores[0]))
     ]
-    front = set().union(*winners)
+    means = [statistics.fmean(row) for row in scores]
+    # Ties in the mean in the order the package meets them: by the first task each is best on.
+    first = {
+        k: next(t for t, front in enumerate(fronts) if k in front) for k in set().union(*fronts)
+    }
+    weakest_first = sorted(first, key=lambda k: (means[k], first[k], k))
+    dropped: set[int] = set()
 
-    def dominated(k: int) -> bool:
-        return any(
-            all(scores[o][t] >= scores[k][t] for t in tasks)
-            and any(scores[o][t] > scores[k][t] for t in tasks)
-            for o in front
-            if o != k
-        )
+    def covered(k: int) -> bool:
+        return all(front - dropped - {k} for front in fronts if k in front)
 
-    kept = {k for k in front if not dominated(k)}
-    return {k: sum(k in best for best in winners) for k in sorted(kept)}
+    while (
+        found := next((k for k in weakest_first if k not in dropped and covered(k)), None)
+    ) is not None:
+        dropped.add(found)
+    kept = set(weakest_first) - dropped
+    return {k: sum(k in front for front in fronts) for k in sorted(kept)}
 
 
 def sample_parent(scores: list[list[float]], rng: random.Random) -> int:
