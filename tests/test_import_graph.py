@@ -1,5 +1,6 @@
 """The house's floors point one way: no import cycle among Reef's modules or packages, and an API's
-room imports no other API's room.
+room imports no other API's room; beyond `src/`, a built-in recipe imports only the SDK, and no
+benchmark imports another.
 
 Imports inside functions and under TYPE_CHECKING run late, or never, so they cannot break an
 import; but they are dependencies all the same, and a cycle hidden in them is one concept spread
@@ -273,3 +274,46 @@ def test_serving_knows_nothing_of_the_daemons() -> None:
         if target.startswith("reef.daemon")
     }
     assert not crossings, sorted(crossings)
+
+
+ROOT = SOURCE.parent
+
+
+def reef_and_bench_imports(path: Path) -> set[str]:
+    """Every `reef.…` and `bench.…` module a file imports, wherever it is written."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return {name for name in found if name.split(".")[0] in ("reef", "bench")}
+
+
+def test_a_built_in_recipe_imports_only_the_sdk_and_its_own_folder() -> None:
+    """`recipes/` (installed as `reef.recipes`) is written as a third party's recipe would be:
+    against `reef.sdk`, the contract, and nothing of Reef's inside."""
+    reaching = {
+        f"{path.relative_to(ROOT)} -> {name}"
+        for path in (ROOT / "recipes").rglob("*.py")
+        for name in reef_and_bench_imports(path)
+        if not (
+            name == "reef.sdk"
+            or name.startswith("reef.sdk.")
+            or name.startswith(f"reef.recipes.{path.relative_to(ROOT / 'recipes').parts[0]}")
+        )
+    }
+    assert not reaching, sorted(reaching)
+
+
+def test_no_benchmark_imports_another() -> None:
+    """A benchmark shares only `bench.common`; a benchmark that is a package (`speed/serving`)
+    imports its own modules."""
+    reaching = set()
+    for path in (ROOT / "bench").rglob("*.py"):
+        own = ".".join(path.relative_to(ROOT).parts[:3])  # bench.speed.serving, or the file
+        for name in reef_and_bench_imports(path):
+            allowed = name in ("bench", "bench.common") or name.startswith(("bench.common.", own))
+            if name.startswith("bench") and not allowed:
+                reaching.add(f"{path.relative_to(ROOT)} -> {name}")
+    assert not reaching, sorted(reaching)
