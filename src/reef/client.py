@@ -152,11 +152,19 @@ class ReefClient(_Client):
         after: str | None = None,
         order: str | None = None,
         tags: list[str] | None = None,
+        search: str | None = None,
     ) -> dict[str, Any]:
         """`GET /reef/records`: one page, `{"data": [...], "has_more": bool}` (oldest first, or
         newest first with `order="desc"`; the next page starts `after` the last id), only the
-        records with every one of `tags` (`name:value`) when given."""
-        asked = {"scenario": scenario, "limit": limit, "after": after, "order": order}
+        records with every one of `tags` (`name:value`) when given, and with every word of
+        `search` in what was asked or answered."""
+        asked = {
+            "scenario": scenario,
+            "limit": limit,
+            "after": after,
+            "order": order,
+            "search": search,
+        }
         params: dict[str, Any] = {k: v for k, v in asked.items() if v not in (None, "")}
         if tags:
             params["tag"] = list(tags)

@@ -1,6 +1,7 @@
 """`x-reef-tag-<name>` headers tag a call's record: stored with it (`metadata.tags`), listed by
 `GET /reef/records?tag=name:value` and `reef records --tag`, found by the review's search; a tag
-that breaks the rules is a 400 that names it, and stores nothing."""
+that breaks the rules is a 400 that names it, and stores nothing. And records found by their
+words: `GET /reef/records?search=` and `reef records --search`, with tags or without."""
 
 from __future__ import annotations
 
@@ -62,6 +63,26 @@ def test_tags_are_stored_with_the_record_and_filter_the_list(server: ServerProce
     with ExperienceStore(server.cwd / ".reef" / "experience.db") as store:
         found = [row.id for row in record_rows(store, search="alice")]
     assert found == [alice]
+
+
+def test_records_are_found_by_the_words_asked_or_answered(server: ServerProcess) -> None:
+    lighthouse = ask(server, "Tell me about the old lighthouse keeper", user="dana")
+    ask(server, "Tell me about the river", user="dana")
+
+    def searched(**params: str) -> list[str]:
+        found = httpx.get(f"{server.url}/reef/records", params=params).json()["data"]
+        return [row["id"] for row in found]
+
+    assert searched(search="lighthouse keeper") == [lighthouse]  # every word, asked or answered
+    assert searched(search="lighthouse", order="desc", tag="user:dana") == [lighthouse]
+    assert searched(search="lighthouse", tag="user:bob") == []
+    assert searched(search="submarine") == []
+    too_long = httpx.get(f"{server.url}/reef/records", params={"search": "x" * 501})
+    assert too_long.status_code == 400 and "at most 500" in too_long.json()["error"]["message"]
+
+    shown = run_reef(server.cwd, "records", "--search", "keeper", "--json", "--url", server.url)
+    assert shown.returncode == 0, shown.stderr
+    assert lighthouse in shown.stdout and "river" not in shown.stdout
 
 
 @pytest.mark.parametrize(

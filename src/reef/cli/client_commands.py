@@ -222,13 +222,18 @@ def records(
         list[str] | None,
         typer.Option(help="Only records with this tag, NAME:VALUE (x-reef-tag-NAME); repeatable."),
     ] = None,
+    search: Annotated[
+        str | None,
+        typer.Option(help="Only records whose request or answer holds every one of these words."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     url: UrlOption = None,
     config: ConfigOption = None,
 ) -> None:
     """The most recent records with their feedback."""
     with open_client(server_url(url, config)) as client:
-        rows = list(client.records(scenario, limit=limit, order="desc", tags=tag)["data"])
+        page = client.records(scenario, limit=limit, order="desc", tags=tag, search=search)
+        rows = list(page["data"])
     if as_json:
         console.print_json(data=rows)
         return

@@ -128,6 +128,21 @@ class Database(ABC):
     def continue_sequence(self, table: str) -> None:
         """After rows were written with their own `seq`, make new rows number on after them."""
 
+    @abstractmethod
+    def sql_search(self) -> str:
+        """A condition on `records` true where its request or response holds every word of the
+        text the one parameter (`search_terms`) carries (migration 0024's index)."""
+
+    @abstractmethod
+    def sql_index_records(self) -> str:
+        """The statement that adds the records stored since the last search to the search
+        index: records commit in `seq` order (`begin_write`), so they are those above the
+        largest `seq` indexed."""
+
+    def search_terms(self, text: str) -> str:
+        """The parameter of `sql_search` for the words of `text`."""
+        return text
+
     def sql_like(self) -> str:
         """The operator that matches a LIKE pattern ignoring case (SQLite's LIKE does)."""
         return "LIKE"

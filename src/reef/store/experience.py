@@ -364,12 +364,13 @@ class ExperienceStore:
         after: str | None = None,
         limit: int = 50,
         tags: Mapping[str, str] | None = None,
+        search: str | None = None,
     ) -> list[dict[str, Any]]:
         """Records in the order they were committed, oldest first, after the record `after`,
-        with every one of `tags`: `seq` is commit order on both databases
-        (`Database.begin_write`), so a record that commits after a page was read is on a later
-        page, never behind the cursor."""
-        where, params = _record_filter(scenario, tags)
+        with every one of `tags` and every word of `search` in what was asked or answered:
+        `seq` is commit order on both databases (`Database.begin_write`), so a record that
+        commits after a page was read is on a later page, never behind the cursor."""
+        where, params = self._record_filter(scenario, tags, search)
         if after is not None:
             where.append("seq > (SELECT seq FROM records WHERE id = ?)")
             params.append(after)
@@ -378,10 +379,15 @@ class ExperienceStore:
         return self._with_reports([_decode_record(row) for row in rows])
 
     def latest_records(
-        self, scenario: str | None = None, limit: int = 20, tags: Mapping[str, str] | None = None
+        self,
+        scenario: str | None = None,
+        limit: int = 20,
+        tags: Mapping[str, str] | None = None,
+        search: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The newest records with every one of `tags`, newest first."""
-        where, params = _record_filter(scenario, tags)
+        """The newest records with every one of `tags` and the words of `search`, newest
+        first."""
+        where, params = self._record_filter(scenario, tags, search)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         rows = self._query(
             f"SELECT * FROM records {clause} ORDER BY seq DESC LIMIT ?", [*params, limit]
@@ -399,6 +405,25 @@ class ExperienceStore:
             [scenario, limit],
         )
         return self._with_reports([_decode_record(row) for row in rows])
+
+    def _record_filter(
+        self, scenario: str | None, tags: Mapping[str, str] | None, search: str | None
+    ) -> tuple[list[str], list[Any]]:
+        """The WHERE conditions (and their parameters) of records in `scenario` with all `tags`
+        and every word of `search` (the records stored since the last search indexed first)."""
+        where: list[str] = []
+        params: list[Any] = []
+        if scenario is not None:
+            where.append("scenario = ?")
+            params.append(scenario)
+        for name, value in (tags or {}).items():
+            where.append("id IN (SELECT record_id FROM record_tags WHERE name = ? AND value = ?)")
+            params += [name, value]
+        if search and search.strip():
+            self.write(lambda db: db.execute(db.sql_index_records())).result()
+            where.append(self._read_db.sql_search())
+            params.append(self._read_db.search_terms(search))
+        return where, params
 
     def record_exists(self, record_id: str) -> bool:
         return bool(self._query("SELECT 1 AS x FROM records WHERE id = ?", [record_id]))
@@ -446,19 +471,6 @@ class ExperienceStore:
         return {"path": self.name, "size_bytes": size, "scenarios": scenarios}
 
 
-def _record_filter(
-    scenario: str | None, tags: Mapping[str, str] | None
-) -> tuple[list[str], list[Any]]:
-    """The WHERE conditions (and their parameters) of records in `scenario` with all `tags`."""
-    where: list[str] = []
-    params: list[Any] = []
-    if scenario is not None:
-        where.append("scenario = ?")
-        params.append(scenario)
-    for name, value in (tags or {}).items():
-        where.append("id IN (SELECT record_id FROM record_tags WHERE name = ? AND value = ?)")
-        params += [name, value]
-    return where, params
 
 
 def _inserting(record: Record | Callable[[], Record]) -> Callable[[], Inserts]:

@@ -342,10 +342,26 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "0024_records_search",
+        # Full-text search over what was asked and answered (`reef records --search`): on
+        # SQLite a contentless FTS5 index of the records' columns (the words' index only, the
+        # text stays in `records`), on PostgreSQL a table of each record's words with a GIN
+        # index (DIALECT_SQL). Neither is written when a
+        # call is stored: a search first indexes the records stored since the last one
+        # (`Database.sql_index_records`), so serving pays nothing for it.
+        """
+        CREATE VIRTUAL TABLE records_search USING fts5(request, response, content='');
+        """,
+    ),
 ]
 
 # (migration, dialect) -> that migration in the dialect's words.
 DIALECT_SQL: dict[tuple[str, str], str] = {
+    ("0024_records_search", "postgresql"): (
+        "CREATE TABLE records_search (seq BIGINT PRIMARY KEY, words TSVECTOR NOT NULL);"
+        "CREATE INDEX records_search_words ON records_search USING GIN (words)"
+    ),
     # A new PostgreSQL database has no references to number.
     ("0011_report_references_position", "postgresql"): (
         "ALTER TABLE report_references ADD COLUMN position INTEGER"

@@ -148,6 +148,17 @@ class PostgresDatabase(Database):
         status = self.conn.info.transaction_status
         return status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
+    def sql_search(self) -> str:
+        return "seq IN (SELECT seq FROM records_search WHERE words @@ plainto_tsquery('simple', ?))"
+
+    def sql_index_records(self) -> str:
+        return (
+            "INSERT INTO records_search (seq, words) "
+            "SELECT seq, to_tsvector('simple', request || ' ' || response) FROM records "
+            "WHERE seq > (SELECT COALESCE(MAX(seq), 0) FROM records_search) "
+            "ON CONFLICT (seq) DO NOTHING"
+        )
+
     def schema(self, sql: str) -> str:
         sql = re.sub(
             r"\bseq INTEGER PRIMARY KEY\b",

@@ -93,6 +93,21 @@ class SqliteDatabase(Database):
     def sql_json_length(self, column: str, key: str) -> str:
         return f"json_array_length({column}, '$.{key}')"
 
+    def sql_search(self) -> str:
+        return "seq IN (SELECT rowid FROM records_search WHERE records_search MATCH ?)"
+
+    def sql_index_records(self) -> str:
+        return (
+            "INSERT INTO records_search (rowid, request, response) "
+            "SELECT seq, request, response FROM records "
+            "WHERE seq > (SELECT COALESCE(MAX(rowid), 0) FROM records_search)"
+        )
+
+    def search_terms(self, text: str) -> str:
+        # Each word a quoted string: FTS5's own query syntax (AND, NEAR, "*", ":") is not a
+        # user's to write by accident, and a quote in a word is doubled.
+        return " ".join('"' + word.replace('"', '""') + '"' for word in text.split())
+
     def continue_sequence(self, table: str) -> None:
         pass  # an INTEGER PRIMARY KEY always numbers on from the largest
 

@@ -150,6 +150,9 @@ def _in_range(
     )
 
 
+MAX_SEARCH_CHARS = 500  # the words `GET /reef/records?search=` looks for
+
+
 def list_records(request: Request) -> Response:
     """A page of records (plain: Starlette runs it in its thread pool, off the event loop)."""
     state: ServerState = request.app.state.reef
@@ -158,18 +161,21 @@ def list_records(request: Request) -> Response:
     limit = query_int(request, "limit", default=50, low=1, high=1000)
     order = request.query_params.get("order", "asc")
     tags = tag_filter(request.query_params.getlist("tag"))
+    search = request.query_params.get("search") or None
+    if search is not None and len(search) > MAX_SEARCH_CHARS:
+        raise BadRequest(f"search is {len(search)} characters: send at most {MAX_SEARCH_CHARS}")
     if order not in ("asc", "desc"):
         raise BadRequest(f"query parameter order must be asc or desc, got {order!r}")
     if order == "desc":
         if after is not None:
             raise BadRequest("`after` pages oldest-first lists: drop it, or use order=asc")
-        records = state.store.latest_records(scenario=scenario, limit=limit, tags=tags)
+        records = state.store.latest_records(scenario, limit, tags, search)
         return _record_list(state, records, limit)
     if after is not None and not state.store.record_exists(after):
         raise NotFound(
             f"unknown record {after!r} in `after`: pass the id of a record you have read"
         )
-    records = state.store.list_records(scenario=scenario, after=after, limit=limit, tags=tags)
+    records = state.store.list_records(scenario, after, limit, tags, search)
     return _record_list(state, records, limit)
 
 
