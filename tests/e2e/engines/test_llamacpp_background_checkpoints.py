@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reef.engines.llamacpp import LlamaCppEngine, Preempted
-from reef.engines.llamacpp import engine as engine_module
+from reef.engines.llamacpp import checkpoints as checkpoints_module
 from reef.errors import Overloaded
 from reef.testing.artifacts import random_checkpoint
 from tests.e2e.engines.test_llamacpp_background import request, run
@@ -59,7 +59,7 @@ def test_background_work_on_a_checkpoint_waits_while_the_served_model_is_busy(
 def test_background_work_never_unloads_a_checkpoint_a_live_request_used(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_module, "MAX_CHECKPOINTS", 1)
+    monkeypatch.setattr(checkpoints_module, "MAX_CHECKPOINTS", 1)
 
     async def scenario(engine: LlamaCppEngine) -> list[str]:
         await engine.complete(request(1), checkpoint=checkpoints["a"])
@@ -73,7 +73,7 @@ def test_background_work_never_unloads_a_checkpoint_a_live_request_used(
 def test_a_checkpoint_only_background_work_used_is_the_first_to_go(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_module, "MAX_CHECKPOINTS", 2)
+    monkeypatch.setattr(checkpoints_module, "MAX_CHECKPOINTS", 2)
 
     async def scenario(engine: LlamaCppEngine) -> list[str]:
         await engine.complete(request(1), checkpoint=checkpoints["a"])  # live: a

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reef.engines.llamacpp import LlamaCppEngine
-from reef.engines.llamacpp import engine as engine_module
+from reef.engines.llamacpp import checkpoints as checkpoints_module
 from reef.errors import Unsupported
 from reef.protocol import ChatRequest
 from reef.testing.artifacts import random_checkpoint, random_lora
@@ -75,7 +75,7 @@ def test_a_checkpoint_answers_as_its_weights_beside_the_model_it_serves(artifact
 def test_a_checkpoint_that_goes_finishes_its_request_in_flight_first(
     artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_module, "MAX_CHECKPOINTS", 1)
+    monkeypatch.setattr(checkpoints_module, "MAX_CHECKPOINTS", 1)
     first, second = tmp_path / "first" / "checkpoint", tmp_path / "second" / "checkpoint"
     for copy in (first, second):
         shutil.copytree(artifacts / "merged" / "checkpoint", copy)
@@ -94,7 +94,7 @@ def test_a_checkpoint_that_goes_finishes_its_request_in_flight_first(
         try:
             stream = llama.stream(long, checkpoint=first)
             items = [await anext(stream), await anext(stream)]  # it is decoding now
-            old = llama._checkpoints[first / "model.gguf"]
+            old = llama._checkpoints._loaded[first / "model.gguf"]
             await llama.load_checkpoint(second)  # the first one goes: it has a request running
             assert old.in_flight == 1
             assert llama.checkpoints_loaded == ["second"]

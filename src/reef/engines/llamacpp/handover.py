@@ -39,8 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reef.engines.llamacpp.context import CacheTypes, batch_context
 from reef.engines.llamacpp.lora import Adapters
 from reef.engines.llamacpp.slots import BLOCK
+from reef.engines.llamacpp.weights import Repack, load_model
 from reef.errors import EngineUnavailable
 from reef.threads import ThreadChoice
 
@@ -245,3 +247,47 @@ class PrefillLane:
             llama_cpp.llama_set_n_threads(self._context.ctx, count, count)
             self._threads_set = count
         return count
+
+
+def open_lane(
+    path: Path,
+    served: Any,
+    n_ctx: int,
+    n_threads: int,
+    cache: CacheTypes,
+    threads: ThreadChoice,
+    repack: Repack,
+) -> PrefillLane:
+    """The lane on the GGUF at `path`: its model loaded, refused unless it is the `served`
+    model in other weights (its KV cache is handed to the served model's slots), and a
+    context of one sequence of `n_ctx` cells."""
+    model = load_model(path, repack)
+    try:
+        _same_shape(served, model, path)
+        context = batch_context(model, n_ctx, 1, n_threads, cache)
+    except BaseException:
+        model.close()
+        raise
+    return PrefillLane(path, model, context, threads)
+
+
+def _same_shape(served: Any, other: Any, path: Path) -> None:
+    """Refuse prefill weights whose KV cache the served model could not read."""
+    import llama_cpp
+
+    def shape(model: Any) -> tuple[int, ...]:
+        handle = model.model
+        return (
+            llama_cpp.llama_model_n_layer(handle),
+            llama_cpp.llama_model_n_embd(handle),
+            llama_cpp.llama_model_n_head(handle),
+            llama_cpp.llama_model_n_head_kv(handle),
+            model.n_vocab(),
+        )
+
+    if shape(served) != shape(other):
+        raise EngineUnavailable(
+            f"engine.llamacpp.prefill_weights: {path.name} is not the served model in other "
+            f"weights (layers, width, heads, KV heads, vocabulary: {shape(other)} against "
+            f"{shape(served)}): name a copy of the same model, or set auto or same"
+        )
