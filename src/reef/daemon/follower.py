@@ -80,8 +80,7 @@ class HeadFollower:
                 f"still serving {serving}",
             )
             return
-        before = state.bindings.get(scenario)
-        state.bindings = {**state.bindings, scenario: binding}
+        before = state.serving.swap(scenario, binding)
         if self.loaded and (before is None or before.release_id != binding.release_id):
             state.metrics.switches.labels(scenario).inc()
             state.metrics.switch_seconds.labels(scenario).observe(time.perf_counter() - started)
@@ -127,15 +126,11 @@ class HeadFollower:
         asyncio.run_coroutine_threadsafe(probe_and_record(), self._loop)
 
     def _report(self, scenario: str, message: str) -> None:
-        errors = self.state.release_errors
-        if errors.get(scenario) != message:
+        if self.state.serving.failed(scenario, message):
             log.error("scenario %s: %s", scenario, message)
-        self.state.release_errors = {**errors, scenario: message}
 
     def _clear(self, scenario: str) -> None:
-        errors = self.state.release_errors
-        if scenario in errors:
-            self.state.release_errors = {k: v for k, v in errors.items() if k != scenario}
+        self.state.serving.recovered(scenario)
 
     async def follow(self) -> None:
         while True:

@@ -61,7 +61,7 @@ def bind_start(state: ServerState, scenario: str, wanted: str, admin: bool = Tru
                 chain.get(wanted)  # a 404 naming an unknown release
                 reason = f"scenario created by a call's {HEADER}"
                 head = chain.promote(wanted, scenario, reason, expected_head=None)
-                state.bindings = {**state.bindings, scenario: state.workflow.binding(head)}
+                state.serving.swap(scenario, state.workflow.binding(head))
             scenarios.create(scenario, wanted if wanted != BASE_RELEASE else None)
             return
         bound = started or BASE_RELEASE

@@ -12,7 +12,7 @@ from reef.config import ReefConfig
 from reef.engines.base import Engine
 from reef.episodes.tokens import candidate_of, trial_of
 from reef.errors import BadRequest, Forbidden, NotFound
-from reef.inference.binding import BASE_BINDING, Binding, binding_for
+from reef.inference.binding import Binding, binding_for
 from reef.inference.server_file import new_internal_token
 from reef.inference.trials import UnknownTrial, trial_binding
 from reef.releases.canary import Verdict
@@ -21,6 +21,7 @@ from reef.scenario import DEFAULT_SCENARIO, RuntimeScenarios, check_scenario
 from reef.server.call import CallContext, tags_of
 from reef.server.in_flight import InFlight
 from reef.server.metrics import ServingMetrics
+from reef.server.serving_now import ServingNow
 from reef.server.teacher import Teacher
 from reef.store import ExperienceStore
 from reef.tracing import Tracing, caller_trace_id
@@ -44,10 +45,9 @@ class ServerState:
     engine_reason: str = ""
     # Lets Reef's own processes (the learning worker, `reef release publish`) use the engine.
     internal_token: str = field(default_factory=new_internal_token, repr=False)
-    # What each scenario serves now; replaced whole (never mutated) when a head moves.
-    bindings: dict[str, Binding] = field(default_factory=dict)
-    # Why a scenario's head could not be served (scenario -> message); replaced whole.
-    release_errors: dict[str, str] = field(default_factory=dict)
+    # What each scenario serves now, and why a head could not: one snapshot and its one
+    # writer (`reef.server.serving_now`).
+    serving: ServingNow = field(default_factory=ServingNow)
     # Scenarios whose release answers its own gate tasks otherwise than the gate judged after
     # its swap (`reef.daemon.release_probe`): scenario -> what the probe found; replaced whole.
     release_mismatch: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -65,6 +65,16 @@ class ServerState:
     # and trial trees' bindings, for the episodes a recipe's search runs under them.
     episode_bindings: dict[str, Binding] = field(default_factory=dict)
 
+    @property
+    def bindings(self) -> Mapping[str, Binding]:
+        """What each scenario serves now (`serving`'s snapshot; read-only)."""
+        return self.serving.snapshot.bindings
+
+    @property
+    def release_errors(self) -> Mapping[str, str]:
+        """Why a scenario's head could not be served (`serving`'s snapshot; read-only)."""
+        return self.serving.snapshot.errors
+
     def recorded(self, scenario: str, record_id: str) -> None:
         """A live call's record is stored: its scenario's shadows get a copy."""
         if self.shadows is not None:
@@ -81,12 +91,13 @@ class ServerState:
             self.scenarios = RuntimeScenarios(self.store)
 
     def call_context(self, headers: Mapping[str, str]) -> CallContext:
-        scenario = self.scenarios.require(scenario_from(headers), self.config, self.bindings)
+        serving = self.serving.snapshot  # read once: the call is served under what it found
+        scenario = self.scenarios.require(scenario_from(headers), self.config, serving.bindings)
         session = headers.get("x-reef-session") or None
         if session is not None and len(session) > 256:
             raise BadRequest("x-reef-session must be at most 256 characters")
         capture = headers.get("x-reef-capture", "true").strip().lower() not in ("false", "0", "no")
-        binding = self.bindings.get(scenario, BASE_BINDING)
+        binding = serving.binding(scenario)
         route = None
         tree = headers.get("x-reef-episode-tree", "")
         judged, trial = candidate_of(tree), trial_of(tree)
