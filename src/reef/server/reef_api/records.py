@@ -27,6 +27,7 @@ from reef.evaluation.health import Health, chain_health
 from reef.evaluation.live import against_gate, learning_progress
 from reef.inference.binding import Binding
 from reef.inference.routing import Routing
+from reef.releases.chain import ReleaseChain
 from reef.scenario import RuntimeScenarios
 from reef.sdk.recipe import RecipeError, recipe_class
 from reef.server.http import parse, query_int, read_json
@@ -255,9 +256,9 @@ def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
     loads the configured recipes for their names)."""
     learning = _with_plans(state.config, state.scenarios, learning_status(state.store))
     chain = state.workflow.chain
+    heads = chain.head_commits()
     for scenario, releases in learning_progress(state.store, state.config).items():
-        newest_first = [(r.release_id, r.evaluation) for r in chain.releases(scenario)]
-        health = chain_health(newest_first[::-1])
+        health = _chain_health(chain, scenario, heads[scenario]) if scenario in heads else {}
         rows = [
             r.to_json()
             | against_gate(chain.evaluation_of(r.release_id), r)
@@ -266,6 +267,14 @@ def _store_status(state: ServerState) -> tuple[dict[str, Any], dict[str, Any]]:
         ]
         learning.setdefault(scenario, {})["progress"] = rows
     return state.store.stats(), learning
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_health(chain: ReleaseChain, scenario: str, head: str) -> dict[str, Health]:
+    """Each release's health on `scenario`'s chain, read once per head commit (status is
+    polled, and a chain only changes at its head)."""
+    newest_first = [(r.release_id, r.evaluation) for r in chain.releases(scenario)]
+    return chain_health(newest_first[::-1])
 
 
 def _health(found: Health | None) -> dict[str, Any] | None:
