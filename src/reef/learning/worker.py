@@ -105,13 +105,13 @@ def not_ready(recipe: Recipe, view: ExperienceView) -> tuple[str, bool]:
     ]
     if not waiting and not kept_out:
         return "0 record(s) waiting", False
-    size = getattr(recipe.settings, "batch_size", None)
+    size = recipe.settings.batch_size
     lacks = recipe.waiting_for(view)
-    wanted = f": {lacks}" if lacks else (f" (batch_size {size})" if size is not None else "")
+    wanted = f": {lacks}" if lacks else f" (batch_size {size})"
     why = f"{waiting} record(s) waiting, not yet a batch {recipe.name} can learn from{wanted}"
     if kept_out:
         why += f"; {', '.join(kept_out)}"
-    return why, waiting >= (size or 1)
+    return why, waiting >= size
 
 
 class MetricCalls:
@@ -132,10 +132,10 @@ class MetricCalls:
         """Count every answer the recipe asks `context` for, and every episode it runs under a
         tree it tries (one metric call an episode: `run_episodes_under` runs one per task and
         repeat)."""
-        for name in ("generate", "generate_under"):
-            answer = getattr(context, name)
-            if answer is not None:
-                setattr(context, name, self._counting(answer))
+        if context.generate is not None:
+            context.generate = self._counting(context.generate)
+        if context.generate_under is not None:
+            context.generate_under = self._counting(context.generate_under)
         if context.run_episodes_under is not None:
             context.run_episodes_under = self._counting_episodes(context.run_episodes_under)
 
