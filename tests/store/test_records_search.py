@@ -41,6 +41,7 @@ def test_records_are_found_by_their_words(store: ExperienceStore) -> None:
     assert asked(store.latest_records(search='"much"')) == [CALLS[2][0]]
     assert store.latest_records(search="NEAR: *") == []
     assert len(store.latest_records(search="  ")) == 3  # no words: no filter
+    assert asked(store.latest_records(search="\x00paris\x07")) == [CALLS[0][0]]  # no NUL
     assert asked(store.latest_records(scenario="other", search="paris")) == []
 
 

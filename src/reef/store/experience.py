@@ -18,6 +18,7 @@ import math
 import secrets
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -419,10 +420,12 @@ class ExperienceStore:
         for name, value in (tags or {}).items():
             where.append("id IN (SELECT record_id FROM record_tags WHERE name = ? AND value = ?)")
             params += [name, value]
-        if search and search.strip():
+        # Control characters (a NUL) are no part of a word, and neither database takes them.
+        words = "".join(" " if unicodedata.category(c) == "Cc" else c for c in search or "")
+        if words.strip():
             self.write(lambda db: db.execute(db.sql_index_records())).result()
             where.append(self._read_db.sql_search())
-            params.append(self._read_db.search_terms(search))
+            params.append(self._read_db.search_terms(words))
         return where, params
 
     def record_exists(self, record_id: str) -> bool:
