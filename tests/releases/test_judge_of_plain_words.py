@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from reef.config import GateConfig, ReefConfig
-from reef.evaluation.judge import FeedbackJudge
+from reef.evaluation.judge import FOLLOWS_PROMPT, JUDGE_CHARS, FeedbackJudge
 from reef.evaluation.runner import EvalSettings, PairedReport, model_generate, run_paired
 from reef.evaluation.scorers import ScorerError, score
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
@@ -185,3 +185,22 @@ def test_the_workflow_s_gate_judges_a_recipe_s_held_out_words(tmp_path: Path) ->
     assert gated.state == "released", gated.decision
     assert "judged by the served model alone, which refused 3/3" in (gated.decision or "")
     assert gated.evaluation is not None and gated.evaluation["judge"]["refused"] == 3
+
+
+def test_the_judge_reads_a_page_of_feedback_cut_to_fit() -> None:
+    """A feedback of pages must not push the judge's prompt past its window: each part is cut
+    to `JUDGE_CHARS` characters."""
+    asked: list[str] = []
+
+    async def ask(prompt: str) -> str:
+        asked.append(prompt)
+        return "no"
+
+    task = held_out()[0]
+    long = task.model_copy(
+        update={"scorer": ScorerSpec(type="feedback", criterion="Cheers! " * 2000, failed="A")}
+    )
+    asyncio.run(FeedbackJudge("a judge", ask).score(long, "A pear. " * 2000))
+    (prompt,) = asked
+    assert len(prompt) < 3 * JUDGE_CHARS + len(FOLLOWS_PROMPT) + 20
+    assert prompt.count(" […]") == 2

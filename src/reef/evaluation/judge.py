@@ -43,6 +43,10 @@ A new answer:
 
 Does the new answer do what the feedback asks? Reply with yes or no."""
 JUDGE_TOKENS = 4  # "yes" or "no", and room for a full stop
+# Characters of the question, the feedback and the answer a judge reads, each: a user's feedback
+# of pages (or an answer that ran on) must not push the judge's prompt past its context window,
+# which would fail the gate every time that call is held out.
+JUDGE_CHARS = 1500
 
 # A prompt in, the judge's reply out.
 Ask = Callable[[str], Awaitable[str]]
@@ -105,7 +109,9 @@ class FeedbackJudge:
     async def follows(self, question: str, feedback: str, answer: str) -> bool:
         key = (question, feedback, answer)
         if key not in self._said:
-            prompt = FOLLOWS_PROMPT.format(question=question, feedback=feedback, answer=answer)
+            prompt = FOLLOWS_PROMPT.format(
+                question=_cut(question), feedback=_cut(feedback), answer=_cut(answer)
+            )
             self._said[key] = says_yes(await self._ask(prompt))
         return self._said[key]
 
@@ -126,6 +132,10 @@ class FeedbackJudge:
             measured.asked += 1
             measured.refused += not await self.score(task, task.scorer.failed)
         return measured
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= JUDGE_CHARS else text[:JUDGE_CHARS] + " […]"
 
 
 def judged(tasks: list[EvalTask]) -> bool:
