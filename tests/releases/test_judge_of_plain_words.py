@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from reef.config import GateConfig, ReefConfig
-from reef.evaluation.judge import FOLLOWS_PROMPT, JUDGE_CHARS, FeedbackJudge
+from reef.evaluation.judge import FOLLOWS_PROMPT, JUDGE_CHARS, FeedbackJudge, JudgeUnavailable
 from reef.evaluation.runner import EvalSettings, PairedReport, model_generate, run_paired
 from reef.evaluation.scorers import ScorerError, score
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
@@ -153,6 +153,13 @@ def test_a_judge_that_cannot_be_asked_fails_the_gate_saying_where() -> None:
     )
     with pytest.raises(Exception, match=r"the judge at http://127.0.0.1:9/v1 did not answer"):
         asyncio.run(ask.agreement(held_out()))
+
+
+def test_a_judge_that_refuses_says_its_status_and_the_model_asked(peer: ServerProcess) -> None:
+    config = ReefConfig.model_validate({"teacher": {"url": f"{peer.url}/v1", "model": "fail-404"}})
+    judge = feedback_judge(config, "default", model_generate(LocalModel(scripted(set())), SAMPLED))
+    with pytest.raises(JudgeUnavailable, match="answered HTTP 404, asked for model 'fail-404'"):
+        asyncio.run(judge.agreement(held_out()))
 
 
 def test_plain_words_are_a_gate_only_scorer() -> None:

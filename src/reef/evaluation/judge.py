@@ -152,14 +152,21 @@ def remote_ask(url: str, model: str | None, api_key_env: str | None, timeout_s: 
         if api_key_env and os.environ.get(api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
         body = {"model": model or "judge", **judge_body(prompt)}
+        shown = without_password(url)
         try:
             async with httpx.AsyncClient(timeout=timeout_s) as client:
                 response = await client.post(endpoint, json=body, headers=headers)
-                response.raise_for_status()
         except httpx.HTTPError as error:
             raise JudgeUnavailable(
-                f"the judge at {without_password(url)} did not answer ({type(error).__name__})"
+                f"the judge at {shown} did not answer ({type(error).__name__})"
             ) from None
+        if response.status_code >= 400:
+            asked = f"model {model or 'judge'!r}"
+            if not model:
+                asked += " (none is set: set teacher.model or learning.proposer_model)"
+            raise JudgeUnavailable(
+                f"the judge at {shown} answered HTTP {response.status_code}, asked for {asked}"
+            )
         return str(response.json()["choices"][0]["message"].get("content") or "")
 
     return ask
