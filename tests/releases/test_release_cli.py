@@ -72,8 +72,11 @@ def test_publish_list_show_diff_rollback_promote(project: Path) -> None:
 
     code, output = reef("release", "rollback", "--json")
     assert code == 0 and json.loads(output)["release_id"] == "default@3"
-    code, output = reef("release", "promote", "default@2", "--scenario", "staging", "--json")
+    code, output = reef(
+        "release", "promote", "default@2", "--scenario", "staging", "--reason", "B for QA", "--json"
+    )
     assert code == 0 and json.loads(output)["release_id"] == "staging@1"
+    assert "B for QA" in json.loads(output)["reason"]  # every decision says why
     code, output = reef("release", "list")
     assert code == 0 and "staging@1" in output and "default@3" in output
 

@@ -443,13 +443,14 @@ def promote(
         str | None, typer.Option(help="Target scenario (default: its own).")
     ] = None,
     expected_head: ExpectedHeadOption = None,
+    reason: Annotated[str | None, typer.Option(help="Why, for the release's record.")] = None,
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Publish a new release equal to RELEASE_ID (every part), in its scenario or another."""
     with _workflow(config) as workflow:
         release = workflow.chain.promote(
-            release_id, scenario, expected_head=expected_head or CURRENT_HEAD
+            release_id, scenario, reason, expected_head=expected_head or CURRENT_HEAD
         )
     _report_release(release, as_json)
 
