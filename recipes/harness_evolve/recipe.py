@@ -19,11 +19,11 @@ from reef.sdk import (
     HARNESS,
     Evaluated,
     ExperienceView,
+    ProgramScorer,
     Proposal,
     Recipe,
     RecipeError,
     RecipeSettings,
-    ScorerSpec,
     StepContext,
     Trajectory,
     Turn,
@@ -56,7 +56,7 @@ class HarnessEvolveSettings(RecipeSettings):
     content_check: Literal["words", "proposer"] = "words"
     # Scores the held-out failing calls as extra gate tasks, and hindsight answers; without it only
     # evals/<scenario>.jsonl runs and the served model judges hindsight answers.
-    scorer: ScorerSpec | None = None
+    scorer: ProgramScorer | None = None
     # incumbent: mutate the current release; pareto: mutate a tree from the Pareto set of earlier
     # candidates across tasks (GEPA-style), so strengths on different tasks are all explored.
     selection: Literal["incumbent", "pareto"] = "incumbent"

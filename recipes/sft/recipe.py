@@ -58,8 +58,8 @@ from pydantic import Field
 
 from reef.sdk import (
     LoraRecipeSettings,
+    ProgramScorer,
     ProposalRefused,
-    ScorerSpec,
     StepContext,
     Trajectory,
     Turn,
@@ -100,7 +100,7 @@ class SFTSettings(LoraRecipeSettings):
     batch_size: int = 4  # learnable turns needed before a step
     threshold: float = 0.5  # a score at or above it is a good answer; below it, a failure
     # Accepts hindsight answers (and scores the held-out failing calls as extra gate tasks).
-    scorer: ScorerSpec | None = None
+    scorer: ProgramScorer | None = None
     hindsight_samples: int = Field(4, ge=1, le=16)
     hindsight_keep: int = Field(2, ge=1, le=16)  # answers kept per failing turn
     # Rewrites of a failing answer asked under its feedback (0: none), of the served model or of

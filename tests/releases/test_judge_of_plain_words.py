@@ -27,7 +27,7 @@ from reef.inference.model import LocalModel
 from reef.protocol import ChatRequest
 from reef.releases.gate import decide
 from reef.releases.gating import feedback_judge
-from reef.sdk.recipe import Recipe, RecipeSettings
+from reef.sdk.recipe import Recipe, RecipeError, RecipeSettings, load_recipe
 from reef.sdk.view import Turn
 from reef.testing.processes import ServerProcess
 from reef.testing.scripted_engine import ScriptedEngine
@@ -211,3 +211,13 @@ def test_the_judge_reads_a_page_of_feedback_cut_to_fit() -> None:
     (prompt,) = asked
     assert len(prompt) < 3 * JUDGE_CHARS + len(FOLLOWS_PROMPT) + 20
     assert prompt.count(" […]") == 2
+
+
+@pytest.mark.parametrize("recipe", ["sft", "harness_evolve", "gepa"])
+def test_a_recipe_s_scorer_in_plain_words_is_refused_at_load_saying_why(recipe: str) -> None:
+    """A recipe's scorer scores every answer by a program (hindsight's, the search's, the live
+    pass rate); the `feedback` type is the gate's own. Refused when the settings load, naming
+    the setting and what to use."""
+    plain = {"scorer": {"type": "feedback", "criterion": "answer in one short sentence"}}
+    with pytest.raises(RecipeError, match=r"scorer.*a feedback scorer is the gate's own.*regex"):
+        load_recipe(recipe, plain)

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from reef.engines.base import Preempted, Slotted
 from reef.errors import Overloaded, ReefError
 from reef.evaluation.live import BASE_SHADOW, recipe_scorer
-from reef.evaluation.scorers import score
+from reef.evaluation.scorers import program_scorer, score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.inference.binding import BASE_BINDING, BASE_RELEASE, Binding, binding_for
 from reef.inference.model import answer_text
@@ -224,7 +224,7 @@ class ShadowRunner:
         scenario's recipe's scorer first (what "is it learning?" reads each release by)."""
         config = self.state.config
         spec = config.gate_for(scenario).shadow.scorer
-        scorer = ScorerSpec.model_validate(spec) if spec is not None else None
+        scorer = program_scorer(ScorerSpec.model_validate(spec)) if spec is not None else None
         if shadow.candidate_id == BASE_SHADOW:
             scorer = recipe_scorer(config, scenario) or scorer
         if scorer is None:

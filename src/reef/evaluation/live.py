@@ -30,7 +30,7 @@ from typing import Any
 from reef.config import ReefConfig
 from reef.evaluation.intervals import wilson
 from reef.evaluation.replay import trains
-from reef.evaluation.scorers import score
+from reef.evaluation.scorers import program_scorer, score
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.protocol import response_text
 from reef.store import ExperienceStore
@@ -262,7 +262,7 @@ def recipe_scorer(config: ReefConfig, scenario: str) -> ScorerSpec | None:
             spec = choice.settings().get("scorer")
             if spec:
                 try:
-                    return ScorerSpec.model_validate(spec)
+                    return program_scorer(ScorerSpec.model_validate(spec))
                 except ValueError:  # the worker refuses it and says why
                     return None
     return None

@@ -6,9 +6,10 @@ import importlib
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+from pydantic import AfterValidator
 
 from reef.errors import ReefError
 from reef.evaluation.content import kept
@@ -34,6 +35,25 @@ class ScorerError(ReefError):
     code = "scorer_error"
 
 
+PROGRAM_SCORERS = "exact, contains, regex, answer, reference, python, or judge with a url"
+
+
+def program_scorer(spec: ScorerSpec) -> ScorerSpec:
+    """`spec`, where a program scores every answer (a recipe's, a teacher's or a shadow's
+    scorer); a `feedback` scorer is refused: it is the gate's, the users' words read by a judge
+    model (`reef.evaluation.judge`). A ValueError, so that a setting's validation says where."""
+    if spec.type == "feedback":
+        raise ValueError(
+            "a feedback scorer is the gate's own (the users' words, read by a judge model): "
+            f"here a program scores every answer, so use {PROGRAM_SCORERS}"
+        )
+    return spec
+
+
+# A scorer setting that a program runs (`program_scorer`), for recipes' settings.
+ProgramScorer = Annotated[ScorerSpec, AfterValidator(program_scorer)]
+
+
 def score(spec: ScorerSpec, answer: str, task: EvalTask) -> float:
     if spec.type == "exact":
         return float(answer.strip() == _required(spec.value, "value", spec).strip())
@@ -57,8 +77,7 @@ def score(spec: ScorerSpec, answer: str, task: EvalTask) -> float:
     if spec.type == "feedback":
         raise ScorerError(
             "a feedback scorer is judged by the gate's judge model (reef.evaluation.judge), "
-            "only in the gate: give this check a scorer that a program runs (regex, contains, "
-            "judge with a url)"
+            f"only in the gate: give this check a scorer that a program runs ({PROGRAM_SCORERS})"
         )
     return _judge(spec, answer)
 

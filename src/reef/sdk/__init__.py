@@ -9,7 +9,8 @@ module only, so its names are the ones a recipe may rely on:
 - the contract: `Recipe`, its `RecipeSettings`, the `StepContext` a step gets, the `Proposal` it
   returns, `ProposalRefused` (nothing usable this step) and `RecipeError` (a bad setting);
 - experience: `ExperienceView`, its `Trajectory`s and their `Turn`s;
-- evaluation: `EvalTask`, `ScorerSpec`, `score(spec, answer, task)` (an answer scored as the
+- evaluation: `EvalTask`, `ScorerSpec`, `ProgramScorer` (a settings field's scorer, refusing
+  the gate's own `feedback` type), `score(spec, answer, task)` (an answer scored as the
   gate scores it), `FEEDBACK_GROUP` (the group of a recipe's own tasks),
   `failing_prompts` (failing prompts as eval tasks: the worker drops any a step learned from,
   and judges on the held-out calls', `Recipe.held_out_tasks`), `wrong_fact` (what a program
@@ -58,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from reef.artifacts import ADAPTER, CHECKPOINT, HARNESS, files_of
 from reef.evaluation.facts import wrong_fact
-from reef.evaluation.scorers import score
+from reef.evaluation.scorers import ProgramScorer, score
 from reef.evaluation.tasks import FEEDBACK_GROUP, EvalTask, ScorerSpec
 from reef.harness.mutations import EDITABLE, Mutation
 from reef.harness.mutations import MutationRefused as TreeChangeRefused
@@ -195,6 +196,7 @@ __all__ = [
     "LoraSettings",
     "Mutation",
     "PolicyExample",
+    "ProgramScorer",
     "PromptSearch",
     "PromptSearchSettings",
     "Proposal",

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reef.episodes.runner import describe_step
 from reef.episodes.tasks import BadTask, Task, load_suite, task_folder_hash
-from reef.evaluation.scorers import score
-from reef.evaluation.tasks import EvalTask, ScorerSpec
+from reef.evaluation.scorers import ProgramScorer, score
+from reef.evaluation.tasks import EvalTask
 from reef.inference.model import answer_text
 from reef.sdk.feedback import hints
 from reef.sdk.recipe import (
@@ -64,7 +64,7 @@ class EpisodeSearch(BaseModel):
 class PromptSearchSettings(RecipeSettings):
     batch_size: int = 6  # scored turns a step learns from (at least one below `threshold`)
     threshold: float = 0.5  # a turn scoring below it is a failure
-    scorer: ScorerSpec | None = None  # what every tree's answers are scored with (chat tasks)
+    scorer: ProgramScorer | None = None  # what every tree's answers are scored with (chat tasks)
     max_tokens: int = Field(128, ge=1)  # per answer scored
     seed: int = 0  # of every answer scored (at temperature 0)
     episodes: EpisodeSearch | None = None  # score trees on episodes instead of chat answers

@@ -46,7 +46,7 @@ from starlette.requests import Request
 from reef.config import TeacherConfig
 from reef.engines.upstream import UpstreamEngine
 from reef.errors import ReefError
-from reef.evaluation.scorers import score
+from reef.evaluation.scorers import program_scorer, score
 from reef.evaluation.tasks import EvalTask, ScorerSpec
 from reef.protocol import ChatRequest, Completion
 from reef.server.call import CallContext
@@ -154,7 +154,9 @@ class Teacher:
             base_url=settings.url, model=settings.model, api_key=key, timeout_s=settings.timeout_s
         )
         self.costs = TeacherCosts()
-        self._scorer = ScorerSpec.model_validate(settings.scorer) if settings.scorer else None
+        self._scorer = (
+            program_scorer(ScorerSpec.model_validate(settings.scorer)) if settings.scorer else None
+        )
         self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)
 
     async def start(self) -> None:
