@@ -65,6 +65,7 @@ class HarnessEvolveSettings(RecipeSettings):
 class HarnessEvolve(Recipe):
     name = "harness_evolve"
     signal = "scores below a threshold and feedback text"
+    reads_feedback_text = True
     experience = "reactive, from live traffic"
     target = "harness"
     Settings = HarnessEvolveSettings

@@ -119,6 +119,7 @@ def token_advantages(
 class OpenClawRL(WeightRecipe):
     name = "openclaw_rl"
     signal = "the next state of each turn: the user's reply or the tool's result"
+    reads_feedback_text = True
     experience = "reactive, from live multi-turn sessions, judged turn by turn"
     Settings = OpenClawRLSettings
     settings: OpenClawRLSettings

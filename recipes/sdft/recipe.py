@@ -70,6 +70,7 @@ class SDFTSettings(DistillationSettings):
 class SDFT(DistillationRecipe):
     name = "sdft"
     signal = "demonstrations and hints, distilled from the model that reads them"
+    reads_feedback_text = True
     experience = "reactive, from live traffic: the answers as served (on policy)"
     Settings = SDFTSettings
     settings: SDFTSettings

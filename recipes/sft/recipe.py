@@ -142,6 +142,7 @@ class SFTStep(WeightStep):
 class SFT(WeightRecipe):
     name = "sft"
     signal = "good scores, demonstrations, and feedback that says what was wanted"
+    reads_feedback_text = True
     experience = "reactive, from live traffic, relabelled in hindsight"
     Settings = SFTSettings
     settings: SFTSettings

@@ -77,6 +77,12 @@ def gate_on(engine: ScriptedEngine, tasks: list[EvalTask]) -> PairedReport:
 class Plain(Recipe):
     """A recipe without a scorer: what its users say is all it has."""
 
+    reads_feedback_text = True
+
+
+class Verified(Recipe):
+    """A recipe that learns from a verifier's rewards, never from what users say."""
+
 
 def held_out() -> list[EvalTask]:
     return Plain(RecipeSettings()).held_out_tasks([failed_turn(n) for n in range(3)])
@@ -89,6 +95,8 @@ def test_a_recipe_without_a_scorer_is_judged_on_its_users_words() -> None:
     assert {t.group for t in tasks} == {FEEDBACK_GROUP}
     assert tasks[0].scorer == ScorerSpec(type="feedback", criterion=WANTED, failed="A pear.")
     assert tasks[1].scorer.criterion == "shorter"
+    # A recipe that never read the users' words is not judged on them.
+    assert Verified(RecipeSettings()).held_out_tasks(turns) == []
 
 
 def test_a_gain_on_the_users_words_is_released_saying_who_judged() -> None:

@@ -208,6 +208,11 @@ class Recipe:
     # True for a recipe that trains the served model's weights: refused at start on the
     # upstream engine, whose weights are remote.
     trains_weights: ClassVar[bool] = False
+    # True for a recipe that learns from what users say in words (report texts, hints, their
+    # next message): without a scorer, the gate judges its held-out calls in those words
+    # (`held_out_tasks`). A recipe that learns from scores, a verifier or a teacher is not judged
+    # on words it never read.
+    reads_feedback_text: ClassVar[bool] = False
 
     def __init__(self, settings: RecipeSettings) -> None:
         self.settings = settings
@@ -233,12 +238,14 @@ class Recipe:
     def held_out_tasks(self, turns: list[Turn]) -> list[EvalTask]:
         """The gate's tasks from the held-out calls (`ExperienceView.held_out`, which no recipe
         learns from): those scored below the recipe's `threshold` (default 0.5), scored by its
-        `scorer`; for a recipe without one, those the user said something about, judged in the
-        user's words (`judged_by_feedback`)."""
+        `scorer`; for a recipe without one that `reads_feedback_text`, those the user said
+        something about, judged in the user's words (`judged_by_feedback`); none else."""
         scorer = getattr(self.settings, "scorer", None)
         threshold = getattr(self.settings, "threshold", 0.5)
         failing = [turn for turn in turns if turn.score is not None and turn.score < threshold]
         if scorer is None:
+            if not self.reads_feedback_text:
+                return []
             return judged_by_feedback(failing, prefix=HELD_OUT_PREFIX)
         return failing_prompts(failing, scorer, prefix=HELD_OUT_PREFIX)
 
