@@ -105,7 +105,8 @@ def test_a_gain_on_the_users_words_is_released_saying_who_judged() -> None:
     decision, why = decide(GateConfig(), report)
     assert decision == "released", why
     assert "feedback 0/24 -> 21/24" in why
-    assert "judged by the served model alone, which refused 3/3 of the answers users failed" in why
+    refused = "which refused 3/3 [44%-100%] of the answers users failed"
+    assert f"judged by the served model alone, {refused}" in why
     assert report.summary()["judge"] == {
         "judge": "the served model alone",
         "refused": 3,
@@ -129,7 +130,7 @@ def test_a_judge_that_passes_what_users_failed_cannot_decide() -> None:
     assert report.judge is not None and report.judge.refused == 0
     decision, why = decide(GateConfig(), report)
     assert decision == "held"
-    assert "refused 0/3 of the answers users failed, below gate.judge_agreement 80%" in why
+    assert "refused 0/3 [0%-56%] of the answers users failed, below gate.judge_agreement 80%" in why
     assert "learning.proposer_url" in why  # what to do about it
     # A scenario that accepts such a judge says so.
     decision, _ = decide(GateConfig(judge_agreement=0.0), report)

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from reef.errors import ReefError
+from reef.evaluation.intervals import wilson
 from reef.evaluation.scorers import ScorerError
 from reef.evaluation.tasks import EvalTask
 from reef.protocol import last_user_text
@@ -88,9 +89,10 @@ class Agreement:
         return self.refused / self.asked if self.asked else 0.0
 
     def said(self) -> str:
+        low, high = wilson(self.refused, self.asked)
         return (
-            f"judged by {self.judge}, which refused {self.refused}/{self.asked} of the answers "
-            "users failed"
+            f"judged by {self.judge}, which refused {self.refused}/{self.asked} [{low:.0%}-"
+            f"{high:.0%}] of the answers users failed"
         )
 
     def to_json(self) -> dict[str, Any]:

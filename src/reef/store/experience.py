@@ -371,6 +371,7 @@ class ExperienceStore:
         with every one of `tags` and every word of `search` in what was asked or answered:
         `seq` is commit order on both databases (`Database.begin_write`), so a record that
         commits after a page was read is on a later page, never behind the cursor."""
+        self._index_for_search(search)
         where, params = self._record_filter(scenario, tags, search)
         if after is not None:
             where.append("seq > (SELECT seq FROM records WHERE id = ?)")
@@ -388,6 +389,7 @@ class ExperienceStore:
     ) -> list[dict[str, Any]]:
         """The newest records with every one of `tags` and the words of `search`, newest
         first."""
+        self._index_for_search(search)
         where, params = self._record_filter(scenario, tags, search)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         rows = self._query(
@@ -411,7 +413,7 @@ class ExperienceStore:
         self, scenario: str | None, tags: Mapping[str, str] | None, search: str | None
     ) -> tuple[list[str], list[Any]]:
         """The WHERE conditions (and their parameters) of records in `scenario` with all `tags`
-        and every word of `search` (the records stored since the last search indexed first)."""
+        and every word of `search` (`_index_for_search` first)."""
         where: list[str] = []
         params: list[Any] = []
         if scenario is not None:
@@ -420,13 +422,17 @@ class ExperienceStore:
         for name, value in (tags or {}).items():
             where.append("id IN (SELECT record_id FROM record_tags WHERE name = ? AND value = ?)")
             params += [name, value]
-        # Control characters (a NUL) are no part of a word, and neither database takes them.
-        words = "".join(" " if unicodedata.category(c) == "Cc" else c for c in search or "")
-        if words.strip():
-            self.write(lambda db: db.execute(db.sql_index_records())).result()
+        words = _search_words(search)
+        if words:
             where.append(self._read_db.sql_search())
             params.append(self._read_db.search_terms(words))
         return where, params
+
+    def _index_for_search(self, search: str | None) -> None:
+        """Before a search, index the records stored since the last one (storing a call writes
+        nothing to the index)."""
+        if _search_words(search):
+            self.write(lambda db: db.execute(db.sql_index_records())).result()
 
     def record_exists(self, record_id: str) -> bool:
         return bool(self._query("SELECT 1 AS x FROM records WHERE id = ?", [record_id]))
@@ -474,6 +480,13 @@ class ExperienceStore:
         return {"path": self.name, "size_bytes": size, "scenarios": scenarios}
 
 
+
+
+def _search_words(search: str | None) -> str:
+    """The words of a search, without control characters (a NUL), which are no part of a word
+    and which neither database takes; empty for none."""
+    words = "".join(" " if unicodedata.category(c) == "Cc" else c for c in search or "")
+    return words.strip()
 
 
 def _inserting(record: Record | Callable[[], Record]) -> Callable[[], Inserts]:
